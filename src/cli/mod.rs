@@ -1,0 +1,87 @@
+//! The command line: one file per group of subcommands, each turning its arguments into calls
+//! on the library. Only this module prints.
+//!
+//! Exit codes: 0 success, 1 a check that ran and failed (`verify`, `diff --fail-on-diff`, …),
+//! 2 an error (bad input, missing model, I/O).
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod formats;
+mod generate;
+mod info;
+mod store;
+
+/// A check ran and failed (`verify`, `diff --fail-on-diff`).
+pub fn exit_check_failed() -> ExitCode {
+    ExitCode::from(1)
+}
+/// Bad input, a missing model, an I/O or MLX failure.
+pub fn exit_error() -> ExitCode {
+    ExitCode::from(2)
+}
+
+/// Run Z-Image diffusion models on MLX, stored the way Ollama stores them.
+#[derive(Parser, Debug)]
+#[command(name = "zimage", version, about)]
+pub struct Cli {
+    /// Model store root (default: $ZIMAGE_MODELS, else $OLLAMA_MODELS, else ~/.ollama/models).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// MLX version, devices, BLAS in use and a quick matmul throughput figure.
+    Info(info::InfoArgs),
+    /// Generate an image from a prompt.
+    Generate(generate::GenerateArgs),
+    /// Import a diffusers directory (or a .safetensors, .zt or .dfsn file) into the store.
+    Create(store::CreateArgs),
+    /// List stored models.
+    List(store::ListArgs),
+    /// Show a stored model: components, tensors, dtypes, sizes, shared blobs.
+    Show(store::ShowArgs),
+    /// Remove a stored model (its blobs stay until `gc`).
+    Rm(store::RmArgs),
+    /// Delete blobs that no manifest references.
+    Gc(store::GcArgs),
+    /// Re-hash every blob of a model and check every header against its layer.
+    Verify(store::VerifyArgs),
+    /// Time loading a stored model, per component, against a plain sequential read.
+    Profile(store::ProfileArgs),
+    /// Describe a model file, blob, stored model or generated PNG.
+    Inspect(formats::InspectArgs),
+    /// Model hashes (A1111, AutoV2, AutoV3, BLAKE3, CRC32) or the structural hash.
+    Hash(formats::HashArgs),
+    /// Structural diff of two model files or stored models.
+    Diff(formats::DiffArgs),
+    /// Convert between safetensors and zTensor.
+    Convert(formats::ConvertArgs),
+    /// Pack, edit, verify and unpack DFSN containers.
+    Dfsn(formats::DfsnArgs),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let store = cli.store;
+    match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Generate(a) => generate::run(store, a),
+        Command::Create(a) => store::create(store, a),
+        Command::List(a) => store::list(store, a),
+        Command::Show(a) => store::show(store, a),
+        Command::Rm(a) => store::rm(store, a),
+        Command::Gc(a) => store::gc(store, a),
+        Command::Verify(a) => store::verify(store, a),
+        Command::Profile(a) => store::profile(store, a),
+        Command::Inspect(a) => formats::inspect(store, a),
+        Command::Hash(a) => formats::hash(store, a),
+        Command::Diff(a) => formats::diff(store, a),
+        Command::Convert(a) => formats::convert(a),
+        Command::Dfsn(a) => formats::dfsn(store, a),
+    }
+}
