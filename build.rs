@@ -1,1 +1,221 @@
-fn main() {}
+//! Finds MLX, compiles `mlx-sys-shim/`, links `libmlx` and sets the rpath.
+//!
+//! Where MLX comes from, in order:
+//! 1. `MLX_DIR`: a directory with `include/` and `lib/` (a source build, a Homebrew prefix, …);
+//! 2. an MLX already installed for `python3` (`python3 -m mlx --cmake-dir`);
+//! 3. the pinned PyPI wheels, installed with pip into a cache directory that zimage owns
+//!    (`$ZIMAGE_CACHE_DIR`, else `$XDG_CACHE_HOME/zimage`, else `~/.cache/zimage`), never into the
+//!    user's site-packages: `mlx` + `mlx-cpu` on Linux, `mlx-metal` on macOS, `mlx-cuda-12` with
+//!    `ZIMAGE_MLX_VARIANT=cuda` (`cuda13` picks `mlx-cuda-13`).
+//!
+//! On Linux's CPU backend the wheel's bundled reference BLAS is replaced by OpenBLAS (the
+//! `scipy-openblas32` wheel, installed the same way) unless `ZIMAGE_BLAS=reference`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MLX_VERSION: &str = "0.32.4";
+const OPENBLAS_WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
+
+fn main() {
+    for var in ["MLX_DIR", "ZIMAGE_MLX_VARIANT", "ZIMAGE_CACHE_DIR", "XDG_CACHE_HOME", "ZIMAGE_BLAS", "PYTHON"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    for file in ["mlx-sys-shim/shim.h", "mlx-sys-shim/shim.cpp", "mlx-sys-shim/blas.c"] {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    if let Err(msg) = run() {
+        eprintln!("\nzimage build: {msg}\n");
+        panic!("zimage build: {msg}");
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Os {
+    Linux,
+    MacOs,
+}
+
+fn run() -> Result<(), String> {
+    let os = match env::var("CARGO_CFG_TARGET_OS").as_deref() {
+        Ok("linux") => Os::Linux,
+        Ok("macos") => Os::MacOs,
+        Ok(other) => return Err(format!("unsupported target OS `{other}`: zimage builds on Linux and macOS")),
+        Err(_) => return Err("CARGO_CFG_TARGET_OS is not set; run the build through cargo".into()),
+    };
+    let variant = variant(os)?;
+    let (root, source) = find_mlx(os, &variant)?;
+    let include = root.join("include");
+    let lib = root.join("lib");
+    if !include.join("mlx/mlx.h").is_file() {
+        return Err(format!("{} has no include/mlx/mlx.h ({source}); point MLX_DIR at an MLX install", root.display()));
+    }
+
+    let openblas = if os == Os::Linux && variant == "cpu" && env::var("ZIMAGE_BLAS").as_deref() != Ok("reference") {
+        Some(find_openblas()?)
+    } else {
+        None
+    };
+
+    cc::Build::new()
+        .cpp(true)
+        .std("c++20")
+        .file("mlx-sys-shim/shim.cpp")
+        .include(&include)
+        .include("mlx-sys-shim")
+        .warnings(false)
+        .compile("mlxs_shim");
+
+    // The BLAS forwarders are linked as a plain object, so the linker always keeps them even
+    // though nothing in the program calls them directly: libmlx does, through the dynamic linker.
+    let mut blas = cc::Build::new();
+    blas.file("mlx-sys-shim/blas.c").include("mlx-sys-shim");
+    if openblas.is_some() {
+        blas.define("ZIMAGE_OPENBLAS", None);
+    }
+    for obj in blas.compile_intermediates() {
+        println!("cargo:rustc-link-arg={}", obj.display());
+    }
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    if os == Os::Linux {
+        println!("cargo:rustc-link-lib=dylib=dl");
+    }
+    if let Some(dir) = &openblas {
+        println!("cargo:rustc-link-search=native={}", dir.display());
+        println!("cargo:rustc-link-lib=dylib=scipy_openblas");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+        for sym in ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"] {
+            println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol={sym}");
+        }
+    }
+    println!("cargo:rustc-env=ZIMAGE_MLX_LIB_DIR={}", lib.display());
+    println!("cargo:rustc-env=ZIMAGE_MLX_VARIANT={variant}");
+    println!("cargo:rustc-env=ZIMAGE_MLX_SOURCE={source}");
+    Ok(())
+}
+
+fn variant(os: Os) -> Result<String, String> {
+    match (os, env::var("ZIMAGE_MLX_VARIANT").ok().as_deref()) {
+        (Os::MacOs, None | Some("metal")) => Ok("metal".into()),
+        (Os::Linux, None | Some("cpu")) => Ok("cpu".into()),
+        (Os::Linux, Some("cuda") | Some("cuda12")) => Ok("cuda12".into()),
+        (Os::Linux, Some("cuda13")) => Ok("cuda13".into()),
+        (_, Some(other)) => Err(format!(
+            "ZIMAGE_MLX_VARIANT=`{other}` is not available on this OS; use `cpu`, `cuda` or `cuda13` on Linux, `metal` on macOS"
+        )),
+    }
+}
+
+fn wheels(variant: &str) -> Vec<String> {
+    let backend = match variant {
+        "metal" => "mlx-metal",
+        "cuda12" => "mlx-cuda-12",
+        "cuda13" => "mlx-cuda-13",
+        _ => "mlx-cpu",
+    };
+    vec![format!("mlx=={MLX_VERSION}"), format!("{backend}=={MLX_VERSION}")]
+}
+
+fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
+    if let Ok(dir) = env::var("MLX_DIR") {
+        let dir = PathBuf::from(dir);
+        if !dir.join("lib").is_dir() || !dir.join("include").is_dir() {
+            return Err(format!("MLX_DIR={} must contain include/ and lib/", dir.display()));
+        }
+        return Ok((dir, "MLX_DIR".into()));
+    }
+    if let Some(root) = python_mlx() {
+        return Ok((root, "python3's installed mlx".into()));
+    }
+    let target = cache_dir()?.join(format!("mlx-{MLX_VERSION}-{variant}"));
+    pip_install_once(&target, &wheels(variant))?;
+    let _ = os;
+    Ok((target.join("mlx"), format!("mlx {MLX_VERSION} wheels in {}", target.display())))
+}
+
+/// `python3 -m mlx --cmake-dir` prints `<site-packages>/mlx/share/cmake/MLX`.
+fn python_mlx() -> Option<PathBuf> {
+    let out = Command::new(python()).args(["-m", "mlx", "--cmake-dir"]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let cmake = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    let root = cmake.parent()?.parent()?.parent()?.to_path_buf();
+    (root.join("include/mlx/mlx.h").is_file() && root.join("lib").is_dir()).then_some(root)
+}
+
+fn find_openblas() -> Result<PathBuf, String> {
+    let version = OPENBLAS_WHEEL.split("==").nth(1).unwrap_or("latest");
+    let target = cache_dir()?.join(format!("scipy-openblas32-{version}"));
+    pip_install_once(&target, &[OPENBLAS_WHEEL.to_string()])?;
+    let lib = target.join("scipy_openblas32/lib");
+    if !lib.join("libscipy_openblas.so").is_file() {
+        return Err(format!(
+            "{} has no libscipy_openblas.so; delete {} and rebuild, or set ZIMAGE_BLAS=reference",
+            lib.display(),
+            target.display()
+        ));
+    }
+    Ok(lib)
+}
+
+fn python() -> String {
+    env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn cache_dir() -> Result<PathBuf, String> {
+    if let Ok(dir) = env::var("ZIMAGE_CACHE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Ok(dir) = env::var("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("zimage"));
+    }
+    match env::var("HOME") {
+        Ok(home) => Ok(PathBuf::from(home).join(".cache/zimage")),
+        Err(_) => Err("cannot place the MLX cache: set ZIMAGE_CACHE_DIR (or HOME), or MLX_DIR".into()),
+    }
+}
+
+/// Installs `packages` with pip into `target` unless it is already there. The install goes to a
+/// temporary sibling first and is renamed into place, so an interrupted build never leaves a
+/// half-installed tree that a later build would trust.
+fn pip_install_once(target: &Path, packages: &[String]) -> Result<(), String> {
+    if target.join(".complete").is_file() {
+        return Ok(());
+    }
+    let parent = target.parent().ok_or("cache directory has no parent")?;
+    std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    let tmp = parent.join(format!(
+        ".{}.tmp-{}",
+        target.file_name().and_then(|n| n.to_str()).unwrap_or("install"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let status = Command::new(python())
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check", "--no-compile", "--target"])
+        .arg(&tmp)
+        .args(packages)
+        .status()
+        .map_err(|e| format!("cannot run `{} -m pip` ({e}); install Python 3 with pip, or set MLX_DIR", python()))?;
+    if !status.success() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(format!(
+            "`pip install {}` failed; check network access to PyPI, or set MLX_DIR to an MLX install",
+            packages.join(" ")
+        ));
+    }
+    std::fs::write(tmp.join(".complete"), packages.join("\n")).map_err(|e| e.to_string())?;
+    match std::fs::rename(&tmp, target) {
+        Ok(()) => Ok(()),
+        // Another build finished the same install first: use theirs.
+        Err(_) if target.join(".complete").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot move {} into place: {e}", tmp.display())),
+    }
+}

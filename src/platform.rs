@@ -1,1 +1,55 @@
-//! (in progress)
+//! Everything that differs between platforms lives here: the default device and compute
+//! dtype, and process limits.
+//!
+//! - macOS (Apple Silicon): MLX runs on the GPU through Metal; compute in bf16.
+//! - Linux with a CUDA build of MLX: GPU, bf16.
+//! - Linux CPU: MLX's CPU bf16/f16 matmuls do not use BLAS and run ~30× slower than f32
+//!   through OpenBLAS, so compute in f32.
+
+use crate::mlx::{self, Device, Dtype};
+
+/// The device zimage runs models on: the GPU when this MLX build has one.
+pub fn default_device() -> Device {
+    if mlx::gpu_available() {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    }
+}
+
+/// Makes [`default_device`] MLX's default for new work.
+pub fn use_default_device() -> mlx::Result<()> {
+    mlx::set_default_device(default_device())
+}
+
+/// The dtype models compute in unless the user asks otherwise.
+pub fn default_compute_dtype() -> Dtype {
+    match default_device() {
+        Device::Gpu => Dtype::BF16,
+        Device::Cpu => Dtype::F32,
+    }
+}
+
+/// Raises the soft limit on open files to at least `wanted` (capped at the hard limit), since
+/// a stored model can have thousands of blobs open while it loads. Returns the limit in force.
+#[cfg(unix)]
+pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let current = lim.rlim_cur as u64;
+    if current >= wanted {
+        return Ok(current);
+    }
+    // macOS rejects values above OPEN_MAX even when the hard limit says "unlimited".
+    #[cfg(target_os = "macos")]
+    let hard = (lim.rlim_max as u64).min(libc::OPEN_MAX as u64);
+    #[cfg(not(target_os = "macos"))]
+    let hard = lim.rlim_max as u64;
+    lim.rlim_cur = wanted.min(hard) as libc::rlim_t;
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(lim.rlim_cur as u64)
+}

@@ -1,1 +1,96 @@
-//! (in progress)
+//! A safe wrapper over MLX, through the C shim in `mlx-sys-shim/`.
+//!
+//! Ops build a lazy graph; work runs in [`eval`] (and in [`Array::to_vec`], [`Array::item`],
+//! [`Array::to_bytes`], which evaluate what they read). Every op returns [`Result`], the
+//! arithmetic operators too, carrying MLX's own message and the name of the op.
+
+mod array;
+mod dtype;
+mod error;
+pub mod fast;
+mod ffi;
+pub mod io;
+pub mod memory;
+pub mod ops;
+pub mod random;
+
+pub use array::Array;
+pub use dtype::{ArrayElement, Dtype};
+pub use error::{Error, Result};
+
+use std::ffi::CStr;
+
+/// Where MLX runs new work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+#[track_caller]
+pub fn set_default_device(device: Device) -> Result<()> {
+    array::check("set_default_device", unsafe { ffi::mlxs_set_default_device((device == Device::Gpu) as i32) })
+}
+
+pub fn default_device() -> Device {
+    if unsafe { ffi::mlxs_default_device_is_gpu() } != 0 {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    }
+}
+
+/// Whether this MLX build has a GPU backend (Metal or CUDA) and a device to run it.
+pub fn gpu_available() -> bool {
+    unsafe { ffi::mlxs_gpu_available() != 0 }
+}
+
+/// MLX's version string.
+pub fn version() -> String {
+    unsafe { CStr::from_ptr(ffi::mlxs_version()) }.to_string_lossy().into_owned()
+}
+
+/// Evaluates the graphs of `xs` together.
+#[track_caller]
+pub fn eval(xs: &[&Array]) -> Result<()> {
+    let ptrs: Vec<_> = xs.iter().map(|x| x.as_ptr() as *mut ffi::mlxs_array).collect();
+    array::check("eval", unsafe { ffi::mlxs_eval(ptrs.as_ptr(), ptrs.len()) })
+}
+
+/// How this binary was linked against MLX.
+#[derive(Debug, Clone)]
+pub struct BuildInfo {
+    /// `cpu`, `metal`, `cuda12` or `cuda13`.
+    pub variant: &'static str,
+    /// Directory holding the libmlx this binary loads.
+    pub lib_dir: &'static str,
+    /// Where the build found MLX.
+    pub source: &'static str,
+}
+
+pub fn build_info() -> BuildInfo {
+    BuildInfo {
+        variant: env!("ZIMAGE_MLX_VARIANT"),
+        lib_dir: env!("ZIMAGE_MLX_LIB_DIR"),
+        source: env!("ZIMAGE_MLX_SOURCE"),
+    }
+}
+
+/// The BLAS library that serves MLX's CPU f32 matmuls, as the dynamic linker resolved it.
+pub fn blas_description() -> String {
+    unsafe { CStr::from_ptr(ffi::mlxs_blas_description()) }.to_string_lossy().into_owned()
+}
+
+/// Calls that BLAS's `sgemm` directly: `c = a @ b` for row-major `a [m, k]`, `b [k, n]`.
+/// The baseline that matmul benchmarks compare MLX against.
+pub fn blas_sgemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) -> std::result::Result<(), String> {
+    if a.len() != m * k || b.len() != k * n || c.len() != m * n {
+        return Err(format!("sgemm operands do not match {m}×{k} @ {k}×{n}"));
+    }
+    let status = unsafe { ffi::mlxs_blas_sgemm(m as i32, n as i32, k as i32, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    if status == 0 {
+        Ok(())
+    } else {
+        Err("no cblas_sgemm in this process".into())
+    }
+}

@@ -1,0 +1,78 @@
+//! Fused kernels from `mlx/fast.h`.
+
+use super::array::{call, Array};
+use super::error::Result;
+use super::ffi;
+use std::ffi::CString;
+
+/// `x · rsqrt(mean(x²) + eps) · weight` over the last axis, accumulated in f32.
+#[track_caller]
+pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
+    call("rms_norm", |out| unsafe { ffi::mlxs_fast_rms_norm(out, x.as_ptr(), Array::opt_ptr(weight), eps) })
+}
+
+/// Layer norm over the last axis; weight and bias are optional (no affine when absent).
+#[track_caller]
+pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+    call("layer_norm", |out| unsafe {
+        ffi::mlxs_fast_layer_norm(out, x.as_ptr(), Array::opt_ptr(weight), Array::opt_ptr(bias), eps)
+    })
+}
+
+/// Rotary embedding of the first `dims` features of the last axis, positions `offset..` along
+/// the second-to-last axis. `traditional` rotates consecutive pairs; otherwise the two halves.
+#[track_caller]
+pub fn rope(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offset: i32,
+    freqs: Option<&Array>,
+) -> Result<Array> {
+    call("rope", |out| unsafe {
+        ffi::mlxs_fast_rope(
+            out,
+            x.as_ptr(),
+            dims,
+            traditional as i32,
+            base.is_some() as i32,
+            base.unwrap_or(0.0),
+            scale,
+            offset,
+            Array::opt_ptr(freqs),
+        )
+    })
+}
+
+/// The attention mask of [`scaled_dot_product_attention`].
+#[derive(Debug, Clone, Copy)]
+pub enum Mask<'a> {
+    None,
+    Causal,
+    /// Boolean (true = attend) or additive, broadcastable to `[B, H, Lq, Lk]`.
+    Array(&'a Array),
+}
+
+/// `softmax(q·kᵀ·scale + mask)·v` for `[B, H, L, D]` inputs; k/v may have fewer heads (GQA).
+#[track_caller]
+pub fn scaled_dot_product_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask) -> Result<Array> {
+    let (mode, arr) = match mask {
+        Mask::None => ("", None),
+        Mask::Causal => ("causal", None),
+        Mask::Array(a) => ("array", Some(a)),
+    };
+    let mode = CString::new(mode).expect("mask modes have no NUL");
+    call("scaled_dot_product_attention", |out| unsafe {
+        ffi::mlxs_fast_scaled_dot_product_attention(
+            out,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            scale,
+            mode.as_ptr(),
+            Array::opt_ptr(arr),
+        )
+    })
+}
