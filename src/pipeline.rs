@@ -1,1 +1,312 @@
-//! (in progress)
+//! Text → image with Z-Image: encode the prompt, denoise with the flow-match Euler schedule
+//! (with classifier-free guidance when asked), decode with the VAE, and quantise to RGB bytes.
+//!
+//! Mirrors diffusers 0.42.1 `ZImagePipeline.__call__` (zimage-spec §4–6). The pipeline owns the
+//! evaluation points (after text encoding, once per step, after decoding) and the memory
+//! staging: the text encoder is dropped before denoising, and the transformer and the VAE are
+//! loaded when their phase starts and dropped after it unless the caller keeps them for more
+//! images.
+
+use crate::mlx::{self, Array, Dtype};
+use crate::models::{self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder, ZImageTransformer};
+use crate::scheduler::{Schedule, SchedulerConfig};
+use crate::text::PromptTokenizer;
+use std::collections::HashMap;
+use std::time::Instant;
+
+pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where a pipeline gets its files and weights: a stored model or a diffusers directory.
+pub trait ModelSource {
+    /// A short name for messages and metadata.
+    fn name(&self) -> String;
+    /// A stable identity of the weights (the store's model identity), for image metadata.
+    fn identity(&self) -> String;
+    /// The bytes of a config file by its path in diffusers layout (`transformer/config.json`),
+    /// or `None` when the model has no such file.
+    fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, SourceError>;
+    /// One component's tensors by their names inside the component (lazy arrays).
+    fn component(&self, component: &str) -> Result<HashMap<String, Array>, SourceError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("model `{model}`: {source}")]
+    Source { model: String, source: SourceError },
+    #[error("model `{model}` has no `{path}`")]
+    MissingConfig { model: String, path: String },
+    #[error("`{path}` of model `{model}`: {reason}")]
+    BadConfig { model: String, path: String, reason: String },
+    #[error(transparent)]
+    Model(#[from] models::ModelError),
+    #[error(transparent)]
+    Text(#[from] crate::text::Error),
+    #[error(transparent)]
+    Mlx(#[from] mlx::Error),
+    #[error("invalid request: {0}")]
+    Request(String),
+}
+
+/// What to generate.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Request {
+    pub prompt: String,
+    /// Used only with guidance > 0; the reference's default is the empty prompt.
+    pub negative_prompt: Option<String>,
+    pub width: u32,
+    pub height: u32,
+    pub steps: usize,
+    /// Classifier-free guidance scale; 0 turns guidance off (Turbo's setting).
+    pub guidance: f32,
+    pub seed: u64,
+    /// Initial latents `[16, H/8, W/8]` in f32; drawn from `seed` like torch's CPU generator
+    /// when absent.
+    #[serde(skip)]
+    pub noise: Option<Vec<f32>>,
+}
+
+/// Time and peak MLX memory of one phase.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PhaseReport {
+    pub phase: &'static str,
+    pub seconds: f64,
+    pub peak_bytes: usize,
+}
+
+/// Progress callbacks from [`Pipeline::generate`].
+pub enum Progress {
+    Phase(&'static str),
+    Step { index: usize, total: usize },
+}
+
+/// A generated image and how it was made.
+pub struct Generated {
+    /// Row-major RGB bytes, `height × width × 3`.
+    pub rgb: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+    pub phases: Vec<PhaseReport>,
+    /// Final latents `[16, H/8, W/8]` (f32).
+    pub latents: Array,
+}
+
+/// The model's configuration, read once from its json files.
+pub struct ModelConfigs {
+    pub text_encoder: Qwen3Config,
+    pub transformer: DitConfig,
+    pub vae: VaeConfig,
+    pub scheduler: SchedulerConfig,
+}
+
+/// A loaded pipeline. The heavy components are loaded lazily per phase.
+pub struct Pipeline<S: ModelSource> {
+    source: S,
+    pub configs: ModelConfigs,
+    tokenizer: PromptTokenizer,
+    dtype: Dtype,
+    /// Keep the transformer and VAE between images (more memory, no reload).
+    keep_models: bool,
+    transformer: Option<ZImageTransformer>,
+    vae: Option<VaeDecoder>,
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(source: &impl ModelSource, path: &str) -> Result<T, Error> {
+    let bytes = read_config(source, path)?
+        .ok_or_else(|| Error::MissingConfig { model: source.name(), path: path.to_string() })?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::BadConfig { model: source.name(), path: path.into(), reason: e.to_string() })
+}
+
+fn read_config(source: &impl ModelSource, path: &str) -> Result<Option<Vec<u8>>, Error> {
+    source.config_file(path).map_err(|e| Error::Source { model: source.name(), source: e })
+}
+
+impl<S: ModelSource> Pipeline<S> {
+    /// Reads the configs and the tokenizer; weights load when they are first needed.
+    pub fn new(source: S, dtype: Dtype, keep_models: bool) -> Result<Pipeline<S>, Error> {
+        let configs = ModelConfigs {
+            text_encoder: parse_json(&source, "text_encoder/config.json")?,
+            transformer: parse_json(&source, "transformer/config.json")?,
+            vae: parse_json(&source, "vae/config.json")?,
+            scheduler: parse_json(&source, "scheduler/scheduler_config.json")?,
+        };
+        if configs.scheduler.use_dynamic_shifting {
+            return Err(Error::BadConfig {
+                model: source.name(),
+                path: "scheduler/scheduler_config.json".into(),
+                reason: "`use_dynamic_shifting: true` is not supported (Z-Image uses a static shift)".into(),
+            });
+        }
+        if configs.transformer.cap_feat_dim != configs.text_encoder.hidden_size {
+            return Err(Error::BadConfig {
+                model: source.name(),
+                path: "transformer/config.json".into(),
+                reason: format!(
+                    "`cap_feat_dim` {} differs from the text encoder's `hidden_size` {}",
+                    configs.transformer.cap_feat_dim, configs.text_encoder.hidden_size
+                ),
+            });
+        }
+        let tokenizer = PromptTokenizer::from_files(|name| {
+            read_config(&source, &format!("tokenizer/{name}")).ok().flatten()
+        })?;
+        Ok(Pipeline { source, configs, tokenizer, dtype, keep_models, transformer: None, vae: None })
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
+        let tensors = self
+            .source
+            .component(component)
+            .map_err(|e| Error::Source { model: self.source.name(), source: e })?;
+        Ok(Checkpoint::new(component, tensors, self.dtype))
+    }
+
+    pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
+        Ok(Qwen3Encoder::new(&self.configs.text_encoder, self.checkpoint("text_encoder")?)?)
+    }
+
+    pub fn load_transformer(&self) -> Result<ZImageTransformer, Error> {
+        Ok(ZImageTransformer::new(&self.configs.transformer, self.checkpoint("transformer")?)?)
+    }
+
+    pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
+        Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    /// Token ids of the templated prompt.
+    pub fn token_ids(&self, prompt: &str) -> Result<Vec<u32>, Error> {
+        Ok(self.tokenizer.encode_prompt(prompt)?)
+    }
+
+    /// Checks a request against the model, before any weights load.
+    pub fn validate(&self, req: &Request) -> Result<(), Error> {
+        let cell = 2 * self.configs.vae.scale_factor() as u32;
+        if req.width == 0 || req.height == 0 || req.width % cell != 0 || req.height % cell != 0 {
+            return Err(Error::Request(format!(
+                "width and height must be positive multiples of {cell}, got {}×{}",
+                req.width, req.height
+            )));
+        }
+        let lens = &self.configs.transformer.axes_lens;
+        let (ht, wt) = (req.height / cell, req.width / cell);
+        if ht as i32 > lens[1] || wt as i32 > lens[2] {
+            return Err(Error::Request(format!(
+                "{}×{} needs {ht}×{wt} patches, more than the model's position tables ({}×{})",
+                req.width, req.height, lens[1], lens[2]
+            )));
+        }
+        if req.steps == 0 {
+            return Err(Error::Request("steps must be at least 1".into()));
+        }
+        if let Some(noise) = &req.noise {
+            let expected = self.latent_shape(req).iter().product::<i32>() as usize;
+            if noise.len() != expected {
+                return Err(Error::Request(format!(
+                    "noise has {} values, {}×{} needs {:?} = {expected}",
+                    noise.len(),
+                    req.width,
+                    req.height,
+                    self.latent_shape(req)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `[C, H/8, W/8]`.
+    pub fn latent_shape(&self, req: &Request) -> [i32; 3] {
+        let f = self.configs.vae.scale_factor() as u32;
+        [self.configs.transformer.in_channels, (req.height / f) as i32, (req.width / f) as i32]
+    }
+
+    /// Runs the whole pipeline for one image.
+    pub fn generate(&mut self, req: &Request, progress: &mut dyn FnMut(Progress)) -> Result<Generated, Error> {
+        self.validate(req)?;
+        let mut phases = Vec::new();
+        let cfg_on = req.guidance > 0.0;
+
+        // 1. Text: encode the prompt (and the negative one), then release the encoder.
+        progress(Progress::Phase("text"));
+        let (caption, negative) = measure(&mut phases, "text", || {
+            let encoder = self.load_text_encoder()?;
+            let pos = encoder.encode(&self.token_ids(&req.prompt)?)?;
+            let neg = if cfg_on {
+                Some(encoder.encode(&self.token_ids(req.negative_prompt.as_deref().unwrap_or(""))?)?)
+            } else {
+                None
+            };
+            let mut outs = vec![&pos];
+            outs.extend(neg.as_ref());
+            mlx::eval(&outs)?;
+            Ok::<_, Error>((pos, neg))
+        })?;
+        mlx::memory::clear_cache();
+
+        // 2. Denoise.
+        progress(Progress::Phase("denoise"));
+        let latents = measure(&mut phases, "denoise", || {
+            let transformer = match self.transformer.take() {
+                Some(t) => t,
+                None => self.load_transformer()?,
+            };
+            let shape = self.latent_shape(req);
+            let noise = match &req.noise {
+                Some(n) => n.clone(),
+                None => crate::torch_rng::randn(req.seed, shape.iter().product::<i32>() as usize).map_err(Error::Request)?,
+            };
+            let mut latents = Array::from_slice(&noise, &shape)?;
+            let schedule = Schedule::new(req.steps, self.configs.scheduler.shift);
+            for i in 0..schedule.steps() {
+                let t = schedule.t_model(i);
+                let pos = transformer.forward(&latents, t, &caption)?;
+                let v = match &negative {
+                    Some(neg) => {
+                        let neg = transformer.forward(&latents, t, neg)?;
+                        (&pos + ((&pos - &neg)? * req.guidance)?)?
+                    }
+                    None => pos,
+                };
+                // The pipeline negates the model output; the scheduler steps by dt = σ[i+1] − σ[i].
+                latents = (&latents + (v.neg()? * schedule.dt(i))?)?;
+                latents.eval()?;
+                progress(Progress::Step { index: i + 1, total: schedule.steps() });
+            }
+            if self.keep_models {
+                self.transformer = Some(transformer);
+            }
+            Ok::<_, Error>(latents)
+        })?;
+        drop(caption);
+        drop(negative);
+        mlx::memory::clear_cache();
+
+        // 3. Decode and quantise.
+        progress(Progress::Phase("decode"));
+        let rgb = measure(&mut phases, "decode", || {
+            let vae = match self.vae.take() {
+                Some(v) => v,
+                None => self.load_vae()?,
+            };
+            let image = vae.decode(&latents)?;
+            let rgb = models::vae::to_rgb8(&image)?;
+            if self.keep_models {
+                self.vae = Some(vae);
+            }
+            Ok::<_, Error>(rgb)
+        })?;
+        mlx::memory::clear_cache();
+        Ok(Generated { rgb, width: req.width, height: req.height, phases, latents })
+    }
+}
+
+/// Runs `f` as one phase, recording its time and MLX's peak memory during it.
+fn measure<T, E>(phases: &mut Vec<PhaseReport>, phase: &'static str, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    mlx::memory::reset_peak_memory();
+    let start = Instant::now();
+    let out = f()?;
+    phases.push(PhaseReport { phase, seconds: start.elapsed().as_secs_f64(), peak_bytes: mlx::memory::peak_memory() });
+    Ok(out)
+}

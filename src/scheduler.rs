@@ -1,1 +1,108 @@
-//! (in progress)
+//! The flow-matching Euler schedule of `FlowMatchEulerDiscreteScheduler` as Z-Image uses it
+//! (diffusers ≥ 0.39: custom sigmas `linspace(1, 1/N, N)`, static shift, final σ = 0).
+//!
+//! Every value is computed with the same f32/f64 roundings as torch on the CPU, so the
+//! schedule is bit-identical to the reference (zimage-spec §4.3).
+
+/// The `scheduler/scheduler_config.json` keys that shape the schedule.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct SchedulerConfig {
+    #[serde(default = "default_train_steps")]
+    pub num_train_timesteps: u32,
+    #[serde(default = "default_shift")]
+    pub shift: f32,
+    #[serde(default)]
+    pub use_dynamic_shifting: bool,
+}
+
+fn default_train_steps() -> u32 {
+    1000
+}
+fn default_shift() -> f32 {
+    1.0
+}
+
+/// One denoising run's schedule: `sigmas` has `steps + 1` entries ending in 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub sigmas: Vec<f32>,
+    /// `σ·1000` per step.
+    pub timesteps: Vec<f32>,
+}
+
+impl Schedule {
+    /// The schedule for `steps` forward passes with a static `shift`.
+    pub fn new(steps: usize, shift: f32) -> Schedule {
+        assert!(steps >= 1, "at least one step");
+        let raw = linspace_like_torch(1.0, 1.0 / steps as f32, steps);
+        let mut sigmas: Vec<f32> = raw.iter().map(|&s| shift * s / (1.0 + (shift - 1.0) * s)).collect();
+        let timesteps = sigmas.iter().map(|&s| s * 1000.0).collect();
+        sigmas.push(0.0);
+        Schedule { sigmas, timesteps }
+    }
+
+    pub fn steps(&self) -> usize {
+        self.timesteps.len()
+    }
+
+    /// The time the transformer is given at step `i`: `(1000 − t)/1000`, which is 0 at pure
+    /// noise. (Not `1 − σ`, which can differ in the last bit.)
+    pub fn t_model(&self, i: usize) -> f32 {
+        (1000.0 - self.timesteps[i]) / 1000.0
+    }
+
+    /// `σ[i+1] − σ[i]`, the Euler step along the noise direction.
+    pub fn dt(&self, i: usize) -> f32 {
+        self.sigmas[i + 1] - self.sigmas[i]
+    }
+}
+
+/// torch's CPU `linspace` for f32: the step is computed in f32, each half of the range is
+/// then stepped in f64 from its own end, with one rounding to f32.
+fn linspace_like_torch(start: f32, end: f32, n: usize) -> Vec<f32> {
+    if n == 1 {
+        return vec![start];
+    }
+    let step = (end - start) / (n - 1) as f32;
+    let half = n / 2;
+    (0..n)
+        .map(|i| {
+            if i < half {
+                (start as f64 + step as f64 * i as f64) as f32
+            } else {
+                (end as f64 - step as f64 * (n - 1 - i) as f64) as f32
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turbo_eight_steps_match_the_reference_bits() {
+        let s = Schedule::new(8, 3.0);
+        let hex: Vec<u32> = s.sigmas.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(
+            hex,
+            vec![0x3f800000, 0x3f745d17, 0x3f666666, 0x3f555555, 0x3f400000, 0x3f249249, 0x3f000000, 0x3e99999a, 0]
+        );
+        assert_eq!(s.t_model(0), 0.0);
+        assert_eq!(s.t_model(1), 0.045_454_59);
+        assert_eq!(s.t_model(7), 0.699_999_99);
+    }
+
+    #[test]
+    fn nine_steps_match_the_reference_bits() {
+        let s = Schedule::new(9, 3.0);
+        let hex: Vec<u32> = s.sigmas.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(
+            hex,
+            vec![
+                0x3f800000, 0x3f75c290, 0x3f69bd39, 0x3f5b6db6, 0x3f4a1af3, 0x3f34b4b5, 0x3f199999, 0x3eec4ec6,
+                0x3e8ba2e9, 0
+            ]
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! A Hugging Face diffusers model directory: which files hold which component's tensors and
+//! configuration.
+//!
+//! ```text
+//! model_index.json  scheduler/scheduler_config.json  tokenizer/…
+//! text_encoder/{config.json, model-0000N-of-0000M.safetensors, model.safetensors.index.json}
+//! transformer/{config.json, diffusion_pytorch_model*.safetensors}   vae/{…}
+//! ```
+//! Shards are checked against `*.safetensors.index.json` when one is present: every tensor
+//! the index names must be in the shard it names, and no shard may hold a tensor twice.
+
+use crate::safetensors;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Components whose weights a Z-Image pipeline stores, in the order Ollama writes them.
+pub const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", "vae"];
+
+/// Files other than weights that a pipeline needs, relative to the model directory.
+pub const CONFIG_FILES: [&str; 10] = [
+    "model_index.json",
+    "scheduler/scheduler_config.json",
+    "text_encoder/config.json",
+    "transformer/config.json",
+    "vae/config.json",
+    "tokenizer/tokenizer.json",
+    "tokenizer/tokenizer_config.json",
+    "tokenizer/vocab.json",
+    "tokenizer/merges.txt",
+    "tokenizer/special_tokens_map.json",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("`{}` is not a diffusers model directory: {reason}", dir.display())]
+    NotAModel { dir: PathBuf, reason: String },
+    #[error("`{}`: {reason}", path.display())]
+    Index { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Header(#[from] safetensors::Error),
+    #[error("`{}`: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// One tensor of a component: where its bytes are.
+#[derive(Debug, Clone)]
+pub struct TensorLocation {
+    pub component: String,
+    pub name: String,
+    pub file: PathBuf,
+    pub info: safetensors::TensorInfo,
+    /// File offset of the tensor's first byte.
+    pub offset: u64,
+}
+
+/// A scanned diffusers directory.
+#[derive(Debug, Clone)]
+pub struct DiffusersDir {
+    pub root: PathBuf,
+    /// Per component, its tensors sorted by (file, name).
+    pub tensors: BTreeMap<String, Vec<TensorLocation>>,
+    /// Config files present, relative path → absolute path.
+    pub configs: Vec<(String, PathBuf)>,
+}
+
+impl DiffusersDir {
+    pub fn open(root: &Path) -> Result<DiffusersDir, Error> {
+        let not_a_model = |reason: String| Error::NotAModel { dir: root.to_path_buf(), reason };
+        if !root.join("model_index.json").is_file() {
+            return Err(not_a_model("no `model_index.json`".into()));
+        }
+        let mut tensors = BTreeMap::new();
+        for component in WEIGHT_COMPONENTS {
+            let dir = root.join(component);
+            if !dir.is_dir() {
+                return Err(not_a_model(format!("no `{component}/` directory")));
+            }
+            tensors.insert(component.to_string(), scan_component(component, &dir)?);
+        }
+        let configs = CONFIG_FILES
+            .iter()
+            .map(|rel| (rel.to_string(), root.join(rel)))
+            .filter(|(_, p)| p.is_file())
+            .collect();
+        Ok(DiffusersDir { root: root.to_path_buf(), tensors, configs })
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.to_path_buf(), source }
+}
+
+/// The `.safetensors` files of one component, in lexical order, with their headers.
+fn scan_component(component: &str, dir: &Path) -> Result<Vec<TensorLocation>, Error> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::NotAModel {
+            dir: dir.to_path_buf(),
+            reason: format!("no `.safetensors` files in `{component}/`"),
+        });
+    }
+    let mut out = Vec::new();
+    let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    for file in &files {
+        let header = safetensors::read_header_file(file)?;
+        let mut names: Vec<&safetensors::TensorInfo> = header.tensors.iter().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        for info in names {
+            if let Some(prev) = seen.insert(info.name.clone(), file.clone()) {
+                return Err(Error::Index {
+                    path: file.clone(),
+                    reason: format!("tensor `{}` is also in `{}`", info.name, prev.display()),
+                });
+            }
+            out.push(TensorLocation {
+                component: component.to_string(),
+                name: info.name.clone(),
+                file: file.clone(),
+                offset: header.data_start() + info.data_offsets.0,
+                info: info.clone(),
+            });
+        }
+    }
+    check_index(dir, &seen)?;
+    Ok(out)
+}
+
+/// Checks `*.safetensors.index.json` (if any) against where the tensors really are.
+fn check_index(dir: &Path, found: &HashMap<String, PathBuf>) -> Result<(), Error> {
+    let Some(index) = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".safetensors.index.json"))
+    else {
+        return Ok(());
+    };
+    let bad = |reason: String| Error::Index { path: index.clone(), reason };
+    let text = std::fs::read_to_string(&index).map_err(io(&index))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    for (name, shard) in map {
+        let shard = shard.as_str().ok_or_else(|| bad(format!("`weight_map.{name}` is not a file name")))?;
+        match found.get(name) {
+            None => return Err(bad(format!("names tensor `{name}` in `{shard}`, which no shard holds"))),
+            Some(actual) if actual.file_name().is_some_and(|f| f != shard) => {
+                return Err(bad(format!("puts `{name}` in `{shard}`, but it is in `{}`", actual.display())))
+            }
+            _ => {}
+        }
+    }
+    if let Some(extra) = found.keys().find(|k| !map.contains_key(*k)) {
+        return Err(bad(format!("does not list tensor `{extra}`")));
+    }
+    Ok(())
+}
+
+/// Runs a pipeline straight from a diffusers directory (no store): what tests and
+/// benchmarks compare against the reference with.
+impl crate::pipeline::ModelSource for DiffusersDir {
+    fn name(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn identity(&self) -> String {
+        String::new()
+    }
+
+    fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, crate::pipeline::SourceError> {
+        let p = self.root.join(path);
+        if p.is_file() {
+            Ok(Some(std::fs::read(&p).map_err(|e| format!("`{}`: {e}", p.display()))?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn component(&self, component: &str) -> Result<HashMap<String, crate::mlx::Array>, crate::pipeline::SourceError> {
+        let locations = self.tensors.get(component).ok_or_else(|| format!("no component `{component}`"))?;
+        let mut files: Vec<&PathBuf> = locations.iter().map(|t| &t.file).collect();
+        files.dedup();
+        let mut out = HashMap::new();
+        for file in files {
+            out.extend(crate::mlx::io::load_safetensors(file)?.tensors);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,227 @@
+//! Qwen3 as Z-Image's text encoder: the output of the second-to-last decoder layer
+//! (`hidden_states[-2]`: after all layers but the last, without the final norm), computed over
+//! the real tokens only.
+//!
+//! Mirrors transformers 5.23.0 `models/qwen3/modeling_qwen3.py` (zimage-spec §2.4–2.5). Because
+//! padding is on the right and attention is causal, running only the real tokens gives the
+//! same embeddings as the reference's padded, masked run.
+
+use super::weights::{Checkpoint, Linear, RmsNorm, Weights};
+use crate::mlx::{self, fast, Array};
+
+/// `text_encoder/config.json`, the keys the encoder path uses.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Qwen3Config {
+    pub vocab_size: i32,
+    pub hidden_size: i32,
+    pub intermediate_size: i32,
+    pub num_hidden_layers: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: i32,
+    pub head_dim: i32,
+    pub rms_norm_eps: f32,
+    /// transformers 4.x writes `rope_theta` at the top level, 5.x inside `rope_parameters`.
+    #[serde(default)]
+    pub rope_theta: Option<f32>,
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct RopeParameters {
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_type: Option<String>,
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl Qwen3Config {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.hidden_act != "silu" {
+            return Err(format!("text encoder `hidden_act` is `{}`; only `silu` is supported", self.hidden_act));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "text encoder `num_attention_heads` {} is not a multiple of `num_key_value_heads` {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.use_sliding_window {
+            return Err("text encoder `use_sliding_window: true` is not supported".into());
+        }
+        if let Some(t) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref()) {
+            if t != "default" {
+                return Err(format!("text encoder `rope_parameters.rope_type` `{t}` is not supported"));
+            }
+        }
+        if self.theta().is_none() {
+            return Err("text encoder config has neither `rope_theta` nor `rope_parameters.rope_theta`".into());
+        }
+        if self.num_hidden_layers < 2 {
+            return Err("text encoder needs at least 2 layers (it returns the second-to-last)".into());
+        }
+        Ok(())
+    }
+
+    /// The RoPE base, wherever the config keeps it.
+    pub fn theta(&self) -> Option<f32> {
+        self.rope_parameters.as_ref().map(|r| r.rope_theta).or(self.rope_theta)
+    }
+
+    /// Decoder layers that run: all but the last.
+    pub fn layers_used(&self) -> i32 {
+        self.num_hidden_layers - 1
+    }
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    rope_theta: f32,
+}
+
+impl Attention {
+    fn new(cfg: &Qwen3Config, w: &Weights) -> mlx::Result<Attention> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let b = cfg.attention_bias;
+        Ok(Attention {
+            q_proj: Linear::new(&w.pp("q_proj"), h, nq * d, b)?,
+            k_proj: Linear::new(&w.pp("k_proj"), h, nkv * d, b)?,
+            v_proj: Linear::new(&w.pp("v_proj"), h, nkv * d, b)?,
+            o_proj: Linear::new(&w.pp("o_proj"), nq * d, h, b)?,
+            q_norm: RmsNorm::new(&w.pp("q_norm"), d, cfg.rms_norm_eps)?,
+            k_norm: RmsNorm::new(&w.pp("k_norm"), d, cfg.rms_norm_eps)?,
+            heads: nq,
+            kv_heads: nkv,
+            head_dim: d,
+            rope_theta: cfg.theta().expect("validated"),
+        })
+    }
+
+    /// `x`: [L, hidden] → [L, hidden].
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let l = x.dim(0);
+        let d = self.head_dim;
+        // 1. Project and split heads: [L, n·d] → [1, n, L, d], per-head RMS norm first.
+        let heads = |proj: &Linear, norm: Option<&RmsNorm>, n: i32| -> mlx::Result<Array> {
+            let t = proj.forward(x)?.reshape(&[1, l, n, d])?;
+            let t = match norm {
+                Some(norm) => norm.forward(&t)?,
+                None => t,
+            };
+            t.transpose(&[0, 2, 1, 3])
+        };
+        let q = heads(&self.q_proj, Some(&self.q_norm), self.heads)?;
+        let k = heads(&self.k_proj, Some(&self.k_norm), self.kv_heads)?;
+        let v = heads(&self.v_proj, None, self.kv_heads)?;
+        // 2. Half-split ("rotate_half") RoPE at positions 0..L.
+        let q = fast::rope(&q, d, false, Some(self.rope_theta), 1.0, 0, None)?;
+        let k = fast::rope(&k, d, false, Some(self.rope_theta), 1.0, 0, None)?;
+        // 3. Causal attention; query head j reads kv head j / (heads / kv_heads).
+        let scale = 1.0 / (d as f32).sqrt();
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::Causal)?;
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, self.heads * d])?;
+        self.o_proj.forward(&o)
+    }
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn new(cfg: &Qwen3Config, w: &Weights) -> mlx::Result<Mlp> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Mlp {
+            gate_proj: Linear::new(&w.pp("gate_proj"), h, i, false)?,
+            up_proj: Linear::new(&w.pp("up_proj"), h, i, false)?,
+            down_proj: Linear::new(&w.pp("down_proj"), i, h, false)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let gated = (self.gate_proj.forward(x)?.silu()? * self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
+    }
+}
+
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let x = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?)?)?;
+        &x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?
+    }
+}
+
+/// The encoder: token ids → `[L, hidden]` prompt embeddings.
+pub struct Qwen3Encoder {
+    embed_tokens: Array,
+    layers: Vec<DecoderLayer>,
+    pub config: Qwen3Config,
+}
+
+impl Qwen3Encoder {
+    /// Binds the checkpoint, with or without the `model.` prefix of a causal-LM save. The last
+    /// layer, the final norm and any `lm_head` are not needed and may be absent.
+    pub fn new(cfg: &Qwen3Config, ckpt: Checkpoint) -> Result<Qwen3Encoder, super::ModelError> {
+        cfg.validate().map_err(super::ModelError::Config)?;
+        let mut ckpt = ckpt.rename(|n| n.strip_prefix("model.").unwrap_or(n).to_string());
+        ckpt.allow_unused(&format!("layers.{}.", cfg.num_hidden_layers - 1));
+        ckpt.allow_unused("norm.");
+        ckpt.allow_unused("lm_head.");
+        let w = ckpt.root();
+        let embed_tokens = w.pp("embed_tokens").get("weight", &[cfg.vocab_size, cfg.hidden_size])?;
+        let mut layers = Vec::new();
+        for i in 0..cfg.layers_used() {
+            let lw = w.pp("layers").pp(i);
+            layers.push(DecoderLayer {
+                input_layernorm: RmsNorm::new(&lw.pp("input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps)?,
+                self_attn: Attention::new(cfg, &lw.pp("self_attn"))?,
+                post_attention_layernorm: RmsNorm::new(
+                    &lw.pp("post_attention_layernorm"),
+                    cfg.hidden_size,
+                    cfg.rms_norm_eps,
+                )?,
+                mlp: Mlp::new(cfg, &lw.pp("mlp"))?,
+            });
+        }
+        ckpt.finish()?;
+        Ok(Qwen3Encoder { embed_tokens, layers, config: cfg.clone() })
+    }
+
+    /// `hidden_states[-2]` for the real tokens `ids`: `[L, hidden]`.
+    pub fn encode(&self, ids: &[u32]) -> mlx::Result<Array> {
+        let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let ids = Array::from_slice(&ids, &[ids.len() as i32])?;
+        let mut x = self.embed_tokens.take(&ids, 0)?;
+        for layer in &self.layers {
+            x = layer.forward(&x)?;
+        }
+        Ok(x)
+    }
+}

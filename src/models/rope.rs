@@ -1,0 +1,45 @@
+//! The S3-DiT's 3-axis rotary tables (zimage-spec §3.7).
+//!
+//! Axis `a` with `d_a` dims has `d_a/2` frequencies `1/θ^(2j/d_a)` (f64); the angle of position
+//! `p` is `f32(p·f)` and cos/sin are taken in f32, as the reference builds `freqs_cis`. A token
+//! with ids `(p0, p1, p2)` rotates its head-dim pairs with the three axes' tables concatenated.
+
+use crate::mlx::{self, Array};
+
+pub struct RopeTables {
+    /// Per axis: `len × d/2` angles, row-major.
+    angles: Vec<Vec<f32>>,
+    halves: Vec<usize>,
+    lens: Vec<i32>,
+}
+
+impl RopeTables {
+    pub fn new(theta: f64, axes_dims: &[i32], axes_lens: &[i32]) -> RopeTables {
+        let mut angles = Vec::new();
+        for (&d, &len) in axes_dims.iter().zip(axes_lens) {
+            let freqs: Vec<f64> = (0..d / 2).map(|j| 1.0 / theta.powf((2 * j) as f64 / d as f64)).collect();
+            let table = (0..len).flat_map(|p| freqs.iter().map(move |f| (p as f64 * f) as f32)).collect();
+            angles.push(table);
+        }
+        RopeTables { angles, halves: axes_dims.iter().map(|&d| d as usize / 2).collect(), lens: axes_lens.to_vec() }
+    }
+
+    /// `(cos, sin)`, each `[S, 1, head_dim/2]` f32, for tokens at `positions`.
+    pub fn lookup(&self, positions: &[[i32; 3]]) -> mlx::Result<(Array, Array)> {
+        let half: usize = self.halves.iter().sum();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for pos in positions {
+            for (axis, &p) in pos.iter().enumerate() {
+                assert!(p < self.lens[axis], "position {p} beyond the RoPE table of axis {axis} ({} long)", self.lens[axis]);
+                let h = self.halves[axis];
+                for &a in &self.angles[axis][p as usize * h..(p as usize + 1) * h] {
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
+            }
+        }
+        let shape = [positions.len() as i32, 1, half as i32];
+        Ok((Array::from_slice(&cos, &shape)?, Array::from_slice(&sin, &shape)?))
+    }
+}

@@ -1,0 +1,375 @@
+//! The Z-Image S3-DiT (`ZImageTransformer2DModel`): single-stream diffusion transformer over
+//! `[image tokens, caption tokens]`, with noise and context refiners and 3-axis RoPE.
+//!
+//! Mirrors diffusers 0.42.1 `models/transformers/transformer_z_image.py` (zimage-spec §3). One
+//! sample at a time (B = 1): classifier-free guidance runs the two prompts separately, which
+//! equals the reference's masked batch.
+
+use super::rope::RopeTables;
+use super::weights::{Checkpoint, Linear, RmsNorm, Weights};
+use crate::mlx::{self, fast, ops, Array, Dtype};
+
+/// Width of the timestep embedding input (sinusoids) and cap of the adaLN width.
+const ADALN_EMBED_DIM: i32 = 256;
+const FREQUENCY_EMBEDDING_SIZE: i32 = 256;
+/// Hidden width of the timestep MLP.
+const T_MLP_HIDDEN: i32 = 1024;
+/// Caption and image token counts are padded to multiples of this.
+pub const SEQ_MULTI_OF: i32 = 32;
+
+/// `transformer/config.json`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct DitConfig {
+    pub all_patch_size: Vec<i32>,
+    pub all_f_patch_size: Vec<i32>,
+    pub in_channels: i32,
+    pub dim: i32,
+    pub n_layers: i32,
+    pub n_refiner_layers: i32,
+    pub n_heads: i32,
+    pub norm_eps: f32,
+    pub qk_norm: bool,
+    pub cap_feat_dim: i32,
+    pub rope_theta: f64,
+    pub t_scale: f32,
+    pub axes_dims: Vec<i32>,
+    pub axes_lens: Vec<i32>,
+}
+
+impl DitConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.all_patch_size != [2] || self.all_f_patch_size != [1] {
+            return Err(format!(
+                "transformer patch sizes {:?}/{:?} are not supported (Z-Image uses [2]/[1])",
+                self.all_patch_size, self.all_f_patch_size
+            ));
+        }
+        if self.dim % self.n_heads != 0 {
+            return Err(format!("transformer `dim` {} is not divisible by `n_heads` {}", self.dim, self.n_heads));
+        }
+        let sum: i32 = self.axes_dims.iter().sum();
+        if sum != self.head_dim() || self.axes_dims.iter().any(|d| d % 2 != 0) || self.axes_dims.len() != 3 {
+            return Err(format!(
+                "transformer `axes_dims` {:?} must be 3 even sizes summing to head_dim {}",
+                self.axes_dims,
+                self.head_dim()
+            ));
+        }
+        if !self.qk_norm {
+            return Err("transformer `qk_norm: false` is not supported".into());
+        }
+        Ok(())
+    }
+
+    pub fn head_dim(&self) -> i32 {
+        self.dim / self.n_heads
+    }
+    pub fn adaln_dim(&self) -> i32 {
+        self.dim.min(ADALN_EMBED_DIM)
+    }
+    fn ffn_dim(&self) -> i32 {
+        // int(dim / 3 * 8), as the reference computes it in floating point.
+        (self.dim as f64 / 3.0 * 8.0) as i32
+    }
+    fn patch_features(&self) -> i32 {
+        2 * 2 * self.in_channels
+    }
+}
+
+struct Attention {
+    to_q: Linear,
+    to_k: Linear,
+    to_v: Linear,
+    to_out: Linear,
+    norm_q: RmsNorm,
+    norm_k: RmsNorm,
+    heads: i32,
+    head_dim: i32,
+}
+
+impl Attention {
+    fn new(cfg: &DitConfig, w: &Weights) -> mlx::Result<Attention> {
+        let (d, hd) = (cfg.dim, cfg.head_dim());
+        Ok(Attention {
+            to_q: Linear::new(&w.pp("to_q"), d, d, false)?,
+            to_k: Linear::new(&w.pp("to_k"), d, d, false)?,
+            to_v: Linear::new(&w.pp("to_v"), d, d, false)?,
+            to_out: Linear::new(&w.pp("to_out").pp(0), d, d, false)?,
+            // The qk-norm eps is fixed at 1e-5 in the reference, whatever `norm_eps` says.
+            norm_q: RmsNorm::new(&w.pp("norm_q"), hd, 1e-5)?,
+            norm_k: RmsNorm::new(&w.pp("norm_k"), hd, 1e-5)?,
+            heads: cfg.n_heads,
+            head_dim: hd,
+        })
+    }
+
+    /// `x`: [S, dim]; full bidirectional attention with RoPE from `rope` ([S, 1, hd/2] each).
+    fn forward(&self, x: &Array, rope: &(Array, Array)) -> mlx::Result<Array> {
+        let s = x.dim(0);
+        let (h, hd) = (self.heads, self.head_dim);
+        let split = |proj: &Linear, norm: Option<&RmsNorm>| -> mlx::Result<Array> {
+            let t = proj.forward(x)?.reshape(&[s, h, hd])?;
+            match norm {
+                Some(n) => apply_rope(&n.forward(&t)?, rope),
+                None => Ok(t),
+            }
+        };
+        let q = split(&self.to_q, Some(&self.norm_q))?;
+        let k = split(&self.to_k, Some(&self.norm_k))?;
+        let v = split(&self.to_v, None)?;
+        // [S, H, hd] → [1, H, S, hd]
+        let bhsd = |t: Array| t.transpose(&[1, 0, 2])?.expand_dims(0);
+        let o = fast::scaled_dot_product_attention(
+            &bhsd(q)?,
+            &bhsd(k)?,
+            &bhsd(v)?,
+            1.0 / (hd as f32).sqrt(),
+            fast::Mask::None,
+        )?;
+        let o = o.squeeze(0)?.transpose(&[1, 0, 2])?.reshape(&[s, h * hd])?;
+        self.to_out.forward(&o)
+    }
+}
+
+/// Interleaved-pair rotation in f32: `(x₀, x₁) → (x₀cos − x₁sin, x₀sin + x₁cos)`.
+fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
+    let dtype = x.dtype();
+    let shape = x.shape();
+    let (s, h, hd) = (shape[0], shape[1], shape[2]);
+    let pairs = x.astype(Dtype::F32)?.reshape(&[s, h, hd / 2, 2])?;
+    let x0 = pairs.slice_axis(3, 0, 1)?.squeeze(3)?;
+    let x1 = pairs.slice_axis(3, 1, 2)?.squeeze(3)?;
+    let y0 = ((&x0 * cos)? - (&x1 * sin)?)?;
+    let y1 = ((&x0 * sin)? + (&x1 * cos)?)?;
+    ops::stack(&[&y0, &y1], 3)?.reshape(&[s, h, hd])?.astype(dtype)
+}
+
+struct FeedForward {
+    w1: Linear,
+    w2: Linear,
+    w3: Linear,
+}
+
+impl FeedForward {
+    fn new(cfg: &DitConfig, w: &Weights) -> mlx::Result<FeedForward> {
+        let (d, f) = (cfg.dim, cfg.ffn_dim());
+        Ok(FeedForward {
+            w1: Linear::new(&w.pp("w1"), d, f, false)?,
+            w2: Linear::new(&w.pp("w2"), f, d, false)?,
+            w3: Linear::new(&w.pp("w3"), d, f, false)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        self.w2.forward(&(self.w1.forward(x)?.silu()? * self.w3.forward(x)?)?)
+    }
+}
+
+/// Per-block scales and gates from the timestep conditioning.
+struct Modulation {
+    scale_msa: Array,
+    gate_msa: Array,
+    scale_mlp: Array,
+    gate_mlp: Array,
+}
+
+/// `ZImageTransformerBlock`: sandwich-normed attention and FFN, optionally adaLN-modulated.
+struct Block {
+    attention: Attention,
+    feed_forward: FeedForward,
+    attention_norm1: RmsNorm,
+    attention_norm2: RmsNorm,
+    ffn_norm1: RmsNorm,
+    ffn_norm2: RmsNorm,
+    ada_ln: Option<Linear>,
+}
+
+impl Block {
+    fn new(cfg: &DitConfig, w: &Weights, modulated: bool) -> mlx::Result<Block> {
+        let norm = |name: &str| RmsNorm::new(&w.pp(name), cfg.dim, cfg.norm_eps);
+        Ok(Block {
+            attention: Attention::new(cfg, &w.pp("attention"))?,
+            feed_forward: FeedForward::new(cfg, &w.pp("feed_forward"))?,
+            attention_norm1: norm("attention_norm1")?,
+            attention_norm2: norm("attention_norm2")?,
+            ffn_norm1: norm("ffn_norm1")?,
+            ffn_norm2: norm("ffn_norm2")?,
+            ada_ln: if modulated {
+                Some(Linear::new(&w.pp("adaLN_modulation").pp(0), cfg.adaln_dim(), 4 * cfg.dim, true)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// `m = c·Wᵀ + b` split into (scale_msa, gate_msa, scale_mlp, gate_mlp); no SiLU on `c`.
+    fn modulation(&self, c: &Array) -> mlx::Result<Option<Modulation>> {
+        let Some(ada) = &self.ada_ln else { return Ok(None) };
+        let parts = ops::split(&ada.forward(c)?, 4, 1)?;
+        Ok(Some(Modulation {
+            scale_msa: (&parts[0] + 1.0)?,
+            gate_msa: parts[1].tanh()?,
+            scale_mlp: (&parts[2] + 1.0)?,
+            gate_mlp: parts[3].tanh()?,
+        }))
+    }
+
+    fn forward(&self, x: &Array, rope: &(Array, Array), c: &Array) -> mlx::Result<Array> {
+        let m = self.modulation(c)?;
+        let scaled = |h: Array, s: Option<&Array>| match s {
+            Some(s) => h * s,
+            None => Ok(h),
+        };
+        let gated = |h: Array, g: Option<&Array>| match g {
+            Some(g) => h * g,
+            None => Ok(h),
+        };
+        let h = scaled(self.attention_norm1.forward(x)?, m.as_ref().map(|m| &m.scale_msa))?;
+        let h = self.attention_norm2.forward(&self.attention.forward(&h, rope)?)?;
+        let x = (x + gated(h, m.as_ref().map(|m| &m.gate_msa))?)?;
+        let h = scaled(self.ffn_norm1.forward(&x)?, m.as_ref().map(|m| &m.scale_mlp))?;
+        let h = self.ffn_norm2.forward(&self.feed_forward.forward(&h)?)?;
+        &x + gated(h, m.as_ref().map(|m| &m.gate_mlp))?
+    }
+}
+
+/// The transformer.
+pub struct ZImageTransformer {
+    t_mlp0: Linear,
+    t_mlp2: Linear,
+    cap_norm: RmsNorm,
+    cap_proj: Linear,
+    x_embedder: Linear,
+    x_pad_token: Array,
+    cap_pad_token: Array,
+    final_ada: Linear,
+    final_linear: Linear,
+    noise_refiner: Vec<Block>,
+    context_refiner: Vec<Block>,
+    layers: Vec<Block>,
+    rope: RopeTables,
+    pub config: DitConfig,
+    dtype: Dtype,
+}
+
+impl ZImageTransformer {
+    pub fn new(cfg: &DitConfig, ckpt: Checkpoint) -> Result<ZImageTransformer, super::ModelError> {
+        cfg.validate().map_err(super::ModelError::Config)?;
+        let dtype = ckpt.dtype();
+        let model = {
+            let w = ckpt.root();
+            let (d, a) = (cfg.dim, cfg.adaln_dim());
+            let blocks = |name: &str, n: i32, modulated: bool| -> mlx::Result<Vec<Block>> {
+                (0..n).map(|i| Block::new(cfg, &w.pp(name).pp(i), modulated)).collect()
+            };
+            let fl = w.pp("all_final_layer").pp("2-1");
+            ZImageTransformer {
+                t_mlp0: Linear::new(&w.pp("t_embedder.mlp.0"), FREQUENCY_EMBEDDING_SIZE, T_MLP_HIDDEN, true)?,
+                t_mlp2: Linear::new(&w.pp("t_embedder.mlp.2"), T_MLP_HIDDEN, a, true)?,
+                cap_norm: RmsNorm::new(&w.pp("cap_embedder.0"), cfg.cap_feat_dim, cfg.norm_eps)?,
+                cap_proj: Linear::new(&w.pp("cap_embedder.1"), cfg.cap_feat_dim, d, true)?,
+                x_embedder: Linear::new(&w.pp("all_x_embedder").pp("2-1"), cfg.patch_features(), d, true)?,
+                x_pad_token: w.get("x_pad_token", &[1, d])?,
+                cap_pad_token: w.get("cap_pad_token", &[1, d])?,
+                final_ada: Linear::new(&fl.pp("adaLN_modulation.1"), a, d, true)?,
+                final_linear: Linear::new(&fl.pp("linear"), d, cfg.patch_features(), true)?,
+                noise_refiner: blocks("noise_refiner", cfg.n_refiner_layers, true)?,
+                context_refiner: blocks("context_refiner", cfg.n_refiner_layers, false)?,
+                layers: blocks("layers", cfg.n_layers, true)?,
+                rope: RopeTables::new(cfg.rope_theta, &cfg.axes_dims, &cfg.axes_lens),
+                config: cfg.clone(),
+                dtype,
+            }
+        };
+        ckpt.finish()?;
+        Ok(model)
+    }
+
+    /// The timestep conditioning `c` ([1, adaln_dim]) for `t_model` (0 at pure noise).
+    fn t_embed(&self, t_model: f32) -> mlx::Result<Array> {
+        let s = t_model * self.config.t_scale;
+        let half = FREQUENCY_EMBEDDING_SIZE / 2;
+        let neg_ln = -(10000f64.ln() as f32);
+        let args: Vec<f32> = (0..half).map(|k| s * ((neg_ln * k as f32) / half as f32).exp()).collect();
+        let emb: Vec<f32> = args.iter().map(|a| a.cos()).chain(args.iter().map(|a| a.sin())).collect();
+        let e = Array::from_slice(&emb, &[1, FREQUENCY_EMBEDDING_SIZE])?.astype(self.dtype)?;
+        self.t_mlp2.forward(&self.t_mlp0.forward(&e)?.silu()?)
+    }
+
+    /// One forward pass: `latent` [C, h, w] (f32 or the compute dtype), `caption` [L, cap_dim].
+    /// Returns the model output [C, h, w] in f32 (the reference's velocity, before negation).
+    pub fn forward(&self, latent: &Array, t_model: f32, caption: &Array) -> mlx::Result<Array> {
+        let (c_in, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
+        let (ht, wt) = (h / 2, w / 2);
+        let n = ht * wt;
+        let np = round_up(n, SEQ_MULTI_OF);
+        let l = caption.dim(0);
+        let lp = round_up(l, SEQ_MULTI_OF);
+
+        // 1. Conditioning.
+        let c = self.t_embed(t_model)?;
+
+        // 2. Patchify: [C, h, w] → [N, 4C], feature (ph·2 + pw)·C + c, token i·Wt + j.
+        let patches = latent
+            .astype(self.dtype)?
+            .reshape(&[c_in, ht, 2, wt, 2])?
+            .transpose(&[1, 3, 2, 4, 0])?
+            .reshape(&[n, 4 * c_in])?;
+
+        // 3. Image tokens: embed, learned pad rows, positions (Lp + 1, i, j) / pad (0, 0, 0).
+        let x = self.x_embedder.forward(&patches)?;
+        let x = pad_rows(&x, &self.x_pad_token, np - n)?;
+        let mut img_pos: Vec<[i32; 3]> = (0..n).map(|k| [lp + 1, k / wt, k % wt]).collect();
+        img_pos.resize(np as usize, [0, 0, 0]);
+        let img_rope = self.rope.lookup(&img_pos)?;
+        let mut x = x;
+        for block in &self.noise_refiner {
+            x = block.forward(&x, &img_rope, &c)?;
+        }
+
+        // 4. Caption tokens: norm + project, learned pad rows, positions (1 + m, 0, 0).
+        let cap = self.cap_proj.forward(&self.cap_norm.forward(&caption.astype(self.dtype)?)?)?;
+        let cap = pad_rows(&cap, &self.cap_pad_token, lp - l)?;
+        let cap_pos: Vec<[i32; 3]> = (0..lp).map(|m| [1 + m, 0, 0]).collect();
+        let cap_rope = self.rope.lookup(&cap_pos)?;
+        let mut cap = cap;
+        for block in &self.context_refiner {
+            cap = block.forward(&cap, &cap_rope, &c)?;
+        }
+
+        // 5. Unified sequence [image, caption] through the main layers.
+        let mut u = ops::concatenate(&[&x, &cap], 0)?;
+        let rope = (
+            ops::concatenate(&[&img_rope.0, &cap_rope.0], 0)?,
+            ops::concatenate(&[&img_rope.1, &cap_rope.1], 0)?,
+        );
+        for block in &self.layers {
+            u = block.forward(&u, &rope, &c)?;
+        }
+
+        // 6. Final layer: LayerNorm (no affine) scaled by 1 + SiLU(c)·Wᵀ + b, then project.
+        let scale = (self.final_ada.forward(&c.silu()?)? + 1.0)?;
+        let y = (fast::layer_norm(&u, None, None, 1e-6)? * scale)?;
+        let y = self.final_linear.forward(&y)?;
+
+        // 7. Unpatchify the real image tokens: [N, 4C] → [C, h, w].
+        y.slice_axis(0, 0, n)?
+            .reshape(&[ht, wt, 2, 2, c_in])?
+            .transpose(&[4, 0, 2, 1, 3])?
+            .reshape(&[c_in, h, w])?
+            .astype(Dtype::F32)
+    }
+}
+
+fn round_up(n: i32, m: i32) -> i32 {
+    n + (m - n % m) % m
+}
+
+/// Appends `count` copies of the learned `pad` row ([1, dim]) to `x` ([S, dim]).
+fn pad_rows(x: &Array, pad: &Array, count: i32) -> mlx::Result<Array> {
+    if count == 0 {
+        return Ok(x.clone());
+    }
+    let fill = pad.broadcast_to(&[count, pad.dim(1)])?;
+    ops::concatenate(&[x, &fill], 0)
+}

@@ -1,0 +1,284 @@
+//! The `AutoencoderKL` decoder (the FLUX.1 VAE architecture), channels-last.
+//!
+//! Mirrors diffusers 0.42.1 `models/autoencoders/vae.py` `Decoder` with `UNetMidBlock2D`,
+//! `UpDecoderBlock2D`, `ResnetBlock2D` and `Upsample2D` (zimage-spec §5). Convolution weights are
+//! transposed from PyTorch's `[O, I, kh, kw]` to MLX's `[O, kh, kw, I]` as they are bound; the
+//! encoder half of the checkpoint is not used.
+
+use super::weights::{Checkpoint, Linear, Weights};
+use crate::mlx::{self, ops, Array, Dtype};
+
+/// `vae/config.json`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct VaeConfig {
+    pub block_out_channels: Vec<i32>,
+    pub layers_per_block: i32,
+    pub latent_channels: i32,
+    pub norm_num_groups: i32,
+    pub out_channels: i32,
+    pub scaling_factor: f32,
+    #[serde(default)]
+    pub shift_factor: Option<f32>,
+    #[serde(default = "yes")]
+    pub mid_block_add_attention: bool,
+    #[serde(default)]
+    pub use_post_quant_conv: bool,
+    #[serde(default = "default_act")]
+    pub act_fn: String,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl VaeConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.act_fn != "silu" {
+            return Err(format!("VAE `act_fn` is `{}`; only `silu` is supported", self.act_fn));
+        }
+        if self.use_post_quant_conv {
+            return Err("VAE `use_post_quant_conv: true` is not supported (Z-Image's VAE has none)".into());
+        }
+        if let Some(c) = self.block_out_channels.iter().find(|c| *c % self.norm_num_groups != 0) {
+            return Err(format!("VAE channels {c} are not divisible by `norm_num_groups` {}", self.norm_num_groups));
+        }
+        if self.block_out_channels.is_empty() {
+            return Err("VAE `block_out_channels` is empty".into());
+        }
+        Ok(())
+    }
+
+    /// Pixels per latent cell along each axis.
+    pub fn scale_factor(&self) -> i32 {
+        1 << (self.block_out_channels.len() - 1)
+    }
+}
+
+struct Conv2d {
+    weight: Array,
+    bias: Array,
+    padding: i32,
+}
+
+impl Conv2d {
+    fn new(w: &Weights, cin: i32, cout: i32, k: i32) -> mlx::Result<Conv2d> {
+        let weight = w.get("weight", &[cout, cin, k, k])?.transpose(&[0, 2, 3, 1])?;
+        Ok(Conv2d { weight, bias: w.get("bias", &[cout])?, padding: k / 2 })
+    }
+
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let y = ops::conv2d(x, &self.weight, (1, 1), (self.padding, self.padding), (1, 1), 1)?;
+        y + &self.bias
+    }
+}
+
+/// GroupNorm with PyTorch's grouping (consecutive channels), statistics in f32.
+struct GroupNorm {
+    weight: Array,
+    bias: Array,
+    groups: i32,
+    eps: f32,
+}
+
+impl GroupNorm {
+    fn new(w: &Weights, channels: i32, groups: i32) -> mlx::Result<GroupNorm> {
+        Ok(GroupNorm { weight: w.get("weight", &[channels])?, bias: w.get("bias", &[channels])?, groups, eps: 1e-6 })
+    }
+
+    /// `x`: [B, H, W, C].
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let s = x.shape();
+        let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
+        let g = x.astype(Dtype::F32)?.reshape(&[b, h * w, self.groups, c / self.groups])?;
+        let mean = g.mean(&[1, 3], true)?;
+        let var = g.var(&[1, 3], true, 0)?;
+        let normed = ((&g - &mean)? * (var + self.eps)?.rsqrt()?)?;
+        let normed = normed.reshape(&[b, h, w, c])?.astype(x.dtype())?;
+        (normed * &self.weight)? + &self.bias
+    }
+}
+
+struct ResnetBlock {
+    norm1: GroupNorm,
+    conv1: Conv2d,
+    norm2: GroupNorm,
+    conv2: Conv2d,
+    shortcut: Option<Conv2d>,
+}
+
+impl ResnetBlock {
+    fn new(w: &Weights, cin: i32, cout: i32, groups: i32) -> mlx::Result<ResnetBlock> {
+        Ok(ResnetBlock {
+            norm1: GroupNorm::new(&w.pp("norm1"), cin, groups)?,
+            conv1: Conv2d::new(&w.pp("conv1"), cin, cout, 3)?,
+            norm2: GroupNorm::new(&w.pp("norm2"), cout, groups)?,
+            conv2: Conv2d::new(&w.pp("conv2"), cout, cout, 3)?,
+            shortcut: if cin != cout { Some(Conv2d::new(&w.pp("conv_shortcut"), cin, cout, 1)?) } else { None },
+        })
+    }
+
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let h = self.conv1.forward(&self.norm1.forward(x)?.silu()?)?;
+        let h = self.conv2.forward(&self.norm2.forward(&h)?.silu()?)?;
+        match &self.shortcut {
+            Some(s) => s.forward(x)? + h,
+            None => x + h,
+        }
+    }
+}
+
+/// Single-head self-attention over all pixels, with a residual connection.
+struct MidAttention {
+    group_norm: GroupNorm,
+    to_q: Linear,
+    to_k: Linear,
+    to_v: Linear,
+    to_out: Linear,
+}
+
+/// Queries per attention chunk: bounds the score matrix at large sizes (head dim = channels
+/// is too wide for the fused kernels, so scores are materialised).
+const ATTENTION_CHUNK: i32 = 4096;
+
+impl MidAttention {
+    fn new(w: &Weights, c: i32, groups: i32) -> mlx::Result<MidAttention> {
+        Ok(MidAttention {
+            group_norm: GroupNorm::new(&w.pp("group_norm"), c, groups)?,
+            to_q: Linear::new(&w.pp("to_q"), c, c, true)?,
+            to_k: Linear::new(&w.pp("to_k"), c, c, true)?,
+            to_v: Linear::new(&w.pp("to_v"), c, c, true)?,
+            to_out: Linear::new(&w.pp("to_out").pp(0), c, c, true)?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let s = x.shape();
+        let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
+        // Row-major (y, x) token order, as torch's view(B, C, h·w).
+        let t = self.group_norm.forward(x)?.reshape(&[b, h * w, c])?;
+        let q = self.to_q.forward(&t)?;
+        let k = self.to_k.forward(&t)?;
+        let v = self.to_v.forward(&t)?;
+        let scale = 1.0 / (c as f32).sqrt();
+        let kt = k.transpose(&[0, 2, 1])?;
+        let n = h * w;
+        let mut chunks = Vec::new();
+        for start in (0..n).step_by(ATTENTION_CHUNK as usize) {
+            let qc = q.slice_axis(1, start, (start + ATTENTION_CHUNK).min(n))?;
+            let scores = (ops::matmul(&qc, &kt)? * scale)?.softmax(&[-1], true)?;
+            chunks.push(ops::matmul(&scores, &v)?);
+        }
+        let refs: Vec<&Array> = chunks.iter().collect();
+        let o = if refs.len() == 1 { chunks[0].clone() } else { ops::concatenate(&refs, 1)? };
+        let o = self.to_out.forward(&o)?.reshape(&[b, h, w, c])?;
+        o + x
+    }
+}
+
+struct UpBlock {
+    resnets: Vec<ResnetBlock>,
+    upsample: Option<Conv2d>,
+}
+
+/// The decoder: scaled latents → image in [-1, 1], NHWC.
+pub struct VaeDecoder {
+    conv_in: Conv2d,
+    mid_resnets: [ResnetBlock; 2],
+    mid_attention: Option<MidAttention>,
+    up_blocks: Vec<UpBlock>,
+    norm_out: GroupNorm,
+    conv_out: Conv2d,
+    pub config: VaeConfig,
+    dtype: Dtype,
+}
+
+impl VaeDecoder {
+    pub fn new(cfg: &VaeConfig, mut ckpt: Checkpoint) -> Result<VaeDecoder, super::ModelError> {
+        cfg.validate().map_err(super::ModelError::Config)?;
+        ckpt.allow_unused("encoder.");
+        ckpt.allow_unused("quant_conv.");
+        let dtype = ckpt.dtype();
+        let model = {
+            let w = ckpt.root().pp("decoder");
+            let g = cfg.norm_num_groups;
+            let chans: Vec<i32> = cfg.block_out_channels.iter().rev().copied().collect();
+            let top = chans[0];
+            let mid = w.pp("mid_block");
+            let mut up_blocks = Vec::new();
+            let mut cin = top;
+            for (i, &cout) in chans.iter().enumerate() {
+                let bw = w.pp("up_blocks").pp(i);
+                let mut resnets = Vec::new();
+                for r in 0..=cfg.layers_per_block {
+                    resnets.push(ResnetBlock::new(&bw.pp("resnets").pp(r), if r == 0 { cin } else { cout }, cout, g)?);
+                }
+                let upsample = if i + 1 < chans.len() {
+                    Some(Conv2d::new(&bw.pp("upsamplers.0.conv"), cout, cout, 3)?)
+                } else {
+                    None
+                };
+                up_blocks.push(UpBlock { resnets, upsample });
+                cin = cout;
+            }
+            let last = *chans.last().expect("validated non-empty");
+            VaeDecoder {
+                conv_in: Conv2d::new(&w.pp("conv_in"), cfg.latent_channels, top, 3)?,
+                mid_resnets: [
+                    ResnetBlock::new(&mid.pp("resnets.0"), top, top, g)?,
+                    ResnetBlock::new(&mid.pp("resnets.1"), top, top, g)?,
+                ],
+                mid_attention: if cfg.mid_block_add_attention {
+                    Some(MidAttention::new(&mid.pp("attentions.0"), top, g)?)
+                } else {
+                    None
+                },
+                up_blocks,
+                norm_out: GroupNorm::new(&w.pp("conv_norm_out"), last, g)?,
+                conv_out: Conv2d::new(&w.pp("conv_out"), last, cfg.out_channels, 3)?,
+                config: cfg.clone(),
+                dtype,
+            }
+        };
+        ckpt.finish()?;
+        Ok(model)
+    }
+
+    /// Decodes the denoised latents `[C, h, w]` (f32) into an image `[H, W, 3]` in [-1, 1],
+    /// in the VAE's dtype. Un-scaling happens in that dtype, as in the reference.
+    pub fn decode(&self, latents: &Array) -> mlx::Result<Array> {
+        let z = latents.astype(self.dtype)?.transpose(&[1, 2, 0])?.expand_dims(0)?;
+        let z = (z / self.config.scaling_factor)?;
+        let z = match self.config.shift_factor {
+            Some(s) => (z + s)?,
+            None => z,
+        };
+        let mut x = self.conv_in.forward(&z)?;
+        x = self.mid_resnets[0].forward(&x)?;
+        if let Some(attn) = &self.mid_attention {
+            x = attn.forward(&x)?;
+        }
+        x = self.mid_resnets[1].forward(&x)?;
+        for block in &self.up_blocks {
+            for r in &block.resnets {
+                x = r.forward(&x)?;
+            }
+            if let Some(conv) = &block.upsample {
+                // Nearest-neighbour ×2, then a 3×3 convolution.
+                x = conv.forward(&x.repeat(2, 1)?.repeat(2, 2)?)?;
+            }
+        }
+        let x = self.conv_out.forward(&self.norm_out.forward(&x)?.silu()?)?;
+        x.squeeze(0)
+    }
+}
+
+/// `[H, W, 3]` decoder output in [-1, 1] → RGB bytes, in the reference's order: denormalise and
+/// clamp in the VAE dtype, then ×255 in f32 and round half to even.
+pub fn to_rgb8(image: &Array) -> mlx::Result<Vec<u8>> {
+    let x = ops::clip(&((image * 0.5)? + 0.5)?, Some(0.0), Some(1.0))?;
+    let v = x.astype(Dtype::F32)?.to_vec::<f32>()?;
+    Ok(v.into_iter().map(|p| (p * 255.0).round_ties_even() as u8).collect())
+}
