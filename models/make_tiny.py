@@ -182,7 +182,7 @@ def build_vae(channels, groups):
     vae = AutoencoderKL(
         in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
         up_block_types=["UpDecoderBlock2D"] * 4, block_out_channels=list(channels), layers_per_block=1,
-        latent_channels=16, norm_num_groups=groups, sample_size=64, scaling_factor=0.3611,
+        latent_channels=16, norm_num_groups=groups, sample_size=256, scaling_factor=0.3611,
         shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=True,
         force_upcast=True,
     )

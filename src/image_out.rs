@@ -1,1 +1,84 @@
-//! (in progress)
+//! Writing generated images: PNG with generation metadata, written atomically.
+//!
+//! Two text chunks travel with the pixels: `parameters`, the A1111 infotext that image tools
+//! read, and `zimage`, the whole request as JSON.
+
+use std::io::Write;
+use std::path::Path;
+
+/// Keyword of the A1111-style infotext chunk.
+pub const PARAMETERS_KEY: &str = "parameters";
+/// Keyword of zimage's own JSON chunk.
+pub const ZIMAGE_KEY: &str = "zimage";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing `{}`: {source}", path.display())]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error("encoding `{}`: {reason}", path.display())]
+    Encode { path: std::path::PathBuf, reason: String },
+    #[error("`{}` is not a PNG this tool can read: {reason}", path.display())]
+    Read { path: std::path::PathBuf, reason: String },
+}
+
+/// Writes RGB bytes as a PNG with the given text chunks (UTF-8, so as iTXt).
+pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32, text: &[(&str, &str)]) -> Result<(), Error> {
+    let encode_err = |reason: String| Error::Encode { path: path.to_path_buf(), reason };
+    let mut bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut bytes, width, height);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        for (k, v) in text {
+            enc.add_itxt_chunk(k.to_string(), v.to_string()).map_err(|e| encode_err(e.to_string()))?;
+        }
+        let mut w = enc.write_header().map_err(|e| encode_err(e.to_string()))?;
+        w.write_image_data(rgb).map_err(|e| encode_err(e.to_string()))?;
+    }
+    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    tmp.write_all(&bytes).map_err(io)?;
+    tmp.as_file().sync_all().map_err(io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
+}
+
+/// The text chunks of a PNG (tEXt, zTXt and iTXt), in file order.
+pub fn read_png_text(path: &Path) -> Result<Vec<(String, String)>, Error> {
+    let read_err = |reason: String| Error::Read { path: path.to_path_buf(), reason };
+    let file = std::fs::File::open(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_ignore_text_chunk(false);
+    let reader = decoder.read_info().map_err(|e| read_err(e.to_string()))?;
+    let info = reader.info();
+    let mut out: Vec<(String, String)> =
+        info.uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+    for t in &info.compressed_latin1_text {
+        out.push((t.keyword.clone(), t.get_text().map_err(|e| read_err(e.to_string()))?));
+    }
+    for t in &info.utf8_text {
+        out.push((t.keyword.clone(), t.get_text().map_err(|e| read_err(e.to_string()))?));
+    }
+    Ok(out)
+}
+
+/// The A1111 infotext: the prompt, `Negative prompt: …`, then `Key: value` pairs.
+pub fn a1111_parameters(prompt: &str, negative: Option<&str>, pairs: &[(&str, String)]) -> String {
+    let mut s = prompt.to_string();
+    if let Some(n) = negative.filter(|n| !n.is_empty()) {
+        s.push_str(&format!("\nNegative prompt: {n}"));
+    }
+    let fields: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: {}", quote_if_needed(v))).collect();
+    s.push_str(&format!("\n{}", fields.join(", ")));
+    s
+}
+
+/// A1111 quotes a value that holds a comma, colon or quote, as JSON.
+fn quote_if_needed(v: &str) -> String {
+    if v.contains([',', ':', '"', '\n']) {
+        serde_json::to_string(v).expect("strings serialize")
+    } else {
+        v.to_string()
+    }
+}

@@ -1,1 +1,303 @@
-//! (in progress)
+//! Stored models → MLX arrays, per component, and how long each stage takes.
+//!
+//! Every blob generation Ollama wrote is read:
+//! - v1: one tensor keyed `"data"` (the seed format, and what we write);
+//! - v1 quantized: three layers `X`, `X_scale`, `X_qbias`, each keyed `"data"` (group 32);
+//! - v2: one tensor keyed by its name inside the component;
+//! - v2 quantized: one blob with `component/X`, `component/X.scale`, `component/X.bias` and
+//!   `__metadata__ {quant_type, group_size}`.
+//!
+//! Arrays come back lazy; [`LoadedComponent::eval`] materialises them in one batched
+//! evaluation. Two paths read the bytes: MLX's own safetensors loader (it reads into fresh
+//! buffers), and, for blobs whose data starts on a page boundary (`zimage create --align`), a
+//! memory map handed to MLX without a copy where the backend allows it.
+
+use crate::mlx::{self, ops, Array, Dtype};
+use crate::safetensors::Header;
+use crate::store::{blob, Layer, Store, StoreError, StoredModel};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A quantized weight as MLX's affine quantization stores it.
+#[derive(Debug, Clone)]
+pub struct QuantizedTensor {
+    pub weight: Array,
+    pub scales: Array,
+    pub biases: Array,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+impl QuantizedTensor {
+    pub fn dequantize(&self) -> mlx::Result<Array> {
+        ops::dequantize(&self.weight, &self.scales, &self.biases, self.group_size, self.bits)
+    }
+}
+
+/// How blob bytes reach MLX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ReadPath {
+    /// MLX's `load_safetensors` (reads into fresh buffers).
+    MlxLoader,
+    /// A memory map wrapped without a copy where the data is page-aligned, else MLX's loader.
+    Mmap,
+}
+
+/// One component's tensors, lazy until evaluated.
+pub struct LoadedComponent {
+    pub tensors: BTreeMap<String, Array>,
+    pub quantized: BTreeMap<String, QuantizedTensor>,
+    pub blobs: usize,
+    pub bytes: u64,
+    /// Time spent reading and checking blob headers.
+    pub header_seconds: f64,
+    /// Blobs mapped without a copy.
+    pub mapped: usize,
+}
+
+impl LoadedComponent {
+    /// Evaluates every array in one batch.
+    pub fn eval(&self) -> mlx::Result<()> {
+        let mut all: Vec<&Array> = self.tensors.values().collect();
+        for q in self.quantized.values() {
+            all.extend([&q.weight, &q.scales, &q.biases]);
+        }
+        mlx::eval(&all)
+    }
+
+    /// Plain arrays by name, quantized weights dequantized: what a model binds to.
+    pub fn into_arrays(self) -> mlx::Result<HashMap<String, Array>> {
+        let mut out: HashMap<String, Array> = self.tensors.into_iter().collect();
+        for (name, q) in self.quantized {
+            out.insert(name, q.dequantize()?);
+        }
+        Ok(out)
+    }
+}
+
+/// Where the blobs a name needs are.
+struct Pending {
+    name: String,
+    digest: String,
+    path: PathBuf,
+    header: Header,
+}
+
+/// Reads one component of a stored model.
+pub fn load_component(store: &Store, model: &StoredModel, component: &str, path: ReadPath) -> Result<LoadedComponent, StoreError> {
+    let layers: Vec<&Layer> = model.manifest.component_layers(component).collect();
+    if layers.is_empty() {
+        return Err(StoreError::Invalid(format!("model `{}` has no `{component}` tensors", model.name.short())));
+    }
+    let _ = crate::platform::raise_open_file_limit(layers.len() as u64 + 256);
+    let start = Instant::now();
+    let mut pending = Vec::with_capacity(layers.len());
+    let mut bytes = 0;
+    for layer in &layers {
+        let (_, name) = layer.component_and_tensor().expect("component layers have names");
+        let (path, header) = blob::read_blob_header(&store.root, &layer.digest)?;
+        bytes += layer.size;
+        pending.push(Pending { name: name.to_string(), digest: layer.digest.clone(), path, header });
+    }
+    let header_seconds = start.elapsed().as_secs_f64();
+
+    let mut out = LoadedComponent {
+        tensors: BTreeMap::new(),
+        quantized: BTreeMap::new(),
+        blobs: pending.len(),
+        bytes,
+        header_seconds,
+        mapped: 0,
+    };
+    // v1 quantized companions, keyed by the base name.
+    let mut v1_scales: HashMap<String, Array> = HashMap::new();
+    let mut v1_biases: HashMap<String, Array> = HashMap::new();
+    for p in &pending {
+        let (arrays, mapped) = read_blob(p, path)?;
+        out.mapped += mapped as usize;
+        let meta = p.header.metadata.clone().unwrap_or_default();
+        let bad = |reason: String| StoreError::Blob(blob::BlobError::Layout { digest: p.digest.clone(), reason });
+        if p.header.tensors.len() == 1 {
+            let key = &p.header.tensors[0].name;
+            if key != "data" && key != &p.name && key != &format!("{component}/{}", p.name) {
+                return Err(bad(format!("holds `{key}`, expected `{}` or `data`", p.name)));
+            }
+            let arr = arrays.into_values().next().expect("one tensor");
+            if let Some(base) = p.name.strip_suffix("_scale") {
+                v1_scales.insert(base.to_string(), arr);
+            } else if let Some(base) = p.name.strip_suffix("_qbias") {
+                v1_biases.insert(base.to_string(), arr);
+            } else {
+                out.tensors.insert(p.name.clone(), arr);
+            }
+            continue;
+        }
+        // v2 quantized: the main tensor with `.scale` and `.bias`.
+        let main = p
+            .header
+            .tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .find(|n| !n.ends_with(".scale") && !n.ends_with(".bias"))
+            .ok_or_else(|| bad("holds no main tensor".into()))?
+            .to_string();
+        let mut arrays = arrays;
+        let take = |arrays: &mut HashMap<String, Array>, key: &str| {
+            arrays.remove(key).ok_or_else(|| bad(format!("has no `{key}`")))
+        };
+        let weight = take(&mut arrays, &main)?;
+        let scales = take(&mut arrays, &format!("{main}.scale"))?;
+        let biases = take(&mut arrays, &format!("{main}.bias"))?;
+        let group_size: i32 = meta.get("group_size").and_then(|g| g.parse().ok()).unwrap_or(64);
+        let bits = match meta.get("quant_type").map(String::as_str) {
+            Some("int8") | Some("INT8") | Some("q8") => 8,
+            Some("int4") | Some("INT4") | Some("q4") => 4,
+            Some(other) => return Err(bad(format!("quantization `{other}` is not supported (int4 and int8 are)"))),
+            None => infer_bits(&weight, &scales, group_size).ok_or_else(|| bad("cannot tell the bit width".into()))?,
+        };
+        out.quantized.insert(p.name.clone(), QuantizedTensor { weight, scales, biases, group_size, bits });
+    }
+    for (base, scales) in v1_scales {
+        let weight = out.tensors.remove(&base).ok_or_else(|| StoreError::Invalid(format!("`{component}/{base}_scale` has no `{base}`")))?;
+        let biases = v1_biases.remove(&base).ok_or_else(|| StoreError::Invalid(format!("`{component}/{base}` has no `_qbias` layer")))?;
+        // Ollama's first quantized imports used group 32.
+        let group_size = 32;
+        let bits = infer_bits(&weight, &scales, group_size)
+            .ok_or_else(|| StoreError::Invalid(format!("`{component}/{base}`: packed shape does not match its scales")))?;
+        out.quantized.insert(base, QuantizedTensor { weight, scales, biases, group_size, bits });
+    }
+    if let Some(base) = v1_biases.keys().next() {
+        return Err(StoreError::Invalid(format!("`{component}/{base}_qbias` has no matching `_scale` layer")));
+    }
+    Ok(out)
+}
+
+/// Packed u32 columns × 32 / bits = columns = scale columns × group.
+fn infer_bits(weight: &Array, scales: &Array, group: i32) -> Option<i32> {
+    let packed = *weight.shape().last()?;
+    let cols = *scales.shape().last()? * group;
+    [4, 8, 2, 3, 6].into_iter().find(|b| packed * 32 == cols * b)
+}
+
+/// The arrays of one blob, keyed as in its header; `true` when mapped without a copy.
+fn read_blob(p: &Pending, path: ReadPath) -> Result<(HashMap<String, Array>, bool), StoreError> {
+    if path == ReadPath::Mmap && p.header.tensors.len() == 1 && p.header.data_start() % page_size() == 0 {
+        let t = &p.header.tensors[0];
+        if let Some(dtype) = Dtype::from_safetensors(t.dtype.name()) {
+            let file = std::fs::File::open(&p.path).map_err(|source| StoreError::Io { path: p.path.clone(), source })?;
+            // SAFETY: blobs are immutable once renamed into place; the map is read-only.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| StoreError::Io { path: p.path.clone(), source })?;
+            let map = Arc::new(map);
+            let start = (p.header.data_start() + t.data_offsets.0) as usize;
+            let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+            let ptr = map[start..].as_ptr();
+            // SAFETY: the header was validated against the file size, so the tensor's bytes are
+            // inside the map, and the Arc keeps the map alive for as long as MLX holds it.
+            let arr = unsafe { Array::from_external(ptr, &shape, dtype, Box::new(map)) }?;
+            return Ok((HashMap::from([(t.name.clone(), arr)]), true));
+        }
+    }
+    let st = mlx::io::load_safetensors(&p.path)?;
+    Ok((st.tensors, false))
+}
+
+fn page_size() -> u64 {
+    // Apple Silicon uses 16 KiB pages, x86-64 Linux 4 KiB; 16 KiB alignment serves both.
+    #[cfg(target_os = "macos")]
+    {
+        16384
+    }
+    #[cfg(not(target_os = "macos"))]
+    {
+        4096
+    }
+}
+
+/// One component's load profile.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ComponentProfile {
+    pub component: String,
+    pub blobs: usize,
+    pub bytes: u64,
+    pub mapped_blobs: usize,
+    pub header_seconds: f64,
+    pub materialise_seconds: f64,
+    pub materialise_gbps: f64,
+    pub sequential_read_seconds: f64,
+    pub sequential_read_gbps: f64,
+}
+
+/// Times loading every component of `model`, next to a plain sequential read of the same
+/// blobs measured in the same run. Each blob is read once beforehand so that both
+/// measurements see a warm page cache.
+pub fn profile(store: &Store, model: &StoredModel, path: ReadPath) -> Result<(f64, Vec<ComponentProfile>), StoreError> {
+    let t = Instant::now();
+    let model = store.open(&model.name.to_string())?;
+    let manifest_seconds = t.elapsed().as_secs_f64();
+    let mut out = Vec::new();
+    for component in model.manifest.components() {
+        let paths: Vec<PathBuf> = model
+            .manifest
+            .component_layers(&component)
+            .map(|l| store.blob_path(&l.digest))
+            .collect::<Result<_, _>>()?;
+        let read_all = || -> Result<u64, StoreError> {
+            let mut n = 0;
+            for p in &paths {
+                n += std::fs::read(p).map_err(|source| StoreError::Io { path: p.clone(), source })?.len() as u64;
+            }
+            Ok(n)
+        };
+        read_all()?;
+        let t = Instant::now();
+        let bytes = read_all()?;
+        let seq = t.elapsed().as_secs_f64();
+
+        let t = Instant::now();
+        let loaded = load_component(store, &model, &component, path)?;
+        loaded.eval()?;
+        let total = t.elapsed().as_secs_f64();
+        out.push(ComponentProfile {
+            component: component.clone(),
+            blobs: loaded.blobs,
+            bytes,
+            mapped_blobs: loaded.mapped,
+            header_seconds: loaded.header_seconds,
+            materialise_seconds: total,
+            materialise_gbps: bytes as f64 / total / 1e9,
+            sequential_read_seconds: seq,
+            sequential_read_gbps: bytes as f64 / seq / 1e9,
+        });
+        drop(loaded);
+        mlx::memory::clear_cache();
+    }
+    Ok((manifest_seconds, out))
+}
+
+/// A stored model as a pipeline source.
+pub struct StoreSource {
+    pub store: Store,
+    pub model: StoredModel,
+    pub read_path: ReadPath,
+}
+
+impl crate::pipeline::ModelSource for StoreSource {
+    fn name(&self) -> String {
+        self.model.name.short()
+    }
+
+    fn identity(&self) -> String {
+        self.model.manifest.model_identity()
+    }
+
+    fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, crate::pipeline::SourceError> {
+        Ok(self.store.config_file(&self.model, path)?)
+    }
+
+    fn component(&self, component: &str) -> Result<HashMap<String, Array>, crate::pipeline::SourceError> {
+        let loaded = load_component(&self.store, &self.model, component, self.read_path)?;
+        Ok(loaded.into_arrays()?)
+    }
+}

@@ -1,13 +1,197 @@
-//! `zimage generate`.
-use std::path::PathBuf;
+//! `zimage generate`: prompt → PNG.
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use zimage::diffusers_dir::DiffusersDir;
+use zimage::image_out;
+use zimage::loader::{ReadPath, StoreSource};
+use zimage::mlx::{self, Dtype};
+use zimage::pipeline::{ModelSource, Pipeline, Progress, Request};
+use zimage::safetensors;
+use zimage::store::{ImportOptions, Store};
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     /// The prompt.
     pub prompt: String,
+    /// Stored model to use (default: the first Z-Image in the store, else the embedded demo model).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Image width in pixels (a multiple of 16; default: the model's VAE sample size).
+    #[arg(long)]
+    pub width: Option<u32>,
+    /// Image height in pixels (a multiple of 16; default: the model's VAE sample size).
+    #[arg(long)]
+    pub height: Option<u32>,
+    /// Denoising steps (Turbo: 8).
+    #[arg(long, default_value_t = 8)]
+    pub steps: usize,
+    /// Seed of the initial noise (drawn as torch's CPU generator draws it).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Classifier-free guidance scale; 0 turns it off (Turbo: 0).
+    #[arg(long, default_value_t = 0.0)]
+    pub guidance: f32,
+    /// Negative prompt, used when guidance > 0.
+    #[arg(long)]
+    pub negative: Option<String>,
+    /// Output PNG.
+    #[arg(long, short, default_value = "zimage.png")]
+    pub output: PathBuf,
+    /// Initial latents: a safetensors file with one f32 tensor `noise` of shape [1, 16, H/8, W/8].
+    #[arg(long)]
+    pub noise: Option<PathBuf>,
+    /// Compute dtype (default: bf16 on a GPU, f32 on the CPU).
+    #[arg(long, value_parser = ["f32", "bf16"])]
+    pub dtype: Option<String>,
+    /// Report time and peak memory of each phase.
+    #[arg(long, short)]
+    pub verbose: bool,
 }
 
-pub fn run(_store: Option<PathBuf>, _a: GenerateArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`generate` is not built yet")
+/// The embedded demo model (random weights), shipped in the source tree.
+fn demo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny")
+}
+
+const DEMO_NAME: &str = "zimage/z-image-tiny:demo";
+
+/// The model to run: `--model`, else a Z-Image in the store, else the demo imported into a
+/// small store of its own (so the user's store is left alone).
+fn resolve_model(store: Option<PathBuf>, requested: Option<&str>) -> anyhow::Result<(StoreSource, bool)> {
+    let user_store = Store::locate(store.as_deref())?;
+    if let Some(name) = requested {
+        let model = user_store.open(name)?;
+        return Ok((StoreSource { store: user_store, model, read_path: ReadPath::MlxLoader }, false));
+    }
+    if let Ok(models) = user_store.list() {
+        for m in models {
+            let is_zimage = user_store
+                .config_file(&m, "model_index.json")
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .is_some_and(|j| j["_class_name"] == "ZImagePipeline");
+            if is_zimage && m.name.short() != DEMO_NAME {
+                return Ok((StoreSource { store: user_store, model: m, read_path: ReadPath::MlxLoader }, false));
+            }
+        }
+    }
+    let cache = std::env::var_os("ZIMAGE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/zimage")))
+        .context("cannot place the demo store: set ZIMAGE_CACHE_DIR or HOME")?;
+    let demo_store = Store::at(&cache.join("demo-store"));
+    let model = match demo_store.open(DEMO_NAME) {
+        Ok(m) if demo_store.verify(DEMO_NAME).map(|r| r.problems.is_empty()).unwrap_or(false) => m,
+        _ => {
+            let dir = DiffusersDir::open(&demo_dir())?;
+            demo_store.create(DEMO_NAME, &dir, &ImportOptions::default(), &|_| {})?;
+            demo_store.open(DEMO_NAME)?
+        }
+    };
+    Ok((StoreSource { store: demo_store, model, read_path: ReadPath::MlxLoader }, true))
+}
+
+/// Reads `--noise`: one f32 tensor `noise` of shape [1, C, h, w].
+fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading `{}`", path.display()))?;
+    let header = safetensors::parse(&bytes).map_err(|e| e.in_file(path))?;
+    let t = header.tensor("noise").with_context(|| format!("`{}` has no tensor `noise`", path.display()))?;
+    if t.dtype != safetensors::Dtype::F32 {
+        bail!("`{}`: tensor `noise` is {}, expected F32", path.display(), t.dtype);
+    }
+    let want: Vec<u64> = std::iter::once(1).chain(expected.iter().map(|&d| d as u64)).collect();
+    if t.shape != want {
+        bail!("`{}`: tensor `noise` has shape {:?}, expected {want:?}", path.display(), t.shape);
+    }
+    let start = (header.data_start() + t.data_offsets.0) as usize;
+    let end = (header.data_start() + t.data_offsets.1) as usize;
+    Ok(bytes[start..end].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+}
+
+pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    zimage::platform::use_default_device()?;
+    let dtype = match a.dtype.as_deref() {
+        Some("bf16") => Dtype::BF16,
+        Some(_) => Dtype::F32,
+        None => zimage::platform::default_compute_dtype(),
+    };
+    let (source, demo) = resolve_model(store, a.model.as_deref())?;
+    if demo {
+        eprintln!("note: no Z-Image in the store; running the embedded demo model, whose weights are random");
+    }
+    let model_name = source.name();
+    let identity = source.identity();
+    let mut pipeline = Pipeline::new(source, dtype, false)?;
+    let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
+    let default_size = |v: Option<u32>| v.unwrap_or(sample);
+    let mut req = Request {
+        prompt: a.prompt.clone(),
+        negative_prompt: a.negative.clone(),
+        width: default_size(a.width),
+        height: default_size(a.height),
+        steps: a.steps,
+        guidance: a.guidance,
+        seed: a.seed,
+        noise: None,
+    };
+    pipeline.validate(&req)?;
+    if let Some(path) = &a.noise {
+        req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
+    }
+
+    let bar = ProgressBar::new(req.steps as u64);
+    bar.set_style(ProgressStyle::with_template("{msg:>8} [{bar:30}] {pos}/{len} steps {elapsed}").expect("valid template"));
+    let verbose = a.verbose;
+    let out = pipeline.generate(&req, &mut |p| match p {
+        Progress::Phase(name) => bar.set_message(name),
+        Progress::Step { index, .. } => bar.set_position(index as u64),
+    });
+    bar.finish_and_clear();
+    let out = out?;
+
+    let hash10 = identity.get(..10).unwrap_or("").to_string();
+    let parameters = image_out::a1111_parameters(
+        &req.prompt,
+        req.negative_prompt.as_deref().filter(|_| req.guidance > 0.0),
+        &[
+            ("Steps", req.steps.to_string()),
+            ("Sampler", "Euler".into()),
+            ("Schedule type", "Flow matching, shift 3".into()),
+            ("CFG scale", req.guidance.to_string()),
+            ("Seed", if a.noise.is_some() { "-1".into() } else { req.seed.to_string() }),
+            ("Size", format!("{}x{}", req.width, req.height)),
+            ("Model hash", hash10),
+            ("Model", model_name.clone()),
+            ("Version", format!("zimage {}", env!("CARGO_PKG_VERSION"))),
+        ],
+    );
+    let request_json = serde_json::json!({
+        "request": req,
+        "noise_file": a.noise,
+        "model": model_name,
+        "model_identity": identity,
+        "dtype": dtype.to_string(),
+        "zimage_version": env!("CARGO_PKG_VERSION"),
+        "mlx_version": mlx::version(),
+    });
+    image_out::write_png(
+        &a.output,
+        &out.rgb,
+        out.width,
+        out.height,
+        &[(image_out::PARAMETERS_KEY, &parameters), (image_out::ZIMAGE_KEY, &request_json.to_string())],
+    )?;
+    if verbose {
+        for p in &out.phases {
+            eprintln!("{:<8} {:>8.3} s   peak {:>8.1} MB", p.phase, p.seconds, p.peak_bytes as f64 / 1e6);
+        }
+        let steps = out.phases.iter().find(|p| p.phase == "denoise").map(|p| p.seconds / req.steps as f64).unwrap_or(0.0);
+        let total: f64 = out.phases.iter().map(|p| p.seconds).sum();
+        eprintln!("step     {steps:>8.3} s   total {total:.3} s");
+    }
+    println!("wrote {} ({}×{}, {} steps, seed {})", a.output.display(), out.width, out.height, req.steps, req.seed);
+    Ok(ExitCode::SUCCESS)
 }

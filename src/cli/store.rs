@@ -1,43 +1,266 @@
 //! Store subcommands: create, list, show, rm, gc, verify, profile.
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use zimage::diffusers_dir::DiffusersDir;
+use zimage::loader::{self, ReadPath};
+use zimage::safetensors::Dtype;
+use zimage::store::{self, ImportOptions, Quantization, Store};
 
 #[derive(clap::Args, Debug)]
 pub struct CreateArgs {
     /// Model name, e.g. `z-image` or `me/z-image:tiny`.
     pub name: String,
-    /// Source: a diffusers directory or a model file.
+    /// Source: a diffusers directory.
     #[arg(long)]
     pub from: PathBuf,
+    /// Convert float tensors to this dtype.
+    #[arg(long, value_parser = ["bf16", "f16", "f32"])]
+    pub dtype: Option<String>,
+    /// Quantize linear weights (MLX affine, group 64; norms, embeddings, biases and the VAE stay as they are).
+    #[arg(long, value_parser = ["int8", "int4"])]
+    pub quantize: Option<String>,
+    /// Start tensor data on this boundary (e.g. 16384) so blobs can be mapped without a copy.
+    #[arg(long, default_value_t = 8)]
+    pub align: u64,
 }
+
 #[derive(clap::Args, Debug)]
 pub struct ListArgs {}
+
 #[derive(clap::Args, Debug)]
 pub struct ShowArgs {
     pub name: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
+
 #[derive(clap::Args, Debug)]
 pub struct RmArgs {
     pub name: String,
 }
+
 #[derive(clap::Args, Debug)]
 pub struct GcArgs {}
+
 #[derive(clap::Args, Debug)]
 pub struct VerifyArgs {
     pub name: String,
 }
+
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
     pub name: String,
+    /// Map page-aligned blobs instead of reading them through MLX's loader.
+    #[arg(long)]
+    pub mmap: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
-fn todo() -> anyhow::Result<ExitCode> {
-    anyhow::bail!("not built yet")
+fn open(store: Option<PathBuf>) -> anyhow::Result<Store> {
+    Ok(Store::locate(store.as_deref())?)
 }
-pub fn create(_s: Option<PathBuf>, _a: CreateArgs) -> anyhow::Result<ExitCode> { todo() }
-pub fn list(_s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> { todo() }
-pub fn show(_s: Option<PathBuf>, _a: ShowArgs) -> anyhow::Result<ExitCode> { todo() }
-pub fn rm(_s: Option<PathBuf>, _a: RmArgs) -> anyhow::Result<ExitCode> { todo() }
-pub fn gc(_s: Option<PathBuf>, _a: GcArgs) -> anyhow::Result<ExitCode> { todo() }
-pub fn verify(_s: Option<PathBuf>, _a: VerifyArgs) -> anyhow::Result<ExitCode> { todo() }
-pub fn profile(_s: Option<PathBuf>, _a: ProfileArgs) -> anyhow::Result<ExitCode> { todo() }
+
+pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    let source = if a.from.is_dir() {
+        DiffusersDir::open(&a.from)?
+    } else {
+        bail!("`{}` is not a diffusers model directory", a.from.display());
+    };
+    let opts = ImportOptions {
+        dtype: a.dtype.as_deref().map(|d| match d {
+            "bf16" => Dtype::BF16,
+            "f16" => Dtype::F16,
+            _ => Dtype::F32,
+        }),
+        quantize: a.quantize.as_deref().map(|q| if q == "int4" { Quantization::Int4 } else { Quantization::Int8 }),
+        align: a.align,
+    };
+    let total: u64 = zimage::store::TensorSource::tensors(&source).iter().map(|t| t.nbytes).sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} importing [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let summary = store.create(&a.name, &source, &opts, &|done| bar.set_position(done));
+    bar.finish_and_clear();
+    let summary = summary.with_context(|| format!("importing `{}` as `{}`", a.from.display(), a.name))?;
+    println!(
+        "created {}: {} tensors, {} blobs written ({}), {} already present ({})",
+        a.name,
+        summary.tensors,
+        summary.blobs_written,
+        human(summary.bytes_written),
+        summary.blobs_present,
+        human(summary.bytes_present)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    println!("{:<40} {:<14} {:>10}  MODIFIED", "NAME", "ID", "SIZE");
+    for m in store.list()? {
+        let id = m.manifest_digest.trim_start_matches("sha256:").get(..12).unwrap_or("").to_string();
+        let modified: chrono_free::Ago = m.modified.into();
+        println!("{:<40} {:<14} {:>10}  {}", m.name.short(), id, human(m.size()), modified);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    let model = store.open(&a.name)?;
+    let summary = store::summarize(&store, &model)?;
+    let users = store.blob_users()?;
+    let shared: Vec<(&str, u64, Vec<String>)> = model
+        .manifest
+        .tensor_layers()
+        .filter_map(|l| {
+            let others: Vec<String> =
+                users.get(&l.digest)?.iter().filter(|n| **n != model.name.short()).cloned().collect();
+            (!others.is_empty()).then(|| (l.name.as_deref().unwrap_or(""), l.size, others))
+        })
+        .collect();
+    let shared_bytes: u64 = shared.iter().map(|s| s.1).sum();
+    let quantized: usize = summary.values().map(|c| c.quantized_tensors).sum();
+    let quant = if quantized > 0 { format!("MLX affine ({quantized} tensors)") } else { "none".to_string() };
+    if a.json {
+        let json = serde_json::json!({
+            "name": model.name.short(),
+            "full_name": model.name.to_string(),
+            "manifest_digest": model.manifest_digest,
+            "model_identity": model.manifest.model_identity(),
+            "size": model.size(),
+            "quantization": quant,
+            "components": summary,
+            "shared_blobs": shared.len(),
+            "shared_bytes": shared_bytes,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("model       {}", model.name.short());
+    println!("identity    {}", model.manifest.model_identity());
+    println!("manifest    {}", model.manifest_digest);
+    println!("size        {}", human(model.size()));
+    println!("quantized   {quant}");
+    println!();
+    println!("{:<14} {:>8} {:>14} {:>10}  DTYPES", "COMPONENT", "TENSORS", "PARAMETERS", "BYTES");
+    for (name, c) in &summary {
+        let dtypes: Vec<String> = c.dtypes.iter().map(|(d, n)| format!("{d}×{n}")).collect();
+        let q = if c.quantized_tensors > 0 { format!(" ({} quantized)", c.quantized_tensors) } else { String::new() };
+        println!("{:<14} {:>8} {:>14} {:>10}  {}{q}", name, c.tensors, c.parameters, human(c.bytes), dtypes.join(" "));
+    }
+    println!();
+    println!("shared      {} blobs ({}) with other models", shared.len(), human(shared_bytes));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rm(s: Option<PathBuf>, a: RmArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    let name = store.remove(&a.name)?;
+    println!("deleted {} (run `zimage gc` to free its unshared blobs)", name.short());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn gc(s: Option<PathBuf>, _a: GcArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    let (n, bytes) = store.gc()?;
+    println!("deleted {n} unreferenced blobs, freed {}", human(bytes));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn verify(s: Option<PathBuf>, a: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    let report = store.verify(&a.name)?;
+    for p in &report.problems {
+        eprintln!("{p}");
+    }
+    println!(
+        "checked {} blobs ({}): {}",
+        report.blobs_checked,
+        human(report.bytes_checked),
+        if report.problems.is_empty() { "ok".to_string() } else { format!("{} problems", report.problems.len()) }
+    );
+    Ok(if report.problems.is_empty() { ExitCode::SUCCESS } else { super::exit_check_failed() })
+}
+
+pub fn profile(s: Option<PathBuf>, a: ProfileArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    zimage::platform::use_default_device()?;
+    let model = store.open(&a.name)?;
+    let path = if a.mmap { ReadPath::Mmap } else { ReadPath::MlxLoader };
+    let (manifest_seconds, components) = loader::profile(&store, &model, path)?;
+    if a.json {
+        let json = serde_json::json!({ "model": model.name.short(), "read_path": path,
+            "manifest_seconds": manifest_seconds, "components": components });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{} via {:?}: manifest parsed in {:.2} ms", model.name.short(), path, manifest_seconds * 1e3);
+    println!(
+        "{:<14} {:>6} {:>10} {:>7} {:>10} {:>11} {:>9} {:>11} {:>9} {:>6}",
+        "COMPONENT", "BLOBS", "BYTES", "MAPPED", "HEADERS", "MATERIALISE", "GB/s", "SEQ READ", "GB/s", "RATIO"
+    );
+    for c in components {
+        println!(
+            "{:<14} {:>6} {:>10} {:>7} {:>8.1}ms {:>9.1}ms {:>9.2} {:>9.1}ms {:>9.2} {:>6.2}",
+            c.component,
+            c.blobs,
+            human(c.bytes),
+            c.mapped_blobs,
+            c.header_seconds * 1e3,
+            c.materialise_seconds * 1e3,
+            c.materialise_gbps,
+            c.sequential_read_seconds * 1e3,
+            c.sequential_read_gbps,
+            c.materialise_seconds / c.sequential_read_seconds
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn human(bytes: u64) -> String {
+    let units = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1000.0 && i + 1 < units.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+/// "3 minutes ago" without a date-time dependency.
+mod chrono_free {
+    use std::time::SystemTime;
+    pub struct Ago(pub u64);
+    impl From<SystemTime> for Ago {
+        fn from(t: SystemTime) -> Ago {
+            Ago(SystemTime::now().duration_since(t).map(|d| d.as_secs()).unwrap_or(0))
+        }
+    }
+    impl std::fmt::Display for Ago {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let s = self.0;
+            let (n, unit) = match s {
+                0..=59 => return f.write_str("just now"),
+                60..=3599 => (s / 60, "minute"),
+                3600..=86399 => (s / 3600, "hour"),
+                _ => (s / 86400, "day"),
+            };
+            write!(f, "{n} {unit}{} ago", if n == 1 { "" } else { "s" })
+        }
+    }
+}

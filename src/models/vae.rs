@@ -25,6 +25,9 @@ pub struct VaeConfig {
     pub use_post_quant_conv: bool,
     #[serde(default = "default_act")]
     pub act_fn: String,
+    /// The image size the VAE was trained at, in pixels: the default image size.
+    #[serde(default)]
+    pub sample_size: Option<u32>,
 }
 
 fn yes() -> bool {

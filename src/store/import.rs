@@ -1,0 +1,310 @@
+//! Import: tensors from a source (a diffusers directory, or any [`TensorSource`]) become
+//! per-tensor blobs and a manifest.
+//!
+//! Tensors are streamed from their files in bounded chunks (never a whole shard in memory),
+//! hashed while written, spread over the cores, and an identical blob already in the store is
+//! reused. Blobs land atomically; the manifest is written last, so an interrupted import leaves
+//! no manifest and no partial blob, and a rerun completes it.
+
+use super::blob::{self, BlobError, BlobWriter};
+use super::manifest::{config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, TENSOR_MEDIA_TYPE};
+use super::{Store, StoreError};
+use crate::diffusers_dir::DiffusersDir;
+use crate::mlx;
+use crate::safetensors::Dtype;
+use half::{bf16, f16};
+use rayon::prelude::*;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One tensor to import and where its little-endian bytes are.
+#[derive(Debug, Clone)]
+pub struct SourceTensor {
+    pub component: String,
+    /// The name inside the component (`model.layers.0.mlp.down_proj.weight`).
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub file: PathBuf,
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// Anything an import can read: tensors as byte ranges of files, plus config files.
+pub trait TensorSource {
+    fn tensors(&self) -> Vec<SourceTensor>;
+    /// `(path in diffusers layout, bytes)`, e.g. `("transformer/config.json", …)`.
+    fn config_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+}
+
+impl TensorSource for DiffusersDir {
+    fn tensors(&self) -> Vec<SourceTensor> {
+        self.tensors
+            .values()
+            .flatten()
+            .map(|t| SourceTensor {
+                component: t.component.clone(),
+                name: t.name.clone(),
+                dtype: t.info.dtype,
+                shape: t.info.shape.clone(),
+                file: t.file.clone(),
+                offset: t.offset,
+                nbytes: t.info.nbytes(),
+            })
+            .collect()
+    }
+
+    fn config_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.configs
+            .iter()
+            .map(|(rel, path)| {
+                std::fs::read(path)
+                    .map(|b| (rel.clone(), b))
+                    .map_err(|source| StoreError::Io { path: path.clone(), source })
+            })
+            .collect()
+    }
+}
+
+/// MLX affine quantization as Ollama writes it (group 64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    Int8,
+    Int4,
+}
+
+impl Quantization {
+    pub fn bits(self) -> i32 {
+        match self {
+            Quantization::Int8 => 8,
+            Quantization::Int4 => 4,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantization::Int8 => "int8",
+            Quantization::Int4 => "int4",
+        }
+    }
+    pub const GROUP_SIZE: i32 = 64;
+}
+
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// Convert float tensors to this dtype (BF16, F16 or F32); `None` keeps them as stored.
+    pub dtype: Option<Dtype>,
+    pub quantize: Option<Quantization>,
+    /// Data offset alignment of written blobs (8, or a page size for zero-copy mapping).
+    pub align: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions { dtype: None, quantize: None, align: 8 }
+    }
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ImportSummary {
+    pub tensors: usize,
+    pub blobs_written: usize,
+    pub blobs_present: usize,
+    pub bytes_written: u64,
+    pub bytes_present: u64,
+}
+
+/// Ollama's rule for which tensors a quantized import quantizes.
+pub fn should_quantize(t: &SourceTensor) -> bool {
+    let n = t.name.as_str();
+    t.component != "vae"
+        && !n.contains("embed")
+        && !n.contains("norm")
+        && !n.contains("ln_")
+        && n.ends_with(".weight")
+        && t.shape.len() >= 2
+        && t.shape.last().is_some_and(|&c| c % Quantization::GROUP_SIZE as u64 == 0)
+        && matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+}
+
+fn convertible(d: Dtype) -> bool {
+    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+}
+
+impl Store {
+    /// Imports `source` as `name`; `progress` receives source bytes processed so far.
+    pub fn create(
+        &self,
+        name: &str,
+        source: &dyn TensorSourceSync,
+        opts: &ImportOptions,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<ImportSummary, StoreError> {
+        let name = super::ModelName::parse(name)?;
+        if let Some(d) = opts.dtype {
+            if !convertible(d) {
+                return Err(StoreError::Invalid(format!("`--dtype {d}` is not supported; use bf16, f16 or f32")));
+            }
+        }
+        if !opts.align.is_power_of_two() || opts.align < 8 {
+            return Err(StoreError::Invalid(format!("alignment {} must be a power of two ≥ 8", opts.align)));
+        }
+        self.remove_stale_partials();
+        let tensors = source.tensors();
+        let done = AtomicU64::new(0);
+        let layers: Vec<Vec<(Layer, bool)>> = tensors
+            .par_iter()
+            .map(|t| {
+                let out = if opts.quantize.is_some_and(|_| should_quantize(t)) {
+                    self.write_quantized(t, opts.quantize.expect("checked"))
+                } else {
+                    self.write_tensor(t, opts)
+                }?;
+                progress(done.fetch_add(t.nbytes, Ordering::Relaxed) + t.nbytes);
+                Ok(out)
+            })
+            .collect::<Result<_, StoreError>>()?;
+        let mut summary = ImportSummary { tensors: tensors.len(), ..Default::default() };
+        let mut all = Vec::new();
+        for (layer, new) in layers.into_iter().flatten() {
+            if new {
+                summary.blobs_written += 1;
+                summary.bytes_written += layer.size;
+            } else {
+                summary.blobs_present += 1;
+                summary.bytes_present += layer.size;
+            }
+            all.push(layer);
+        }
+        for (path, bytes) in source.config_files()? {
+            let (digest, size, new) = blob::write_blob(&self.root, &bytes)?;
+            if new {
+                summary.bytes_written += size;
+            } else {
+                summary.bytes_present += size;
+            }
+            all.push(Layer {
+                media_type: JSON_MEDIA_TYPE.into(),
+                digest,
+                size,
+                from: None,
+                name: Some(path),
+                dtype: None,
+                shape: None,
+            });
+        }
+        let file_type = opts.quantize.map(|q| q.name()).unwrap_or("");
+        let (digest, size, _) = blob::write_blob(&self.root, &config_blob(file_type))?;
+        let config = Layer { media_type: CONFIG_MEDIA_TYPE.into(), digest, size, from: None, name: None, dtype: None, shape: None };
+        self.write_manifest(&name, &Manifest::new(config, all))?;
+        Ok(summary)
+    }
+
+    /// One tensor as a seed-format blob, converting the dtype on the way if asked.
+    fn write_tensor(&self, t: &SourceTensor, opts: &ImportOptions) -> Result<Vec<(Layer, bool)>, StoreError> {
+        let target = match opts.dtype {
+            Some(d) if convertible(t.dtype) => d,
+            _ => t.dtype,
+        };
+        let mut w = BlobWriter::new(&self.root)?;
+        w.write(&blob::tensor_blob_header(target, &t.shape, opts.align)?)?;
+        let mut reader = open_range(t)?;
+        let src_size = t.dtype.bits() as usize / 8;
+        // Chunks hold whole elements of the source type.
+        let mut buf = vec![0u8; (4 << 20) / 4 * 4];
+        let mut left = t.nbytes;
+        while left > 0 {
+            let n = (buf.len() as u64).min(left) as usize;
+            reader.read_exact(&mut buf[..n]).map_err(|source| StoreError::Io { path: t.file.clone(), source })?;
+            if target == t.dtype {
+                w.write(&buf[..n])?;
+            } else {
+                debug_assert_eq!(n % src_size.max(1), 0);
+                w.write(&convert(&buf[..n], t.dtype, target))?;
+            }
+            left -= n as u64;
+        }
+        let (digest, size, new) = w.finish()?;
+        Ok(vec![(tensor_layer(t, digest, size, target, t.shape.clone()), new)])
+    }
+
+    /// One tensor quantized with MLX into Ollama's v2 quantized blob (one blob holding the
+    /// packed weight, `.scale` and `.bias`, written by MLX, keyed by the full path-style name).
+    fn write_quantized(&self, t: &SourceTensor, q: Quantization) -> Result<Vec<(Layer, bool)>, StoreError> {
+        let mut bytes = vec![0u8; t.nbytes as usize];
+        open_range(t)?.read_exact(&mut bytes).map_err(|source| StoreError::Io { path: t.file.clone(), source })?;
+        let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+        let mlx_dtype = crate::mlx::Dtype::from_safetensors(t.dtype.name()).expect("float dtypes map to MLX");
+        let full = format!("{}/{}", t.component, t.name);
+        let tmp = self.root.join("blobs").join(format!("{}q-{}-{}", blob::PARTIAL_PREFIX, std::process::id(), fastrand_id()));
+        let result = (|| -> Result<(), mlx::Error> {
+            let w = mlx::Array::from_bytes(&bytes, &shape, mlx_dtype)?;
+            let w = if mlx_dtype == mlx::Dtype::F32 { w } else { w.astype(mlx::Dtype::BF16)? };
+            let (wq, scales, biases) = mlx::ops::quantize(&w, Quantization::GROUP_SIZE, q.bits())?;
+            let group = Quantization::GROUP_SIZE.to_string();
+            mlx::io::save_safetensors(
+                &tmp,
+                &[(full.as_str(), &wq), (&format!("{full}.scale"), &scales), (&format!("{full}.bias"), &biases)],
+                &[("quant_type", q.name()), ("group_size", group.as_str())],
+            )
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StoreError::Mlx(e));
+        }
+        let data = std::fs::read(&tmp).map_err(|source| StoreError::Io { path: tmp.clone(), source });
+        let _ = std::fs::remove_file(&tmp);
+        let (digest, size, new) = blob::write_blob(&self.root, &data?)?;
+        Ok(vec![(tensor_layer(t, digest, size, t.dtype, t.shape.clone()), new)])
+    }
+}
+
+/// Imports run their tensors on rayon's pool, so sources are shared between threads.
+pub trait TensorSourceSync: TensorSource + Sync {}
+impl<T: TensorSource + Sync> TensorSourceSync for T {}
+
+fn tensor_layer(t: &SourceTensor, digest: String, size: u64, dtype: Dtype, shape: Vec<u64>) -> Layer {
+    Layer {
+        media_type: TENSOR_MEDIA_TYPE.into(),
+        digest,
+        size,
+        from: None,
+        name: Some(format!("{}/{}", t.component, t.name)),
+        dtype: Some(dtype.name().into()),
+        shape: Some(shape),
+    }
+}
+
+fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
+    let io = |source| StoreError::Io { path: t.file.clone(), source };
+    let mut f = std::fs::File::open(&t.file).map_err(io)?;
+    f.seek(SeekFrom::Start(t.offset)).map_err(io)?;
+    Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
+}
+
+fn fastrand_id() -> u64 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Little-endian float conversion between F32, F16 and BF16 (round to nearest even).
+fn convert(bytes: &[u8], from: Dtype, to: Dtype) -> Vec<u8> {
+    let values: Vec<f32> = match from {
+        Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        _ => unreachable!("only float types convert"),
+    };
+    match to {
+        Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Dtype::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        Dtype::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        _ => unreachable!("only float types convert"),
+    }
+}
+
+impl From<BlobError> for StoreError {
+    fn from(e: BlobError) -> Self {
+        StoreError::Blob(e)
+    }
+}
