@@ -236,7 +236,10 @@ impl Store {
         let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
         let mlx_dtype = crate::mlx::Dtype::from_safetensors(t.dtype.name()).expect("float dtypes map to MLX");
         let full = format!("{}/{}", t.component, t.name);
-        let tmp = self.root.join("blobs").join(format!("{}q-{}-{}", blob::PARTIAL_PREFIX, std::process::id(), fastrand_id()));
+        let blobs = self.root.join("blobs");
+        std::fs::create_dir_all(&blobs).map_err(|source| StoreError::Io { path: blobs.clone(), source })?;
+        // MLX's writer insists on the `.safetensors` extension.
+        let tmp = blobs.join(format!("{}q-{}-{}.safetensors", blob::PARTIAL_PREFIX, std::process::id(), next_id()));
         let result = (|| -> Result<(), mlx::Error> {
             let w = mlx::Array::from_bytes(&bytes, &shape, mlx_dtype)?;
             let w = if mlx_dtype == mlx::Dtype::F32 { w } else { w.astype(mlx::Dtype::BF16)? };
@@ -282,7 +285,7 @@ fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
     Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
 }
 
-fn fastrand_id() -> u64 {
+fn next_id() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
 }
