@@ -8,10 +8,15 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-mod formats;
+mod convert;
+mod dfsn;
+mod diff;
 mod generate;
+mod hash;
 mod info;
+mod inspect;
 mod store;
+mod target;
 
 /// A check ran and failed (`verify`, `diff --fail-on-diff`).
 pub fn exit_check_failed() -> ExitCode {
@@ -55,15 +60,15 @@ pub enum Command {
     /// Time loading a stored model, per component, against a plain sequential read.
     Profile(store::ProfileArgs),
     /// Describe a model file, blob, stored model or generated PNG.
-    Inspect(formats::InspectArgs),
+    Inspect(inspect::InspectArgs),
     /// Model hashes (A1111, AutoV2, AutoV3, BLAKE3, CRC32) or the structural hash.
-    Hash(formats::HashArgs),
+    Hash(hash::HashArgs),
     /// Structural diff of two model files or stored models.
-    Diff(formats::DiffArgs),
+    Diff(diff::DiffArgs),
     /// Convert between safetensors and zTensor.
-    Convert(formats::ConvertArgs),
+    Convert(convert::ConvertArgs),
     /// Pack, edit, verify and unpack DFSN containers.
-    Dfsn(formats::DfsnArgs),
+    Dfsn(dfsn::DfsnArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -78,10 +83,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gc(a) => store::gc(store, a),
         Command::Verify(a) => store::verify(store, a),
         Command::Profile(a) => store::profile(store, a),
-        Command::Inspect(a) => formats::inspect(store, a),
-        Command::Hash(a) => formats::hash(store, a),
-        Command::Diff(a) => formats::diff(store, a),
-        Command::Convert(a) => formats::convert(a),
-        Command::Dfsn(a) => formats::dfsn(store, a),
+        Command::Inspect(a) => inspect::run(store, a),
+        Command::Hash(a) => hash::run(store, a),
+        Command::Diff(a) => diff::run(store, a),
+        Command::Convert(a) => convert::run(a),
+        Command::Dfsn(a) => dfsn::run(store, a),
     }
 }
