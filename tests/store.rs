@@ -343,6 +343,15 @@ fn every_ollama_blob_generation_loads_to_the_same_values() {
         assert!(worst <= tol, "{model}: max difference {worst}");
         assert_eq!(arrays["norm.weight"].to_vec::<f32>().unwrap(), vals[..64].to_vec(), "{model}");
     }
+    // The structural view lists what each blob holds under the names inside the component.
+    let listing = zimage::formats::listing_of_model(&store, &store.open("gen/v2q").unwrap(), Some("transformer")).unwrap();
+    let names: Vec<&str> = listing.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, [name.to_string(), format!("{name}.bias"), format!("{name}.scale"), "norm.weight".into()]);
+    // A plain `.bias` tensor in a v2 blob of its own is a main tensor, not a quantization companion.
+    let bias = Array::from_slice(&vals[..64], &[64]).unwrap();
+    hand_store(&root, "gen/v2b", vec![("transformer/proj.bias".into(), plain("proj.bias", &bias))]);
+    let summary = zimage::store::summarize(&store, &store.open("gen/v2b").unwrap()).unwrap();
+    assert_eq!((summary["transformer"].tensors, summary["transformer"].parameters), (1, 64));
 }
 
 #[test]

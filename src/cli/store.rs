@@ -1,20 +1,25 @@
 //! Store subcommands: create, list, show, rm, gc, verify, profile.
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::loader::{self, ReadPath};
 use zimage::safetensors::Dtype;
-use zimage::store::{self, ImportOptions, Quantization, Store};
+use zimage::formats::{dfsn, ztensor, FileKind};
+use zimage::store::import::TensorSourceSync;
+use zimage::store::{self, ImportOptions, Quantization, SafetensorsFile, Store};
 
 #[derive(clap::Args, Debug)]
 pub struct CreateArgs {
     /// Model name, e.g. `z-image` or `me/z-image:tiny`.
     pub name: String,
-    /// Source: a diffusers directory.
+    /// Source: a diffusers directory, or one model file (.safetensors, .zt or .dfsn).
     #[arg(long)]
     pub from: PathBuf,
+    /// For a single-file source: the component its tensors go under (`transformer`, …).
+    #[arg(long, default_value = "model")]
+    pub component: String,
     /// Convert float tensors to this dtype.
     #[arg(long, value_parser = ["bf16", "f16", "f32"])]
     pub dtype: Option<String>,
@@ -67,11 +72,7 @@ fn open(store: Option<PathBuf>) -> anyhow::Result<Store> {
 
 pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
-    let source = if a.from.is_dir() {
-        DiffusersDir::open(&a.from)?
-    } else {
-        bail!("`{}` is not a diffusers model directory", a.from.display());
-    };
+    let source = open_source(&a.from, &a.component)?;
     let opts = ImportOptions {
         dtype: a.dtype.as_deref().map(|d| match d {
             "bf16" => Dtype::BF16,
@@ -81,14 +82,14 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         quantize: a.quantize.as_deref().map(|q| if q == "int4" { Quantization::Int4 } else { Quantization::Int8 }),
         align: a.align,
     };
-    let total: u64 = zimage::store::TensorSource::tensors(&source).iter().map(|t| t.nbytes).sum();
+    let total: u64 = source.tensors().iter().map(|t| t.nbytes).sum();
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{spinner} importing [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    let summary = store.create(&a.name, &source, &opts, &|done| bar.set_position(done));
+    let summary = store.create(&a.name, source.as_ref(), &opts, &|done| bar.set_position(done));
     bar.finish_and_clear();
     let summary = summary.with_context(|| format!("importing `{}` as `{}`", a.from.display(), a.name))?;
     println!(
@@ -101,6 +102,33 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         human(summary.bytes_present)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `--from` names: a diffusers directory or a single model file, told by its content.
+fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSourceSync>> {
+    if from.is_dir() {
+        return Ok(Box::new(DiffusersDir::open(from)?));
+    }
+    let kind = FileKind::of_file(from).with_context(|| format!("cannot read `{}`", from.display()))?;
+    let len = std::fs::metadata(from)?.len();
+    Ok(match kind {
+        FileKind::Safetensors => Box::new(SafetensorsFile::open(from, 0, len, component)?),
+        FileKind::ZTensor => Box::new(ztensor::ZtSource::open(from, component)?),
+        FileKind::Dfsn => {
+            let c = dfsn::Container::open(from)?;
+            if c.model_type != dfsn::ModelType::Safetensors {
+                bail!("`{}` holds a pickled checkpoint; only safetensors models can be imported", from.display());
+            }
+            let mut source = SafetensorsFile::open(from, c.model_offset, c.model_len, component)?;
+            source.extra_metadata = Some(c.metadata);
+            Box::new(source)
+        }
+        other => bail!(
+            "`{}` is not something `--from` takes (a diffusers directory, or a .safetensors, .zt or .dfsn file); its content looks like: {}",
+            from.display(),
+            other.name()
+        ),
+    })
 }
 
 pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {

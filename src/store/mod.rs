@@ -8,10 +8,12 @@
 //! `~/.ollama/models`, so models Ollama pulled are found where they are.
 
 pub mod blob;
+pub mod file_source;
 pub mod import;
 pub mod manifest;
 pub mod name;
 
+pub use file_source::SafetensorsFile;
 pub use import::{ImportOptions, ImportSummary, Quantization, SourceTensor, TensorSource};
 pub use manifest::{Layer, Manifest};
 pub use name::ModelName;
@@ -350,7 +352,14 @@ pub fn summarize(store: &Store, model: &StoredModel) -> Result<BTreeMap<String, 
             }
             _ => {
                 let (_, h) = blob::read_blob_header(&store.root, &layer.digest)?;
-                let main = h.tensors.iter().find(|t| !t.name.ends_with(".scale") && !t.name.ends_with(".bias"));
+                // A quantized blob holds `W` with its companions `W.scale` and `W.bias`; a
+                // plain bias tensor (`x.bias`) is a main tensor in a blob of its own.
+                let is_companion = |name: &str| {
+                    [".scale", ".bias"].iter().any(|sfx| {
+                        name.strip_suffix(sfx).is_some_and(|stem| h.tensors.iter().any(|o| o.name == stem))
+                    })
+                };
+                let main = h.tensors.iter().find(|t| !is_companion(&t.name));
                 let main = main.ok_or_else(|| StoreError::Invalid(format!("blob `{}` holds no tensor", layer.digest)))?;
                 (main.dtype.name().to_string(), main.shape.clone(), h.tensors.len() > 1 || h.metadata.is_some())
             }
