@@ -1,16 +1,198 @@
-//! `zimage inspect`. (being written)
-use std::path::PathBuf;
+//! `zimage inspect`: what a file or stored model holds, in one report that prints as text or
+//! JSON. Files are told by their content, not their extension.
+
+use super::store::human;
+use super::target::{self, Target};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use zimage::formats::{dfsn, FileKind, Listing};
+use zimage::image_out;
+use zimage::safetensors;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// A model file (safetensors, .zt, .dfsn, a store blob), a PNG, or a stored model's name.
+    /// A model file (.safetensors, .zt, .dfsn, a store blob), a PNG, or a stored model's name.
     pub target: String,
+    /// For a stored model: only this component (`text_encoder`, `transformer`, `vae`).
+    #[arg(long)]
+    pub component: Option<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(_store: Option<PathBuf>, _a: InspectArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`inspect` is not built yet")
+/// Labelled facts, then (for model files) the tensors.
+struct Report {
+    facts: Vec<(&'static str, Value)>,
+    listing: Option<Listing>,
+}
+
+pub fn run(store: Option<PathBuf>, a: InspectArgs) -> anyhow::Result<ExitCode> {
+    let report = match target::resolve(store.as_deref(), &a.target)? {
+        Target::File { path, kind } => {
+            if a.component.is_some() {
+                anyhow::bail!("`--component` applies to stored models, and `{}` is a file", path.display());
+            }
+            inspect_file(&path, kind)?
+        }
+        t @ Target::Model { .. } => inspect_model(&t, a.component.as_deref())?,
+    };
+    if a.json {
+        let mut obj = serde_json::Map::new();
+        for (k, v) in report.facts {
+            obj.insert(k.to_string(), v);
+        }
+        if let Some(l) = report.listing {
+            obj.insert("tensors".into(), serde_json::to_value(&l.tensors)?);
+            obj.insert("metadata".into(), serde_json::to_value(&l.metadata)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&Value::Object(obj))?);
+    } else {
+        print_text(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
+    let size = std::fs::metadata(path)?.len();
+    let mut facts = vec![("path", json!(path.display().to_string())), ("size", json!(size))];
+    let listing = match kind {
+        FileKind::Safetensors => {
+            let header = safetensors::read_header_file(path)?;
+            facts.push(("format", json!(safetensors_flavour(path, &header))));
+            facts.push(("header_bytes", json!(header.header_len)));
+            facts.push(("data_offset", json!(header.data_start())));
+            Some(zimage::formats::listing_of_file(path)?)
+        }
+        FileKind::ZTensor => {
+            facts.push(("format", json!("zTensor v1.0")));
+            Some(zimage::formats::listing_of_file(path)?)
+        }
+        FileKind::Dfsn => {
+            let c = dfsn::Container::open(path)?;
+            facts.push(("format", json!("DFSN container")));
+            facts.push(("model_type", json!(format!("{:?}", c.model_type).to_lowercase())));
+            facts.push(("model_sha256", json!(hex(&c.sha256))));
+            facts.push(("model_offset", json!(c.model_offset)));
+            facts.push(("model_bytes", json!(c.model_len)));
+            facts.push(("container_metadata", c.metadata.clone()));
+            match c.model_type {
+                dfsn::ModelType::Safetensors => Some(dfsn::listing(path)?),
+                dfsn::ModelType::Ckpt => None,
+            }
+        }
+        FileKind::Png => {
+            facts.push(("format", json!("PNG image")));
+            for (key, text) in image_out::read_png_text(path)? {
+                facts.push(("text", png_chunk(&key, &text)));
+            }
+            None
+        }
+        other => anyhow::bail!(
+            "`{}` is not a file this tool describes (it reads safetensors, .zt, .dfsn and PNG files); its content looks like: {}",
+            path.display(),
+            other.name()
+        ),
+    };
+    if let Some(l) = &listing {
+        facts.extend(tensor_totals(l));
+    }
+    Ok(Report { facts, listing })
+}
+
+/// A safetensors file as the store writes blobs: one tensor keyed `data` (the seed's form) or
+/// keyed by its name, or a quantized weight with its `.scale`/`.bias` companions.
+fn safetensors_flavour(path: &Path, header: &safetensors::Header) -> &'static str {
+    let in_store = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("sha256-"));
+    match (in_store, header.tensors.len()) {
+        (false, _) => "safetensors",
+        (true, 1) if header.tensors[0].name == "data" => "store blob: one tensor keyed `data`",
+        (true, 1) => "store blob: one tensor keyed by name",
+        (true, _) => "store blob: quantized tensor with scales and biases",
+    }
+}
+
+fn inspect_model(t: &Target, component: Option<&str>) -> anyhow::Result<Report> {
+    let Target::Model { model, .. } = t else { unreachable!("called for stored models") };
+    let listing = t.listing(component)?;
+    let mut facts = vec![
+        ("model", json!(model.name.short())),
+        ("format", json!("stored model (manifest and per-tensor blobs)")),
+        ("identity", json!(model.manifest.model_identity())),
+        ("manifest", json!(model.manifest_digest)),
+        ("size", json!(model.size())),
+        ("components", json!(model.manifest.components())),
+    ];
+    facts.extend(tensor_totals(&listing));
+    Ok(Report { facts, listing: Some(listing) })
+}
+
+fn tensor_totals(l: &Listing) -> Vec<(&'static str, Value)> {
+    let params: u64 = l.tensors.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    let bytes: u64 = l.tensors.iter().map(|t| t.byte_length).sum();
+    let mut dtypes = std::collections::BTreeMap::<String, usize>::new();
+    for t in &l.tensors {
+        *dtypes.entry(t.dtype.to_uppercase()).or_default() += 1;
+    }
+    vec![
+        ("tensor_count", json!(l.tensors.len())),
+        ("parameters", json!(params)),
+        ("tensor_bytes", json!(bytes)),
+        ("dtypes", json!(dtypes)),
+    ]
+}
+
+/// A PNG text chunk; JSON chunks (ComfyUI's `prompt` and `workflow`, our `zimage`) are parsed.
+fn png_chunk(key: &str, text: &str) -> Value {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if v.is_object() || v.is_array() => json!({ "key": key, "json": v }),
+        _ => json!({ "key": key, "text": text }),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn print_text(r: &Report) {
+    for (k, v) in &r.facts {
+        let shown = match (k, v) {
+            (&("size" | "tensor_bytes" | "model_bytes"), Value::Number(n)) => human(n.as_u64().unwrap_or(0)),
+            (&"dtypes", Value::Object(m)) => m.iter().map(|(d, n)| format!("{d}×{n}")).collect::<Vec<_>>().join(" "),
+            (&"text", Value::Object(m)) => {
+                let key = m.get("key").and_then(Value::as_str).unwrap_or("");
+                let body = match m.get("json") {
+                    Some(j) => serde_json::to_string_pretty(j).unwrap_or_default(),
+                    None => m.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
+                };
+                format!("`{key}`\n{}", indent(&body))
+            }
+            (_, Value::String(s)) => s.clone(),
+            (_, Value::Array(items)) => items.iter().map(|i| i.as_str().map(str::to_string).unwrap_or(i.to_string())).collect::<Vec<_>>().join(", "),
+            (_, other) => other.to_string(),
+        };
+        println!("{:<16}{shown}", k.replace('_', " "));
+    }
+    let Some(l) = &r.listing else { return };
+    if !l.metadata.is_empty() {
+        println!("metadata");
+        for (k, v) in &l.metadata {
+            println!("  {k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+        }
+    }
+    if l.tensors.is_empty() {
+        return;
+    }
+    let width = l.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    println!();
+    println!("{:<width$}  {:<8} {:<22} {:>10}", "NAME", "DTYPE", "SHAPE", "BYTES");
+    for t in &l.tensors {
+        let shape = format!("{:?}", t.shape);
+        println!("{:<width$}  {:<8} {:<22} {:>10}", t.name, t.dtype.to_uppercase(), shape, t.byte_length);
+    }
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
 }
