@@ -6,7 +6,7 @@ use super::target::{self, Target};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zimage::formats::{dfsn, FileKind, Listing};
+use zimage::formats::{dfsn, ztensor, FileKind, Listing};
 use zimage::image_out;
 use zimage::safetensors;
 
@@ -66,7 +66,25 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
             Some(zimage::formats::listing_of_file(path)?)
         }
         FileKind::ZTensor => {
-            facts.push(("format", json!("zTensor v1.0")));
+            let file = ztensor::ZtFile::open(path)?;
+            facts.push(("format", json!(format!("zTensor {}", file.version()))));
+            facts.push(("generator", json!(file.generator())));
+            let mut layouts = std::collections::BTreeMap::<String, usize>::new();
+            for t in file.tensors() {
+                for (role, c) in t.layout.components() {
+                    let digest = match &c.digest {
+                        Some(ztensor::Digest::Crc32c(_)) => "crc32c",
+                        Some(ztensor::Digest::Sha256(_)) => "sha256",
+                        None => "no digest",
+                    };
+                    let key = format!("{} {role} {:?} {digest}", t.layout.format(), c.encoding).to_lowercase();
+                    *layouts.entry(key).or_default() += 1;
+                }
+            }
+            facts.push(("components", json!(layouts)));
+            if !file.warnings().is_empty() {
+                facts.push(("warnings", json!(file.warnings())));
+            }
             Some(zimage::formats::listing_of_file(path)?)
         }
         FileKind::Dfsn => {
@@ -159,7 +177,7 @@ fn print_text(r: &Report) {
     for (k, v) in &r.facts {
         let shown = match (k, v) {
             (&("size" | "tensor_bytes" | "model_bytes"), Value::Number(n)) => human(n.as_u64().unwrap_or(0)),
-            (&"dtypes", Value::Object(m)) => m.iter().map(|(d, n)| format!("{d}×{n}")).collect::<Vec<_>>().join(" "),
+            (&("dtypes" | "components"), Value::Object(m)) => m.iter().map(|(d, n)| format!("{d}×{n}")).collect::<Vec<_>>().join(" "),
             (&"text", Value::Object(m)) => {
                 let key = m.get("key").and_then(Value::as_str).unwrap_or("");
                 let body = match m.get("json") {
