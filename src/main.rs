@@ -8,7 +8,16 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Errors name their file in their own message and also chain their cause; print
+            // each cause once.
+            let mut msg = err.to_string();
+            for cause in err.chain().skip(1) {
+                let cause = cause.to_string();
+                if !msg.contains(&cause) {
+                    msg = format!("{msg}: {cause}");
+                }
+            }
+            eprintln!("error: {msg}");
             cli::exit_error()
         }
     }

@@ -287,14 +287,19 @@ fn diff_renderings_identical() {
 }
 
 #[test]
-fn listings_of_other_formats_compare_by_tensor() {
+fn a_ztensor_file_compares_with_its_safetensors_source() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, _) = diff_pair(dir.path());
-    let mut other: Listing = listing_of_file(&a).unwrap();
-    other.format = "ztensor".into();
+    let a = golden_file(dir.path());
+    let zt = dir.path().join("a.zt");
+    let out = zimage(&dir.path().join("store"), &["convert", a.to_str().unwrap(), zt.to_str().unwrap(), "--compress"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let other: Listing = listing_of_file(&zt).unwrap();
+    assert_eq!(other.format, "ztensor");
     let d = structural::diff(&artifact_of(&a), &Artifact::from_listing(&other));
-    assert!(!d.has_changes() && !d.format_equal && !d.hash_equal);
-    assert!(structural::render_diff_text(&d, false).ends_with("Structural ID:    changed\n"));
+    assert!(!d.has_changes() && !d.format_equal && !d.hash_equal, "{d:?}");
+    assert!(structural::render_diff_text(&d, false).ends_with("Format:           differs\nStructural ID:    changed\n"));
+    let out = zimage(&dir.path().join("store"), &["diff", a.to_str().unwrap(), zt.to_str().unwrap(), "--fail-on-diff"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
 
 // The command line.

@@ -20,6 +20,11 @@ pub fn resolve(store: Option<&Path>, target: &str) -> anyhow::Result<Target> {
         let kind = FileKind::of_file(path).map_err(|e| anyhow::anyhow!("`{target}`: {e}"))?;
         return Ok(Target::File { path: path.to_path_buf(), kind });
     }
+    let looks_like_path = target.starts_with(['/', '.', '~'])
+        || path.extension().is_some_and(|e| ["safetensors", "zt", "dfsn", "png", "ckpt"].contains(&e.to_string_lossy().as_ref()));
+    if looks_like_path {
+        anyhow::bail!("`{target}`: no such file");
+    }
     let store = Store::locate(store)?;
     match store.open(target) {
         Ok(model) => Ok(Target::Model { store, model }),

@@ -30,6 +30,8 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error("`{}`: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("`{}` is not a safetensors, zTensor or DFSN file (read as safetensors)", path.display())]
+    Unrecognised { path: PathBuf, source: structural::Error },
     #[error("`{}` is a {} file, which has no tensors to list (expected safetensors, zTensor or DFSN)", path.display(), kind.name())]
     NoTensors { path: PathBuf, kind: FileKind },
 }
@@ -125,6 +127,14 @@ pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
             let mut file = std::fs::File::open(path).map_err(io)?;
             let len = file.metadata().map_err(io)?.len();
             Ok(structural::read_safetensors_listing(&mut file, len, path)?)
+        }
+        // Content that looks like nothing known is read as safetensors (as weight-inspect
+        // does), so that a damaged safetensors file gets the reader's precise complaint.
+        FileKind::Unknown => {
+            let mut file = std::fs::File::open(path).map_err(io)?;
+            let len = file.metadata().map_err(io)?.len();
+            structural::read_safetensors_listing(&mut file, len, path)
+                .map_err(|source| Error::Unrecognised { path: path.to_path_buf(), source })
         }
         kind => Err(Error::NoTensors { path: path.to_path_buf(), kind }),
     }

@@ -72,6 +72,11 @@ pub fn render_diff_text(d: &StructuralDiff, verbose: bool) -> String {
     } else {
         s.push_str("No structural differences found.\n");
     }
+    // weight-inspect never compares across formats; say why an otherwise equal pair has
+    // another structural ID (the hash covers the format).
+    if !d.format_equal {
+        s.push_str("Format:           differs\n");
+    }
     let _ = writeln!(s, "Structural ID:    {}", if d.hash_equal { "unchanged" } else { "changed" });
     if !verbose || d.tensor_changes.is_empty() {
         return s;
