@@ -1,7 +1,7 @@
 //! Writing generated images: PNG with generation metadata, written atomically.
 //!
 //! Two text chunks travel with the pixels: `parameters`, the A1111 infotext that image tools
-//! read, and `zimage`, the whole request as JSON.
+//! read (see [`crate::formats::infotext`]), and `zimage`, the whole request as JSON.
 
 use std::io::Write;
 use std::path::Path;
@@ -21,7 +21,9 @@ pub enum Error {
     Read { path: std::path::PathBuf, reason: String },
 }
 
-/// Writes RGB bytes as a PNG with the given text chunks (UTF-8, so as iTXt).
+/// Writes RGB bytes as a PNG with the given text chunks. As Pillow (and so A1111) does, a
+/// text that encodes as Latin-1 goes in a tEXt chunk, which every reader understands, and any
+/// other in an uncompressed iTXt chunk (UTF-8, no language tag).
 pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32, text: &[(&str, &str)]) -> Result<(), Error> {
     let encode_err = |reason: String| Error::Encode { path: path.to_path_buf(), reason };
     let mut bytes = Vec::new();
@@ -30,7 +32,12 @@ pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32, text: &[(&str
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         for (k, v) in text {
-            enc.add_itxt_chunk(k.to_string(), v.to_string()).map_err(|e| encode_err(e.to_string()))?;
+            let added = if v.chars().all(|c| (c as u32) <= 0xFF) {
+                enc.add_text_chunk(k.to_string(), v.to_string())
+            } else {
+                enc.add_itxt_chunk(k.to_string(), v.to_string())
+            };
+            added.map_err(|e| encode_err(e.to_string()))?;
         }
         let mut w = enc.write_header().map_err(|e| encode_err(e.to_string()))?;
         w.write_image_data(rgb).map_err(|e| encode_err(e.to_string()))?;
@@ -61,24 +68,4 @@ pub fn read_png_text(path: &Path) -> Result<Vec<(String, String)>, Error> {
         out.push((t.keyword.clone(), t.get_text().map_err(|e| read_err(e.to_string()))?));
     }
     Ok(out)
-}
-
-/// The A1111 infotext: the prompt, `Negative prompt: …`, then `Key: value` pairs.
-pub fn a1111_parameters(prompt: &str, negative: Option<&str>, pairs: &[(&str, String)]) -> String {
-    let mut s = prompt.to_string();
-    if let Some(n) = negative.filter(|n| !n.is_empty()) {
-        s.push_str(&format!("\nNegative prompt: {n}"));
-    }
-    let fields: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: {}", quote_if_needed(v))).collect();
-    s.push_str(&format!("\n{}", fields.join(", ")));
-    s
-}
-
-/// A1111 quotes a value that holds a comma, colon or quote, as JSON.
-fn quote_if_needed(v: &str) -> String {
-    if v.contains([',', ':', '"', '\n']) {
-        serde_json::to_string(v).expect("strings serialize")
-    } else {
-        v.to_string()
-    }
 }

@@ -4,6 +4,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::formats::infotext;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::mlx::{self, Dtype};
@@ -153,9 +154,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     let out = out?;
 
     let hash10 = identity.get(..10).unwrap_or("").to_string();
-    let parameters = image_out::a1111_parameters(
+    let parameters = infotext::format(
         &req.prompt,
-        req.negative_prompt.as_deref().filter(|_| req.guidance > 0.0),
+        req.negative_prompt.as_deref().filter(|_| req.guidance > 0.0).unwrap_or(""),
         &[
             ("Steps", req.steps.to_string()),
             ("Sampler", "Euler".into()),
