@@ -6,7 +6,7 @@ use super::target::{self, Target};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zimage::formats::{dfsn, ztensor, FileKind, Listing};
+use zimage::formats::{dfsn, infotext, ztensor, FileKind, Listing};
 use zimage::image_out;
 use zimage::safetensors;
 
@@ -102,9 +102,8 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
         }
         FileKind::Png => {
             facts.push(("format", json!("PNG image")));
-            for (key, text) in image_out::read_png_text(path)? {
-                facts.push(("text", png_chunk(&key, &text)));
-            }
+            let chunks = image_out::read_png_text(path)?.iter().map(|(key, text)| png_chunk(key, text)).collect();
+            facts.push(("text", Value::Array(chunks)));
             None
         }
         other => anyhow::bail!(
@@ -161,8 +160,14 @@ fn tensor_totals(l: &Listing) -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// A PNG text chunk; JSON chunks (ComfyUI's `prompt` and `workflow`, our `zimage`) are parsed.
+/// A PNG text chunk; A1111's `parameters` and the JSON chunks (ComfyUI's `prompt` and
+/// `workflow`, our `zimage`) are parsed.
 fn png_chunk(key: &str, text: &str) -> Value {
+    if key == image_out::PARAMETERS_KEY {
+        let info = infotext::parse(text);
+        let params: serde_json::Map<String, Value> = info.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        return json!({ "key": key, "text": text, "prompt": info.prompt, "negative_prompt": info.negative_prompt, "parameters": params });
+    }
     match serde_json::from_str::<Value>(text) {
         Ok(v) if v.is_object() || v.is_array() => json!({ "key": key, "json": v }),
         _ => json!({ "key": key, "text": text }),
@@ -178,14 +183,7 @@ fn print_text(r: &Report) {
         let shown = match (k, v) {
             (&("size" | "tensor_bytes" | "model_bytes"), Value::Number(n)) => human(n.as_u64().unwrap_or(0)),
             (&("dtypes" | "components"), Value::Object(m)) => m.iter().map(|(d, n)| format!("{d}×{n}")).collect::<Vec<_>>().join(" "),
-            (&"text", Value::Object(m)) => {
-                let key = m.get("key").and_then(Value::as_str).unwrap_or("");
-                let body = match m.get("json") {
-                    Some(j) => serde_json::to_string_pretty(j).unwrap_or_default(),
-                    None => m.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
-                };
-                format!("`{key}`\n{}", indent(&body))
-            }
+            (&"text", Value::Array(chunks)) => chunks.iter().map(chunk_text).collect::<Vec<_>>().join("\n"),
             (_, Value::String(s)) => s.clone(),
             (_, Value::Array(items)) => items.iter().map(|i| i.as_str().map(str::to_string).unwrap_or(i.to_string())).collect::<Vec<_>>().join(", "),
             (_, other) => other.to_string(),
@@ -209,6 +207,24 @@ fn print_text(r: &Report) {
         let shape = format!("{:?}", t.shape);
         println!("{:<width$}  {:<8} {:<22} {:>10}", t.name, t.dtype.to_uppercase(), shape, t.byte_length);
     }
+}
+
+/// A PNG text chunk as `key` and its content, indented below.
+fn chunk_text(chunk: &Value) -> String {
+    let key = chunk["key"].as_str().unwrap_or("");
+    let body = match (chunk.get("json"), chunk.get("parameters")) {
+        (Some(j), _) => serde_json::to_string_pretty(j).unwrap_or_default(),
+        (None, Some(Value::Object(params))) => {
+            let mut lines = vec![format!("prompt: {}", chunk["prompt"].as_str().unwrap_or(""))];
+            if let Some(n) = chunk["negative_prompt"].as_str().filter(|n| !n.is_empty()) {
+                lines.push(format!("negative prompt: {n}"));
+            }
+            lines.extend(params.iter().map(|(k, v)| format!("{k}: {}", v.as_str().unwrap_or(""))));
+            lines.join("\n")
+        }
+        _ => chunk["text"].as_str().unwrap_or("").to_string(),
+    };
+    format!("`{key}`\n{}", indent(&body))
 }
 
 fn indent(s: &str) -> String {
