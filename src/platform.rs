@@ -30,6 +30,13 @@ pub fn default_compute_dtype() -> Dtype {
     }
 }
 
+/// Whether convolutions run as matrix products (through the BLAS) rather than MLX's direct
+/// convolution: on the CPU the products are several times faster (`cargo bench --bench conv`);
+/// on a GPU MLX's own kernels are the better choice.
+pub fn convolutions_as_matmuls() -> bool {
+    mlx::default_device() == Device::Cpu
+}
+
 /// Raises the soft limit on open files to at least `wanted` (capped at the hard limit), since
 /// a stored model can have thousands of blobs open while it loads. Returns the limit in force.
 #[cfg(unix)]
