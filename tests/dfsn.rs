@@ -172,6 +172,31 @@ fn cli_pack_meta_verify_unpack() {
 }
 
 #[test]
+fn a_containers_hashes_are_its_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = write(dir.path(), "m.safetensors", &model_bytes());
+    let out = dir.path().join("m.dfsn");
+    dfsn::pack(&model_path, &serde_json::json!({"note": "x"}), &out).unwrap();
+    let hashes = |p: &Path| {
+        let r = zimage(&["hash", s(p), "--json"]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        serde_json::from_slice::<serde_json::Value>(&r.stdout).unwrap()
+    };
+    let (model, container) = (hashes(&model_path), hashes(&out));
+    for key in ["sha256", "autov2", "legacy", "blake3", "crc32", "safetensors"] {
+        assert_eq!(model[key], container[key], "{key}");
+    }
+    assert_eq!(container["container"], "dfsn");
+    // Changed model bytes: the stored hash no longer holds, and `hash` says so.
+    let mut bytes = std::fs::read(&out).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&out, &bytes).unwrap();
+    let r = zimage(&["hash", s(&out)]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("dfsn verify"));
+}
+
+#[test]
 fn changed_model_bytes_fail_verify_with_exit_1() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = write(dir.path(), "m.safetensors", &model_bytes());

@@ -3,7 +3,7 @@
 use crate::cli::target::{self, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use zimage::formats::model_hash;
+use zimage::formats::{dfsn, model_hash, FileKind};
 use zimage::formats::structural::Artifact;
 
 #[derive(clap::Args, Debug)]
@@ -30,11 +30,28 @@ pub fn run(store: Option<PathBuf>, a: HashArgs) -> anyhow::Result<ExitCode> {
     let mut rows: Vec<(&str, String)> = Vec::new();
     let mut json = serde_json::Map::new();
     match &target {
-        Target::File { path, .. } => {
+        Target::File { path, kind } => {
             json.insert("file".into(), path.display().to_string().into());
             if !a.structural {
-                let hashes = model_hash::hash_file(path)?;
-                rows = hashes.rows();
+                // A container's hashes are its model's: what a tool shows for the model file.
+                let hashes = if *kind == FileKind::Dfsn {
+                    let c = dfsn::Container::open(path)?;
+                    let hashes = model_hash::hash_region(path, c.model_offset, c.model_len)?;
+                    if hashes.sha256 != c.sha256_hex() {
+                        anyhow::bail!(
+                            "`{}`: the model bytes hash to {}, but the container says {} (see `zimage dfsn verify`)",
+                            path.display(),
+                            hashes.sha256,
+                            c.sha256_hex()
+                        );
+                    }
+                    rows.push(("Container", "DFSN (hashes of the model inside)".into()));
+                    json.insert("container".into(), "dfsn".into());
+                    hashes
+                } else {
+                    model_hash::hash_file(path)?
+                };
+                rows.extend(hashes.rows());
                 if let serde_json::Value::Object(fields) = serde_json::to_value(&hashes)? {
                     json.extend(fields);
                 }

@@ -16,7 +16,7 @@
 
 use crate::formats::FileKind;
 use sha2::{Digest, Sha256};
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -118,11 +118,21 @@ impl ModelHashes {
 
 /// Hashes `path` in one pass.
 pub fn hash_file(path: &Path) -> Result<ModelHashes, Error> {
+    let size = std::fs::metadata(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?.len();
+    hash_region(path, 0, size)
+}
+
+/// Hashes the `size` bytes of `path` from `start` as if they were a file of their own: the
+/// model inside a container, say.
+pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Error> {
     let io = |source| Error::Io { path: path.to_path_buf(), source };
-    let mut file = std::fs::File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
-    let st = safetensors_header(&mut file, size).map_err(io)?;
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    let open = || -> std::io::Result<std::io::Take<std::fs::File>> {
+        let mut file = std::fs::File::open(path)?;
+        file.seek(SeekFrom::Start(start))?;
+        Ok(file.take(size))
+    };
+    let st = safetensors_header(&mut open().map_err(io)?, size).map_err(io)?;
+    let mut file = open().map_err(io)?;
 
     // Each sha256 range is one thread; BLAKE3, CRC32 and the legacy range are cheap beside it
     // and share one.
@@ -233,7 +243,7 @@ fn small_hashes(rx: Receiver<Chunk>) -> (String, u32, String) {
 /// `N` and the `__metadata__` object of a safetensors file; `None` for other files. Metadata
 /// that does not parse is left out: the hashes do not depend on it.
 fn safetensors_header(
-    file: &mut std::fs::File,
+    file: &mut impl Read,
     size: u64,
 ) -> std::io::Result<Option<(u64, Option<serde_json::Map<String, serde_json::Value>>)>> {
     let mut head = Vec::with_capacity(16);
@@ -254,7 +264,7 @@ fn safetensors_header(
     Ok(Some((n, meta)))
 }
 
-fn read_full(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match file.read(&mut buf[filled..]) {
