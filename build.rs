@@ -22,7 +22,7 @@ fn main() {
     for var in ["MLX_DIR", "ZIMAGE_MLX_VARIANT", "ZIMAGE_CACHE_DIR", "XDG_CACHE_HOME", "ZIMAGE_BLAS", "PYTHON"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for file in ["mlx-sys-shim/shim.h", "mlx-sys-shim/shim.cpp", "mlx-sys-shim/blas.c"] {
+    for file in ["mlx-sys-shim/shim.h", "mlx-sys-shim/shim.cpp", "mlx-sys-shim/cpu_kernels.h", "mlx-sys-shim/cpu_kernels.cpp", "mlx-sys-shim/blas.c"] {
         println!("cargo:rerun-if-changed={file}");
     }
     if let Err(msg) = run() {
@@ -62,6 +62,11 @@ fn run() -> Result<(), String> {
         .cpp(true)
         .std("c++20")
         .file("mlx-sys-shim/shim.cpp")
+        .file("mlx-sys-shim/cpu_kernels.cpp")
+        // The kernels are meant to be vectorised, whatever the profile; with trapping maths
+        // the compiler keeps their clamps as branches.
+        .opt_level(3)
+        .flag_if_supported("-fno-trapping-math")
         .include(&include)
         .include("mlx-sys-shim")
         .warnings(false)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mlx/mlx.h"
+#include "cpu_kernels.h"
 
 namespace mx = mlx::core;
 
@@ -209,6 +210,7 @@ MLXS_UNARY_IMPL(square, mx::square)
 MLXS_UNARY_IMPL(abs, mx::abs)
 MLXS_UNARY_IMPL(erf, mx::erf)
 MLXS_UNARY_IMPL(logical_not, mx::logical_not)
+MLXS_UNARY_IMPL(silu, mlxs::silu)
 
 #define MLXS_BINARY_IMPL(name)                                                     \
   int mlxs_##name(mlxs_array** out, const mlxs_array* a, const mlxs_array* b) {    \

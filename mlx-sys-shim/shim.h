@@ -59,6 +59,8 @@ int mlxs_to_bytes(const mlxs_array* a, void* dst, size_t dst_len);
 MLXS_UNARY(negative) MLXS_UNARY(exp) MLXS_UNARY(log) MLXS_UNARY(sin) MLXS_UNARY(cos)
 MLXS_UNARY(tanh) MLXS_UNARY(sigmoid) MLXS_UNARY(sqrt) MLXS_UNARY(rsqrt) MLXS_UNARY(square)
 MLXS_UNARY(abs) MLXS_UNARY(erf) MLXS_UNARY(logical_not)
+/* x · sigmoid(x); float32 on the CPU runs a vectorised kernel of the shim's own. */
+MLXS_UNARY(silu)
 #undef MLXS_UNARY
 
 /* Binary ops (numpy broadcasting) */

@@ -270,3 +270,23 @@ fn device_and_version() {
     let info = mlx::build_info();
     assert!(!info.lib_dir.is_empty());
 }
+
+#[test]
+fn silu_matches_its_definition_for_every_layout_and_dtype() {
+    // Values across the clamp at ±87, zero and the usual range.
+    let vals: Vec<f32> = (0..4096).map(|i| (i as f32 - 2048.0) * 0.06).chain([-200.0, -88.0, 88.0, 200.0, 0.0]).collect();
+    let n = vals.len() as i32;
+    let x = Array::from_slice(&vals, &[n]).unwrap();
+    let got = x.silu().unwrap().to_vec::<f32>().unwrap();
+    for (v, g) in vals.iter().zip(&got) {
+        let want = (*v as f64) / (1.0 + (-(*v as f64)).exp());
+        assert!(((*g as f64) - want).abs() <= 2e-7 * want.abs().max(1e-30) + 1e-30, "silu({v}) = {g}, want {want}");
+    }
+    // A strided (transposed) input, and a bf16 one, go through the same op.
+    let m = Array::from_slice(&vals[..4096], &[64, 64]).unwrap();
+    let t = m.transpose(&[1, 0]).unwrap().silu().unwrap().transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(t, got[..4096].to_vec());
+    let h = m.astype(Dtype::BF16).unwrap().silu().unwrap().astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+    let worst = h.iter().zip(&got[..4096]).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f32::max);
+    assert!(worst < 1e-2, "bf16 silu off by {worst}");
+}

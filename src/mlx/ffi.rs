@@ -18,7 +18,7 @@ macro_rules! reduce {
 }
 
 unary!(mlxs_negative, mlxs_exp, mlxs_log, mlxs_sin, mlxs_cos, mlxs_tanh, mlxs_sigmoid, mlxs_sqrt, mlxs_rsqrt,
-       mlxs_square, mlxs_abs, mlxs_erf, mlxs_logical_not);
+       mlxs_square, mlxs_abs, mlxs_erf, mlxs_logical_not, mlxs_silu);
 binary!(mlxs_add, mlxs_subtract, mlxs_multiply, mlxs_divide, mlxs_maximum, mlxs_minimum, mlxs_power,
         mlxs_equal, mlxs_not_equal, mlxs_less, mlxs_less_equal, mlxs_greater, mlxs_greater_equal,
         mlxs_logical_and, mlxs_logical_or, mlxs_matmul);

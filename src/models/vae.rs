@@ -138,15 +138,25 @@ impl GroupNorm {
     }
 
     /// `x`: [B, H, W, C].
+    ///
+    /// The statistics come from per-channel reductions over the pixels (contiguous, hence fast
+    /// on the CPU) followed by a mean over each group's channels, which is exact because every
+    /// channel of a group covers the same pixels. Normalisation and the affine fold into one
+    /// per-channel scale and shift: `x · s + t` with `s = weight / σ`, `t = bias − μ · s`.
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
         let s = x.shape();
         let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
-        let g = x.astype(Dtype::F32)?.reshape(&[b, h * w, self.groups, c / self.groups])?;
-        let mean = g.mean(&[1, 3], true)?;
-        let var = g.var(&[1, 3], true, 0)?;
-        let normed = ((&g - &mean)? * (var + self.eps)?.rsqrt()?)?;
-        let normed = normed.reshape(&[b, h, w, c])?.astype(x.dtype())?;
-        (normed * &self.weight)? + &self.bias
+        let (g, per_group) = (self.groups, c / self.groups);
+        let x32 = x.astype(Dtype::F32)?.reshape(&[b, h * w, c])?;
+        // [B, 1, C] → the mean over each group's channels, broadcast back to every channel.
+        let group_mean = |per_channel: &Array| -> mlx::Result<Array> {
+            per_channel.reshape(&[b, 1, g, per_group])?.mean(&[3], true)?.broadcast_to(&[b, 1, g, per_group])?.reshape(&[b, 1, c])
+        };
+        let mean = group_mean(&x32.mean(&[1], true)?)?;
+        let var = group_mean(&(&x32 - &mean)?.square()?.mean(&[1], true)?)?;
+        let scale = ((var + self.eps)?.rsqrt()? * &self.weight)?;
+        let shift = (&self.bias - (&mean * &scale)?)?;
+        ((x32 * scale)? + shift)?.reshape(&[b, h, w, c])?.astype(x.dtype())
     }
 }
 
