@@ -290,3 +290,17 @@ fn silu_matches_its_definition_for_every_layout_and_dtype() {
     let worst = h.iter().zip(&got[..4096]).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f32::max);
     assert!(worst < 1e-2, "bf16 silu off by {worst}");
 }
+
+#[test]
+fn convolution_as_matrix_products_matches_conv2d() {
+    use zimage::models::vae::{conv2d_as_matmuls, conv_taps};
+    for (b, h, w, cin, cout, k) in [(1, 5, 7, 3, 4, 3), (2, 6, 4, 5, 2, 3), (2, 3, 3, 4, 6, 1)] {
+        let x = random::normal(&[b, h, w, cin], Dtype::F32, &random::key(7).unwrap()).unwrap();
+        let wt = random::normal(&[cout, k, k, cin], Dtype::F32, &random::key(8).unwrap()).unwrap();
+        let want = ops::conv2d(&x, &wt, (1, 1), (k / 2, k / 2), (1, 1), 1).unwrap();
+        let got = conv2d_as_matmuls(&x, &conv_taps(&wt).unwrap(), cout).unwrap();
+        assert_eq!(got.shape(), want.shape());
+        let diff = (&got - &want).unwrap().abs().unwrap().max(&[0, 1, 2, 3], false).unwrap().item::<f32>().unwrap();
+        assert!(diff < 1e-4, "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff}");
+    }
+}

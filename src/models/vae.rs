@@ -64,8 +64,8 @@ impl VaeConfig {
 struct Conv2d {
     /// `[O, kh, kw, I]`, MLX's layout.
     weight: Array,
-    /// The weight as one `[k·I, O]` matrix per kernel row, for [`conv2d_as_matmuls`].
-    row_weights: Vec<Array>,
+    /// The weight as one `[I, O]` matrix per kernel tap, for [`conv2d_as_matmuls`].
+    taps: Vec<Array>,
     bias: Array,
     k: i32,
 }
@@ -73,7 +73,7 @@ struct Conv2d {
 impl Conv2d {
     fn new(w: &Weights, cin: i32, cout: i32, k: i32) -> mlx::Result<Conv2d> {
         let weight = w.get("weight", &[cout, cin, k, k])?.transpose(&[0, 2, 3, 1])?;
-        Ok(Conv2d { row_weights: conv_row_weights(&weight)?, weight, bias: w.get("bias", &[cout])?, k })
+        Ok(Conv2d { taps: conv_taps(&weight)?, weight, bias: w.get("bias", &[cout])?, k })
     }
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
@@ -87,41 +87,61 @@ impl Conv2d {
     }
 
     fn forward_as_matmuls(&self, x: &Array) -> mlx::Result<Array> {
-        conv2d_as_matmuls(x, &self.row_weights, self.weight.dim(0))
+        conv2d_as_matmuls(x, &self.taps, self.weight.dim(0))
     }
 }
 
-/// A stride-1 "same" convolution of `x` (NHWC) as `k` matrix products, `row_weights[dy]` being
-/// kernel row `dy` as a `[k·I, O]` matrix: the `k` horizontal shifts of the padded input are
-/// laid side by side along the channels, then each kernel row is one `[H·W, k·I] × [k·I, O]`
-/// product over a vertical shift. On MLX's CPU backend these run through the BLAS's sgemm,
-/// several times faster than its direct convolution (`cargo bench --bench conv`).
-pub fn conv2d_as_matmuls(x: &Array, row_weights: &[Array], cout: i32) -> mlx::Result<Array> {
+/// A stride-1 "same" convolution of `x` (NHWC) as one matrix product per kernel tap, with no
+/// copies of the input beyond its padding. `taps[dy·k + dx]` is the `[I, O]` weight of tap
+/// `(dy, dx)`.
+///
+/// In the padded image flattened to rows of pixels, the input of tap `(dy, dx)` for output pixel
+/// `(i, j)` sits at `(i + dy)·W' + j + dx`, with `W' = W + k − 1`: for all outputs at once that is
+/// one contiguous run of `H·W'` rows starting at `dy·W' + dx`. So each tap is a plain
+/// `[H·W', I] × [I, O]` product over a view of the padded input, accumulated in place; the
+/// `k − 1` extra columns of each output row are computed and dropped at the end. On MLX's CPU
+/// backend these products run through the BLAS's sgemm, 1.5–2× faster than its direct
+/// convolution (`cargo bench --bench conv`).
+pub fn conv2d_as_matmuls(x: &Array, taps: &[Array], cout: i32) -> mlx::Result<Array> {
     let s = x.shape();
     let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
-    let k = row_weights.len() as i32;
+    let k = (taps.len() as f64).sqrt() as i32;
     let p = k / 2;
-    let padded = ops::pad(x, &[(0, 0), (p, p), (p, p), (0, 0)], 0.0)?;
-    let shifts: Vec<Array> = (0..k).map(|dx| padded.slice_axis(2, dx, dx + w)).collect::<mlx::Result<_>>()?;
-    let columns = ops::concatenate(&shifts.iter().collect::<Vec<_>>(), 3)?; // [B, H+2p, W, k·I]
-    let mut y: Option<Array> = None;
-    for (dy, row_weight) in row_weights.iter().enumerate() {
-        let rows = columns.slice_axis(1, dy as i32, dy as i32 + h)?.reshape(&[b * h * w, k * c])?;
-        y = Some(match y {
-            None => rows.matmul(row_weight)?,
-            Some(acc) => ops::addmm(&acc, &rows, row_weight, 1.0, 1.0)?,
-        });
+    let wp = w + 2 * p;
+    // One more padded row at the bottom keeps the last tap's run inside the image.
+    let extra = i32::from(k > 1);
+    let padded = ops::pad(x, &[(0, 0), (p, p + extra), (p, p), (0, 0)], 0.0)?;
+    let rows_per_image = (h + 2 * p + extra) * wp;
+    let mut images = Vec::with_capacity(b as usize);
+    for n in 0..b {
+        let flat = padded.slice_axis(0, n, n + 1)?.reshape(&[rows_per_image, c])?;
+        let mut y: Option<Array> = None;
+        for dy in 0..k {
+            for dx in 0..k {
+                let start = dy * wp + dx;
+                let input = flat.slice_axis(0, start, start + h * wp)?;
+                let tap = &taps[(dy * k + dx) as usize];
+                y = Some(match y {
+                    None => input.matmul(tap)?,
+                    Some(acc) => ops::addmm(&acc, &input, tap, 1.0, 1.0)?,
+                });
+            }
+        }
+        images.push(y.expect("a kernel has at least one tap").reshape(&[1, h, wp, cout])?.slice_axis(2, 0, w)?);
     }
-    y.expect("a kernel has at least one row").reshape(&[b, h, w, cout])
+    match images.len() {
+        1 => Ok(images.pop().expect("one image")),
+        _ => ops::concatenate(&images.iter().collect::<Vec<_>>(), 0),
+    }
 }
 
-/// A `[O, k, k, I]` (MLX layout) convolution weight as one `[k·I, O]` matrix per kernel row,
+/// A `[O, k, k, I]` (MLX layout) convolution weight as its `k²` taps, each an `[I, O]` matrix,
 /// the form [`conv2d_as_matmuls`] takes.
-pub fn conv_row_weights(weight: &Array) -> mlx::Result<Vec<Array>> {
+pub fn conv_taps(weight: &Array) -> mlx::Result<Vec<Array>> {
     let s = weight.shape();
     let (cout, k, cin) = (s[0], s[1], s[3]);
-    let rows = weight.transpose(&[1, 2, 3, 0])?.reshape(&[k, k * cin, cout])?;
-    (0..k).map(|dy| rows.slice_axis(0, dy, dy + 1)?.squeeze(0)).collect()
+    let taps = weight.transpose(&[1, 2, 3, 0])?.reshape(&[k * k, cin, cout])?;
+    (0..k * k).map(|i| taps.slice_axis(0, i, i + 1)?.squeeze(0)).collect()
 }
 
 /// GroupNorm with PyTorch's grouping (consecutive channels), statistics in f32.
