@@ -12,7 +12,7 @@ namespace mx = mlx::core;
 
 namespace {
 
-// e^x for x in [-87, 87], as 2^k · e^r with |r| ≤ ln2/2 and e^r from its Taylor series to r^7
+// e^x for x in [-87, 88], as 2^k · e^r with |r| ≤ ln2/2 and e^r from its Taylor series to r^7
 // (relative error below 1e-8, under one float ulp). Plain arithmetic and bit casts only, so
 // that the compiler vectorises the loop that calls it.
 __attribute__((always_inline)) inline float exp_bounded(float x) {
@@ -58,9 +58,28 @@ MLXS_VECTOR_CLONES void silu_f32(const float* __restrict x, float* __restrict y,
   }
 }
 
-class CpuSilu : public mx::UnaryPrimitive {
+// e^x on [-87, 88]; above that infinity, below it zero (the subnormal range is flushed). Its
+// user, softmax, only passes values ≤ 0.
+MLXS_VECTOR_CLONES void exp_f32(const float* __restrict x, float* __restrict y, size_t n) {
+  const float inf = __builtin_inff();
+  for (size_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float c = v < -87.0f ? -87.0f : v;
+    c = c > 88.0f ? 88.0f : c;
+    float e = exp_bounded(c);
+    e = v > 88.0f ? inf : e;
+    e = v < -87.0f ? 0.0f : e;
+    y[i] = e;
+  }
+}
+
+using Kernel = void (*)(const float*, float*, size_t);
+
+// A float32 elementwise kernel as an MLX primitive on a CPU stream.
+class CpuElementwise : public mx::UnaryPrimitive {
  public:
-  explicit CpuSilu(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  CpuElementwise(mx::Stream stream, Kernel kernel, const char* name)
+      : mx::UnaryPrimitive(stream), kernel_(kernel), name_(name) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -68,33 +87,71 @@ class CpuSilu : public mx::UnaryPrimitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_input_array(x);
     encoder.set_output_array(out);
-    encoder.dispatch([x, src = x.data<float>(), dst = out.data<float>(), n = x.size()]() { silu_f32(src, dst, n); });
+    encoder.dispatch([x, kernel = kernel_, src = x.data<float>(), dst = out.data<float>(), n = x.size()]() {
+      kernel(src, dst, n);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[silu] the CPU kernel has no GPU version");
+    throw std::runtime_error(std::string("[") + name_ + "] the CPU kernel has no GPU version");
   }
 
-  const char* name() const override { return "CpuSilu"; }
+  const char* name() const override { return name_; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return dynamic_cast<const CpuSilu*>(&other) != nullptr;
+    auto o = dynamic_cast<const CpuElementwise*>(&other);
+    return o != nullptr && o->kernel_ == kernel_;
   }
+
+ private:
+  Kernel kernel_;
+  const char* name_;
 };
+
+// The kernel for float32 on a CPU stream, `fallback` otherwise.
+template <typename F>
+mx::array elementwise(const mx::array& x, Kernel kernel, const char* name, F fallback) {
+  auto stream = mx::default_stream(mx::default_device());
+  if (x.dtype() != mx::float32 || stream.device != mx::Device::cpu) return fallback(x);
+  // The kernel walks memory in order: give it a row-contiguous input (a no-op, sharing the
+  // buffer, when the evaluated input already is one).
+  return mx::array(x.shape(), mx::float32, std::make_shared<CpuElementwise>(stream, kernel, name), {mx::contiguous(x)});
+}
 
 }  // namespace
 
 namespace mlxs {
 
 mx::array silu(const mx::array& x) {
+  return elementwise(x, silu_f32, "CpuSilu", [](const mx::array& a) { return mx::multiply(a, mx::sigmoid(a)); });
+}
+
+mx::array exp(const mx::array& x) {
+  return elementwise(x, exp_f32, "CpuExp", [](const mx::array& a) { return mx::exp(a); });
+}
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
   auto stream = mx::default_stream(mx::default_device());
-  if (x.dtype() != mx::float32 || stream.device != mx::Device::cpu) {
-    return mx::multiply(x, mx::sigmoid(x));
+  bool f32 = q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32;
+  if (!f32 || stream.device != mx::Device::cpu || q.ndim() != 4) {
+    return mx::fast::scaled_dot_product_attention(q, k, v, scale, "", std::nullopt);
   }
-  // The kernel walks memory in order: give it a row-contiguous input (a no-op, sharing the
-  // buffer, when the evaluated input already is one).
-  auto input = mx::contiguous(x);
-  return mx::array(x.shape(), mx::float32, std::make_shared<CpuSilu>(stream), {input});
+  // Heads in chunks, so that a chunk's scores stay under 256 MiB.
+  int heads = q.shape(1);
+  int64_t per_head = static_cast<int64_t>(q.shape(0)) * q.shape(2) * k.shape(2) * 4;
+  int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(heads, (int64_t{256} << 20) / per_head)));
+  std::vector<mx::array> outs;
+  for (int h0 = 0; h0 < heads; h0 += chunk) {
+    int h1 = std::min(heads, h0 + chunk);
+    auto pick = [&](const mx::array& a) {
+      return mx::slice(a, {0, h0, 0, 0}, {a.shape(0), h1, a.shape(2), a.shape(3)});
+    };
+    auto scores = mx::matmul(mx::multiply(pick(q), mx::array(scale)), mx::swapaxes(pick(k), -1, -2));
+    auto e = mlxs::exp(mx::subtract(scores, mx::max(scores, -1, true)));
+    // Normalising the [.., S, d] output costs less than normalising the [.., S, S] weights.
+    outs.push_back(mx::divide(mx::matmul(e, pick(v)), mx::sum(e, -1, true)));
+  }
+  return outs.size() == 1 ? outs[0] : mx::concatenate(outs, 1);
 }
 
 }  // namespace mlxs

@@ -304,3 +304,19 @@ fn convolution_as_matrix_products_matches_conv2d() {
         assert!(diff < 1e-4, "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff}");
     }
 }
+
+#[test]
+fn attention_in_head_chunks_matches_the_definition() {
+    // 2 heads of 5800 × 5800 scores exceed the 256 MiB a chunk may hold: one head per chunk.
+    let (s, d) = (5800, 16);
+    let q = random::normal(&[1, 2, s, d], Dtype::F32, &random::key(11).unwrap()).unwrap();
+    let k = random::normal(&[1, 2, s, d], Dtype::F32, &random::key(12).unwrap()).unwrap();
+    let v = random::normal(&[1, 2, s, d], Dtype::F32, &random::key(13).unwrap()).unwrap();
+    let scale = 0.25;
+    let got = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::None).unwrap();
+    let scores = (q.matmul(&k.transpose(&[0, 1, 3, 2]).unwrap()).unwrap() * scale).unwrap();
+    let want = scores.softmax(&[3], true).unwrap().matmul(&v).unwrap();
+    assert_eq!(got.shape(), vec![1, 2, s, d]);
+    let diff = (&got - &want).unwrap().abs().unwrap().max(&[0, 1, 2, 3], false).unwrap().item::<f32>().unwrap();
+    assert!(diff < 1e-5, "off by {diff}");
+}
