@@ -3,7 +3,7 @@
 use half::bf16;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use zimage::mlx::{self, fast, io, memory, ops, random, Array, Dtype};
+use zimage::mlx::{self, fast, io, ops, random, Array, Dtype};
 
 fn arr(v: &[f32], shape: &[i32]) -> Array {
     Array::from_slice(v, shape).unwrap()
