@@ -238,6 +238,11 @@ pub fn profile(store: &Store, model: &StoredModel, path: ReadPath) -> Result<(f6
     let t = Instant::now();
     let model = store.open(&model.name.to_string())?;
     let manifest_seconds = t.elapsed().as_secs_f64();
+    // MLX starts its threads and allocator on first use: pay for that before timing anything.
+    if let Some(layer) = model.manifest.tensor_layers().next() {
+        let warm = mlx::io::load_safetensors(&store.blob_path(&layer.digest)?)?;
+        mlx::eval(&warm.tensors.values().collect::<Vec<_>>())?;
+    }
     let mut out = Vec::new();
     for component in model.manifest.components() {
         let paths: Vec<PathBuf> = model

@@ -142,9 +142,22 @@ fn bf16_stays_within_the_reference_bf16_drift() {
     let ref_drift = max_abs(&f32_ref.f32(&last), &bf16_ref.f32(&last));
     let dir = DiffusersDir::open(&root().join("z-image-tiny")).unwrap();
     let mut p = Pipeline::new(dir, Dtype::BF16, false).unwrap();
+    // Stage by stage against diffusers' bf16 run, each from the reference's own inputs.
+    let emb = p.load_text_encoder().unwrap().encode(&p.token_ids(&req.prompt).unwrap()).unwrap();
+    let emb_d = max_abs(&emb.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(), &bf16_ref.f32("prompt_embeds"));
+    let t = p.load_transformer().unwrap();
+    let x = bf16_ref.get("step0.model_input").slice_axis(0, 0, 1).unwrap().squeeze(0).unwrap();
+    let tm = bf16_ref.get("step0.t_model").to_vec::<f32>().unwrap()[0];
+    let ref_emb = bf16_ref.get("prompt_embeds").astype(Dtype::BF16).unwrap();
+    let out0 = t.forward(&x, tm, &ref_emb).unwrap().astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+    let out0_d = max_abs(&out0, &bf16_ref.f32("step0.model_output"));
+    let out0_f32 = max_abs(&bf16_ref.f32("step0.model_output"), &f32_ref.f32("step0.model_output"));
+    println!("bf16 stages: prompt embeddings {emb_d:.3e}; step-0 transformer output {out0_d:.3e} (diffusers bf16 vs f32 there: {out0_f32:.3e})");
+    drop(t);
     let out = p.generate(&req, &mut |_| {}).unwrap();
     let ours = max_abs(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last));
-    println!("bf16: our drift from f32 {ours:.3e}, diffusers' bf16 drift {ref_drift:.3e}");
+    let from_bf16_ref = max_abs(&out.latents.to_vec::<f32>().unwrap(), &bf16_ref.f32(&last));
+    println!("bf16: our drift from f32 {ours:.3e}, diffusers' bf16 drift {ref_drift:.3e}, ours from diffusers' bf16 {from_bf16_ref:.3e}");
     assert!(ours <= 2.0 * ref_drift.max(1e-3), "bf16 drift {ours} vs reference drift {ref_drift}");
     let _ = mlx::memory::active_memory();
 }

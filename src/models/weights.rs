@@ -161,8 +161,9 @@ impl Linear {
     }
 }
 
-/// RMS norm over the last axis, statistics in f32 (the rounding of the reference's two-step
-/// form is the same in f32, the compute dtype on CPU).
+/// RMS norm over the last axis, statistics in f32. In f32 the fused kernel; in a narrower dtype
+/// the reference's two steps, so that it rounds where the reference does: normalise in f32,
+/// round to the activation dtype, then multiply by the weight.
 pub struct RmsNorm {
     weight: Array,
     eps: f32,
@@ -174,6 +175,11 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        mlx::fast::rms_norm(x, Some(&self.weight), self.eps)
+        if x.dtype() == Dtype::F32 {
+            return mlx::fast::rms_norm(x, Some(&self.weight), self.eps);
+        }
+        let x32 = x.astype(Dtype::F32)?;
+        let inv_rms = (x32.square()?.mean(&[-1], true)? + self.eps)?.rsqrt()?;
+        (x32 * inv_rms)?.astype(x.dtype())? * &self.weight
     }
 }
