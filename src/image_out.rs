@@ -43,8 +43,7 @@ pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32, text: &[(&str
         w.write_image_data(rgb).map_err(|e| encode_err(e.to_string()))?;
     }
     let io = |source| Error::Io { path: path.to_path_buf(), source };
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+    let mut tmp = crate::platform::temp_file_beside(path, ".zimage-png-").map_err(io)?;
     tmp.write_all(&bytes).map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;

@@ -37,6 +37,9 @@ fn a_safetensors_file_imports_under_its_component() {
     let store = Store::at(&root);
     assert_same_tensors(&store, "vae-only", "vae", &demo_vae());
     let model = store.open("vae-only").unwrap();
+    let manifest = root.join("manifests/registry.ollama.ai/library/vae-only/latest");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&manifest).unwrap().permissions().mode() & 0o777, 0o644, "manifests are readable by all, as Ollama writes them");
     let meta = store.config_file(&model, "vae/metadata.json").unwrap().expect("the file's __metadata__ is kept");
     let meta: serde_json::Value = serde_json::from_slice(&meta).unwrap();
     assert_eq!(meta["__metadata__"]["format"], "pt");

@@ -69,6 +69,9 @@ fn generated_png_metadata_reads_back() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r = report(&store, png.to_str().unwrap(), &[]);
     assert_eq!(r["format"], "PNG image");
+    // Written atomically through a temp file, yet readable by all like any written file.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&png).unwrap().permissions().mode() & 0o777, 0o644);
     let chunks = r["text"].as_array().expect("the text chunks, in file order");
     let params = chunks.iter().find(|c| c["key"] == "parameters").expect("a parameters chunk");
     assert_eq!(params["prompt"], "a red fox, in the snow");

@@ -198,11 +198,7 @@ fn write_safetensors(input: &Input, items: &[Item], path: &Path) -> anyhow::Resu
         items.iter().map(|i| TensorSpec { name: i.name.clone(), dtype: i.dtype, shape: i.shape.clone() }).collect();
     let header = safetensors::header_bytes(&specs, input.metadata().as_ref(), 8).map_err(|e| e.in_file(path))?;
     let io = |e: std::io::Error| anyhow::anyhow!("`{}`: {e}", path.display());
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let tmp = tempfile::Builder::new().prefix(".zimage-st-").tempfile_in(dir).map_err(io)?;
+    let tmp = zimage::platform::temp_file_beside(path, ".zimage-st-").map_err(io)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
     out.write_all(&header).map_err(io)?;
     let mut size = header.len() as u64;
@@ -211,8 +207,6 @@ fn write_safetensors(input: &Input, items: &[Item], path: &Path) -> anyhow::Resu
         size += item.nbytes;
     }
     let tmp = out.into_inner().map_err(|e| io(e.into_error()))?;
-    // Temporary files are private; the output is an ordinary file.
-    tmp.as_file().set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)).map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;
     Ok(size)

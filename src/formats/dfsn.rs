@@ -400,8 +400,7 @@ fn copy_hashing<R: Read, W: Write>(src: &mut R, dst: &mut W, src_path: &Path, ds
 }
 
 fn temp_beside(out: &Path) -> Result<tempfile::NamedTempFile, Error> {
-    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    tempfile::NamedTempFile::new_in(dir).map_err(io(out))
+    crate::platform::temp_file_beside(out, ".zimage-dfsn-").map_err(io(out))
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {

@@ -318,9 +318,8 @@ fn read_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 
 /// Writes a file atomically: a temp file in the same folder, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
     let io = Store::io(path);
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(&io)?;
+    let mut tmp = crate::platform::temp_file_beside(path, ".zimage-").map_err(&io)?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(&io)?;
     tmp.as_file().sync_all().map_err(&io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;

@@ -93,11 +93,7 @@ pub struct Writer {
 impl Writer {
     /// Starts a file that will appear at `path` when [`Writer::finish`] succeeds.
     pub fn create(path: &Path, opts: WriteOptions) -> Result<Writer, Error> {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let tmp = tempfile::Builder::new().prefix(".zimage-zt-").tempfile_in(dir).map_err(Error::io(path))?;
+        let tmp = crate::platform::temp_file_beside(path, ".zimage-zt-").map_err(Error::io(path))?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(MAGIC).map_err(Error::io(path))?;
         Ok(Writer { path: path.to_path_buf(), out, pos: MAGIC.len() as u64, opts, tensors: BTreeMap::new() })
@@ -235,8 +231,6 @@ impl Writer {
         self.out.write_all(&manifest).map_err(&io)?;
         self.out.write_all(&(manifest.len() as u64).to_le_bytes()).map_err(&io)?;
         let tmp = self.out.into_inner().map_err(|e| io(e.into_error()))?;
-        // Temporary files are private; the output is an ordinary file.
-        tmp.as_file().set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)).map_err(&io)?;
         tmp.as_file().sync_all().map_err(&io)?;
         tmp.persist(&self.path).map_err(|e| io(e.error))?;
         Ok(self.pos + manifest.len() as u64 + 8)
