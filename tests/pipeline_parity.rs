@@ -157,6 +157,11 @@ fn bf16_stays_within_the_reference_bf16_drift() {
     let out = p.generate(&req, &mut |_| {}).unwrap();
     let ours = max_abs(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last));
     let from_bf16_ref = max_abs(&out.latents.to_vec::<f32>().unwrap(), &bf16_ref.f32(&last));
+    let rms = |a: &[f32], b: &[f32]| (a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
+    let (ours_rms, ref_rms) =
+        (rms(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last)), rms(&bf16_ref.f32(&last), &f32_ref.f32(&last)));
+    println!("bf16 RMS drift from f32: ours {ours_rms:.3e}, diffusers' {ref_rms:.3e}");
+    assert!(ours_rms <= 1.1 * ref_rms, "bf16 RMS drift {ours_rms} vs reference {ref_rms}");
     println!("bf16: our drift from f32 {ours:.3e}, diffusers' bf16 drift {ref_drift:.3e}, ours from diffusers' bf16 {from_bf16_ref:.3e}");
     assert!(ours <= 2.0 * ref_drift.max(1e-3), "bf16 drift {ours} vs reference drift {ref_drift}");
     let _ = mlx::memory::active_memory();
