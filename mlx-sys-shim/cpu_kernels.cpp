@@ -123,6 +123,11 @@ mx::array elementwise(const mx::array& x, Kernel kernel, const char* name, F fal
 namespace mlxs {
 
 mx::array silu(const mx::array& x) {
+  // A narrower float computes in float32 and rounds once, as torch's SiLU does, rather than
+  // rounding the sigmoid and then the product.
+  if (mx::issubdtype(x.dtype(), mx::floating) && x.dtype() != mx::float32 && x.dtype() != mx::float64) {
+    return mx::astype(silu(mx::astype(x, mx::float32)), x.dtype());
+  }
   return elementwise(x, silu_f32, "CpuSilu", [](const mx::array& a) { return mx::multiply(a, mx::sigmoid(a)); });
 }
 

@@ -6,7 +6,8 @@
 
 namespace mlxs {
 
-// x · sigmoid(x): the fast kernel for a float32 input on a CPU stream, MLX's own ops otherwise.
+// x · sigmoid(x): the fast kernel for a float32 input on a CPU stream, MLX's own ops otherwise;
+// float16 and bfloat16 compute in float32 and round once.
 mlx::core::array silu(const mlx::core::array& x);
 
 // e^x, the same way, for x in [-87, 88] (infinity above, zero below).

@@ -144,7 +144,9 @@ fn bf16_stays_within_the_reference_bf16_drift() {
     let mut p = Pipeline::new(dir, Dtype::BF16, false).unwrap();
     // Stage by stage against diffusers' bf16 run, each from the reference's own inputs.
     let emb = p.load_text_encoder().unwrap().encode(&p.token_ids(&req.prompt).unwrap()).unwrap();
-    let emb_d = max_abs(&emb.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(), &bf16_ref.f32("prompt_embeds"));
+    let emb_v = emb.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+    let emb_d = max_abs(&emb_v, &bf16_ref.f32("prompt_embeds"));
+    let exact = emb_v.iter().zip(bf16_ref.f32("prompt_embeds")).filter(|(a, b)| **a == *b).count() as f64 / emb_v.len() as f64;
     let t = p.load_transformer().unwrap();
     let x = bf16_ref.get("step0.model_input").slice_axis(0, 0, 1).unwrap().squeeze(0).unwrap();
     let tm = bf16_ref.get("step0.t_model").to_vec::<f32>().unwrap()[0];
@@ -152,7 +154,7 @@ fn bf16_stays_within_the_reference_bf16_drift() {
     let out0 = t.forward(&x, tm, &ref_emb).unwrap().astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
     let out0_d = max_abs(&out0, &bf16_ref.f32("step0.model_output"));
     let out0_f32 = max_abs(&bf16_ref.f32("step0.model_output"), &f32_ref.f32("step0.model_output"));
-    println!("bf16 stages: prompt embeddings {emb_d:.3e}; step-0 transformer output {out0_d:.3e} (diffusers bf16 vs f32 there: {out0_f32:.3e})");
+    println!("bf16 stages: prompt embeddings {emb_d:.3e} ({:.1}% bit-identical); step-0 transformer output {out0_d:.3e} (diffusers bf16 vs f32 there: {out0_f32:.3e})", exact * 100.0);
     drop(t);
     let out = p.generate(&req, &mut |_| {}).unwrap();
     let ours = max_abs(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last));
