@@ -91,7 +91,7 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
             let c = dfsn::Container::open(path)?;
             facts.push(("format", json!("DFSN container")));
             facts.push(("model_type", json!(format!("{:?}", c.model_type).to_lowercase())));
-            facts.push(("model_sha256", json!(hex(&c.sha256))));
+            facts.push(("model_sha256", json!(c.sha256_hex())));
             facts.push(("model_offset", json!(c.model_offset)));
             facts.push(("model_bytes", json!(c.model_len)));
             facts.push(("container_metadata", c.metadata.clone()));
@@ -172,10 +172,6 @@ fn png_chunk(key: &str, text: &str) -> Value {
         Ok(v) if v.is_object() || v.is_array() => json!({ "key": key, "json": v }),
         _ => json!({ "key": key, "text": text }),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn print_text(r: &Report) {

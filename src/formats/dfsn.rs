@@ -36,7 +36,7 @@
 //! the end or out of order, metadata that is not a UTF-8 JSON object, and metadata larger than
 //! its area are errors that name the file and the field.
 
-use super::{structural, FileKind, Listing};
+use super::{hex, structural, FileKind, Listing};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -405,10 +405,6 @@ fn temp_beside(out: &Path) -> Result<tempfile::NamedTempFile, Error> {
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_path_buf(), source }
-}
-
-fn hex(bytes: &[u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

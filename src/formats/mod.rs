@@ -59,6 +59,11 @@ pub struct Listing {
     pub metadata: BTreeMap<String, serde_json::Value>,
 }
 
+/// Lower-case hex of `bytes`, as digests are printed.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// What a file is, told by its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {

@@ -14,7 +14,7 @@
 //! The file is read once. Each chunk goes to every hasher's thread, so a large file costs one
 //! read and about one sha256 of wall time even though up to three sha256 runs over it.
 
-use crate::formats::FileKind;
+use crate::formats::{hex, FileKind};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -180,7 +180,7 @@ pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Er
     let legacy8 = legacy[..8].to_string();
     let safetensors = st.map(|(n, meta)| {
         let addnet = hex(&digests[1]);
-        let full = digests.get(2).map(hex).unwrap_or_else(|| addnet.clone()).to_ascii_uppercase();
+        let full = digests.get(2).map(|d| hex(d)).unwrap_or_else(|| addnet.clone()).to_ascii_uppercase();
         let get = |k: &str| meta.as_ref().and_then(|m| m.get(k)).and_then(|v| v.as_str()).map(str::to_string);
         let sshs_model_hash = get("sshs_model_hash");
         SafetensorsHashes {
@@ -275,10 +275,6 @@ fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(filled)
-}
-
-fn hex(bytes: &[u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Component digests: `crc32c:0x…` (what crate 1.0.0 writes) and `sha256:…` (named by the v1.0
 //! spec, first written by later releases), both over the bytes as stored on disk.
 
+use crate::formats::hex;
 use sha2::{Digest as _, Sha256};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,10 +56,6 @@ impl Digest {
             Digest::Sha256(bytes) => format!("sha256:{}", hex(bytes)),
         }
     }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Hashes stored bytes as they stream past, for one algorithm (or none).
