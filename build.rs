@@ -19,10 +19,23 @@ const MLX_VERSION: &str = "0.32.4";
 const OPENBLAS_WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
 
 fn main() {
-    for var in ["MLX_DIR", "ZIMAGE_MLX_VARIANT", "ZIMAGE_CACHE_DIR", "XDG_CACHE_HOME", "ZIMAGE_BLAS", "PYTHON"] {
+    for var in [
+        "MLX_DIR",
+        "ZIMAGE_MLX_VARIANT",
+        "ZIMAGE_CACHE_DIR",
+        "XDG_CACHE_HOME",
+        "ZIMAGE_BLAS",
+        "PYTHON",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for file in ["mlx-sys-shim/shim.h", "mlx-sys-shim/shim.cpp", "mlx-sys-shim/cpu_kernels.h", "mlx-sys-shim/cpu_kernels.cpp", "mlx-sys-shim/blas.c"] {
+    for file in [
+        "mlx-sys-shim/shim.h",
+        "mlx-sys-shim/shim.cpp",
+        "mlx-sys-shim/cpu_kernels.h",
+        "mlx-sys-shim/cpu_kernels.cpp",
+        "mlx-sys-shim/blas.c",
+    ] {
         println!("cargo:rerun-if-changed={file}");
     }
     if let Err(msg) = run() {
@@ -41,7 +54,11 @@ fn run() -> Result<(), String> {
     let os = match env::var("CARGO_CFG_TARGET_OS").as_deref() {
         Ok("linux") => Os::Linux,
         Ok("macos") => Os::MacOs,
-        Ok(other) => return Err(format!("unsupported target OS `{other}`: zimage builds on Linux and macOS")),
+        Ok(other) => {
+            return Err(format!(
+                "unsupported target OS `{other}`: zimage builds on Linux and macOS"
+            ))
+        }
         Err(_) => return Err("CARGO_CFG_TARGET_OS is not set; run the build through cargo".into()),
     };
     let variant = variant(os)?;
@@ -49,10 +66,16 @@ fn run() -> Result<(), String> {
     let include = root.join("include");
     let lib = root.join("lib");
     if !include.join("mlx/mlx.h").is_file() {
-        return Err(format!("{} has no include/mlx/mlx.h ({source}); point MLX_DIR at an MLX install", root.display()));
+        return Err(format!(
+            "{} has no include/mlx/mlx.h ({source}); point MLX_DIR at an MLX install",
+            root.display()
+        ));
     }
 
-    let openblas = if os == Os::Linux && variant == "cpu" && env::var("ZIMAGE_BLAS").as_deref() != Ok("reference") {
+    let openblas = if os == Os::Linux
+        && variant == "cpu"
+        && env::var("ZIMAGE_BLAS").as_deref() != Ok("reference")
+    {
         Some(find_openblas()?)
     } else {
         None
@@ -122,14 +145,20 @@ fn wheels(variant: &str) -> Vec<String> {
         "cuda13" => "mlx-cuda-13",
         _ => "mlx-cpu",
     };
-    vec![format!("mlx=={MLX_VERSION}"), format!("{backend}=={MLX_VERSION}")]
+    vec![
+        format!("mlx=={MLX_VERSION}"),
+        format!("{backend}=={MLX_VERSION}"),
+    ]
 }
 
 fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
     if let Ok(dir) = env::var("MLX_DIR") {
         let dir = PathBuf::from(dir);
         if !dir.join("lib").is_dir() || !dir.join("include").is_dir() {
-            return Err(format!("MLX_DIR={} must contain include/ and lib/", dir.display()));
+            return Err(format!(
+                "MLX_DIR={} must contain include/ and lib/",
+                dir.display()
+            ));
         }
         return Ok((dir, "MLX_DIR".into()));
     }
@@ -139,12 +168,18 @@ fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
     let target = cache_dir()?.join(format!("mlx-{MLX_VERSION}-{variant}"));
     pip_install_once(&target, &wheels(variant))?;
     let _ = os;
-    Ok((target.join("mlx"), format!("mlx {MLX_VERSION} wheels in {}", target.display())))
+    Ok((
+        target.join("mlx"),
+        format!("mlx {MLX_VERSION} wheels in {}", target.display()),
+    ))
 }
 
 /// `python3 -m mlx --cmake-dir` prints `<site-packages>/mlx/share/cmake/MLX`.
 fn python_mlx() -> Option<PathBuf> {
-    let out = Command::new(python()).args(["-m", "mlx", "--cmake-dir"]).output().ok()?;
+    let out = Command::new(python())
+        .args(["-m", "mlx", "--cmake-dir"])
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }
@@ -181,7 +216,9 @@ fn cache_dir() -> Result<PathBuf, String> {
     }
     match env::var("HOME") {
         Ok(home) => Ok(PathBuf::from(home).join(".cache/zimage")),
-        Err(_) => Err("cannot place the MLX cache: set ZIMAGE_CACHE_DIR (or HOME), or MLX_DIR".into()),
+        Err(_) => {
+            Err("cannot place the MLX cache: set ZIMAGE_CACHE_DIR (or HOME), or MLX_DIR".into())
+        }
     }
 }
 
@@ -193,19 +230,37 @@ fn pip_install_once(target: &Path, packages: &[String]) -> Result<(), String> {
         return Ok(());
     }
     let parent = target.parent().ok_or("cache directory has no parent")?;
-    std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    std::fs::create_dir_all(parent)
+        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     let tmp = parent.join(format!(
         ".{}.tmp-{}",
-        target.file_name().and_then(|n| n.to_str()).unwrap_or("install"),
+        target
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("install"),
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&tmp);
     let status = Command::new(python())
-        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check", "--no-compile", "--target"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--no-compile",
+            "--target",
+        ])
         .arg(&tmp)
         .args(packages)
         .status()
-        .map_err(|e| format!("cannot run `{} -m pip` ({e}); install Python 3 with pip, or set MLX_DIR", python()))?;
+        .map_err(|e| {
+            format!(
+                "cannot run `{} -m pip` ({e}); install Python 3 with pip, or set MLX_DIR",
+                python()
+            )
+        })?;
     if !status.success() {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(format!(

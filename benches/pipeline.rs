@@ -12,7 +12,15 @@ use zimage::pipeline::{Pipeline, Request};
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<f64>().unwrap_or(0.0)))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<f64>()
+                    .unwrap_or(0.0)
+            })
+        })
         .unwrap_or(0.0)
         / 1024.0
 }
@@ -26,7 +34,10 @@ fn main() {
     let model = std::env::var_os("ZIMAGE_BENCH_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny"));
-    let size: u32 = std::env::var("ZIMAGE_BENCH_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(256);
+    let size: u32 = std::env::var("ZIMAGE_BENCH_SIZE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256);
     let dtype = match std::env::var("ZIMAGE_BENCH_DTYPE").as_deref() {
         Ok("bf16") => Dtype::BF16,
         _ => zimage::platform::default_compute_dtype(),
@@ -43,7 +54,8 @@ fn main() {
         seed: 42,
         noise: None,
     };
-    let (mut step, mut vae, mut total, mut text, mut peak) = (vec![], vec![], vec![], vec![], 0usize);
+    let (mut step, mut vae, mut total, mut text, mut peak) =
+        (vec![], vec![], vec![], vec![], 0usize);
     for run in 0..4 {
         let out = p.generate(&req, &mut |_| {}).unwrap();
         if run == 0 {
@@ -56,7 +68,11 @@ fn main() {
         total.push(out.phases.iter().map(|x| x.seconds).sum());
         peak = peak.max(out.phases.iter().map(|x| x.peak_bytes).max().unwrap_or(0));
     }
-    println!("model {} at {size}x{size}, 8 steps, {dtype}, device {:?}", model.display(), zimage::mlx::default_device());
+    println!(
+        "model {} at {size}x{size}, 8 steps, {dtype}, device {:?}",
+        model.display(),
+        zimage::mlx::default_device()
+    );
     println!(
         "step {:.4} s | text {:.4} s | VAE decode {:.3} s | total {:.3} s | MLX peak {:.0} MB | peak RSS {:.0} MB",
         median(step), median(text), median(vae), median(total), peak as f64 / 1e6, peak_rss_mb()

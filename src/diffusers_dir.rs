@@ -39,7 +39,10 @@ pub enum Error {
     #[error(transparent)]
     Header(#[from] safetensors::Error),
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// One tensor of a component: where its bytes are.
@@ -65,7 +68,10 @@ pub struct DiffusersDir {
 
 impl DiffusersDir {
     pub fn open(root: &Path) -> Result<DiffusersDir, Error> {
-        let not_a_model = |reason: String| Error::NotAModel { dir: root.to_path_buf(), reason };
+        let not_a_model = |reason: String| Error::NotAModel {
+            dir: root.to_path_buf(),
+            reason,
+        };
         if !root.join("model_index.json").is_file() {
             return Err(not_a_model("no `model_index.json`".into()));
         }
@@ -82,12 +88,19 @@ impl DiffusersDir {
             .map(|rel| (rel.to_string(), root.join(rel)))
             .filter(|(_, p)| p.is_file())
             .collect();
-        Ok(DiffusersDir { root: root.to_path_buf(), tensors, configs })
+        Ok(DiffusersDir {
+            root: root.to_path_buf(),
+            tensors,
+            configs,
+        })
     }
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// The `.safetensors` files of one component, in lexical order, with their headers.
@@ -139,19 +152,32 @@ fn check_index(dir: &Path, found: &HashMap<String, PathBuf>) -> Result<(), Error
     else {
         return Ok(());
     };
-    let bad = |reason: String| Error::Index { path: index.clone(), reason };
+    let bad = |reason: String| Error::Index {
+        path: index.clone(),
+        reason,
+    };
     let text = std::fs::read_to_string(&index).map_err(io(&index))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("no `weight_map` object".into()))?;
     for (name, shard) in map {
-        let shard = shard.as_str().ok_or_else(|| bad(format!("`weight_map.{name}` is not a file name")))?;
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| bad(format!("`weight_map.{name}` is not a file name")))?;
         match found.get(name) {
-            None => return Err(bad(format!("names tensor `{name}` in `{shard}`, which no shard holds"))),
+            None => {
+                return Err(bad(format!(
+                    "names tensor `{name}` in `{shard}`, which no shard holds"
+                )))
+            }
             Some(actual) if actual.file_name().is_some_and(|f| f != shard) => {
-                return Err(bad(format!("puts `{name}` in `{shard}`, but it is in `{}`", actual.display())))
+                return Err(bad(format!(
+                    "puts `{name}` in `{shard}`, but it is in `{}`",
+                    actual.display()
+                )))
             }
             _ => {}
         }
@@ -176,14 +202,22 @@ impl crate::pipeline::ModelSource for DiffusersDir {
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, crate::pipeline::SourceError> {
         let p = self.root.join(path);
         if p.is_file() {
-            Ok(Some(std::fs::read(&p).map_err(|e| format!("`{}`: {e}", p.display()))?))
+            Ok(Some(
+                std::fs::read(&p).map_err(|e| format!("`{}`: {e}", p.display()))?,
+            ))
         } else {
             Ok(None)
         }
     }
 
-    fn component(&self, component: &str) -> Result<HashMap<String, crate::mlx::Array>, crate::pipeline::SourceError> {
-        let locations = self.tensors.get(component).ok_or_else(|| format!("no component `{component}`"))?;
+    fn component(
+        &self,
+        component: &str,
+    ) -> Result<HashMap<String, crate::mlx::Array>, crate::pipeline::SourceError> {
+        let locations = self
+            .tensors
+            .get(component)
+            .ok_or_else(|| format!("no component `{component}`"))?;
         let mut files: Vec<&PathBuf> = locations.iter().map(|t| &t.file).collect();
         files.dedup();
         let mut out = HashMap::new();

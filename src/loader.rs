@@ -32,7 +32,13 @@ pub struct QuantizedTensor {
 
 impl QuantizedTensor {
     pub fn dequantize(&self) -> mlx::Result<Array> {
-        ops::dequantize(&self.weight, &self.scales, &self.biases, self.group_size, self.bits)
+        ops::dequantize(
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            self.group_size,
+            self.bits,
+        )
     }
 }
 
@@ -86,20 +92,35 @@ struct Pending {
 }
 
 /// Reads one component of a stored model.
-pub fn load_component(store: &Store, model: &StoredModel, component: &str, path: ReadPath) -> Result<LoadedComponent, StoreError> {
+pub fn load_component(
+    store: &Store,
+    model: &StoredModel,
+    component: &str,
+    path: ReadPath,
+) -> Result<LoadedComponent, StoreError> {
     let layers: Vec<&Layer> = model.manifest.component_layers(component).collect();
     if layers.is_empty() {
-        return Err(StoreError::Invalid(format!("model `{}` has no `{component}` tensors", model.name.short())));
+        return Err(StoreError::Invalid(format!(
+            "model `{}` has no `{component}` tensors",
+            model.name.short()
+        )));
     }
     let _ = crate::platform::raise_open_file_limit(layers.len() as u64 + 256);
     let start = Instant::now();
     let mut pending = Vec::with_capacity(layers.len());
     let mut bytes = 0;
     for layer in &layers {
-        let (_, name) = layer.component_and_tensor().expect("component layers have names");
+        let (_, name) = layer
+            .component_and_tensor()
+            .expect("component layers have names");
         let (path, header) = blob::read_blob_header(&store.root, &layer.digest)?;
         bytes += layer.size;
-        pending.push(Pending { name: name.to_string(), digest: layer.digest.clone(), path, header });
+        pending.push(Pending {
+            name: name.to_string(),
+            digest: layer.digest.clone(),
+            path,
+            header,
+        });
     }
     let header_seconds = start.elapsed().as_secs_f64();
 
@@ -118,11 +139,19 @@ pub fn load_component(store: &Store, model: &StoredModel, component: &str, path:
         let (arrays, mapped) = read_blob(p, path)?;
         out.mapped += mapped as usize;
         let meta = p.header.metadata.clone().unwrap_or_default();
-        let bad = |reason: String| StoreError::Blob(blob::BlobError::Layout { digest: p.digest.clone(), reason });
+        let bad = |reason: String| {
+            StoreError::Blob(blob::BlobError::Layout {
+                digest: p.digest.clone(),
+                reason,
+            })
+        };
         if p.header.tensors.len() == 1 {
             let key = &p.header.tensors[0].name;
             if key != "data" && key != &p.name && key != &format!("{component}/{}", p.name) {
-                return Err(bad(format!("holds `{key}`, expected `{}` or `data`", p.name)));
+                return Err(bad(format!(
+                    "holds `{key}`, expected `{}` or `data`",
+                    p.name
+                )));
             }
             let arr = arrays.into_values().next().expect("one tensor");
             if let Some(base) = p.name.strip_suffix("_scale") {
@@ -145,31 +174,68 @@ pub fn load_component(store: &Store, model: &StoredModel, component: &str, path:
             .to_string();
         let mut arrays = arrays;
         let take = |arrays: &mut HashMap<String, Array>, key: &str| {
-            arrays.remove(key).ok_or_else(|| bad(format!("has no `{key}`")))
+            arrays
+                .remove(key)
+                .ok_or_else(|| bad(format!("has no `{key}`")))
         };
         let weight = take(&mut arrays, &main)?;
         let scales = take(&mut arrays, &format!("{main}.scale"))?;
         let biases = take(&mut arrays, &format!("{main}.bias"))?;
-        let group_size: i32 = meta.get("group_size").and_then(|g| g.parse().ok()).unwrap_or(64);
+        let group_size: i32 = meta
+            .get("group_size")
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(64);
         let bits = match meta.get("quant_type").map(String::as_str) {
             Some("int8") | Some("INT8") | Some("q8") => 8,
             Some("int4") | Some("INT4") | Some("q4") => 4,
-            Some(other) => return Err(bad(format!("quantization `{other}` is not supported (int4 and int8 are)"))),
-            None => infer_bits(&weight, &scales, group_size).ok_or_else(|| bad("cannot tell the bit width".into()))?,
+            Some(other) => {
+                return Err(bad(format!(
+                    "quantization `{other}` is not supported (int4 and int8 are)"
+                )))
+            }
+            None => infer_bits(&weight, &scales, group_size)
+                .ok_or_else(|| bad("cannot tell the bit width".into()))?,
         };
-        out.quantized.insert(p.name.clone(), QuantizedTensor { weight, scales, biases, group_size, bits });
+        out.quantized.insert(
+            p.name.clone(),
+            QuantizedTensor {
+                weight,
+                scales,
+                biases,
+                group_size,
+                bits,
+            },
+        );
     }
     for (base, scales) in v1_scales {
-        let weight = out.tensors.remove(&base).ok_or_else(|| StoreError::Invalid(format!("`{component}/{base}_scale` has no `{base}`")))?;
-        let biases = v1_biases.remove(&base).ok_or_else(|| StoreError::Invalid(format!("`{component}/{base}` has no `_qbias` layer")))?;
+        let weight = out.tensors.remove(&base).ok_or_else(|| {
+            StoreError::Invalid(format!("`{component}/{base}_scale` has no `{base}`"))
+        })?;
+        let biases = v1_biases.remove(&base).ok_or_else(|| {
+            StoreError::Invalid(format!("`{component}/{base}` has no `_qbias` layer"))
+        })?;
         // Ollama's first quantized imports used group 32.
         let group_size = 32;
-        let bits = infer_bits(&weight, &scales, group_size)
-            .ok_or_else(|| StoreError::Invalid(format!("`{component}/{base}`: packed shape does not match its scales")))?;
-        out.quantized.insert(base, QuantizedTensor { weight, scales, biases, group_size, bits });
+        let bits = infer_bits(&weight, &scales, group_size).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "`{component}/{base}`: packed shape does not match its scales"
+            ))
+        })?;
+        out.quantized.insert(
+            base,
+            QuantizedTensor {
+                weight,
+                scales,
+                biases,
+                group_size,
+                bits,
+            },
+        );
     }
     if let Some(base) = v1_biases.keys().next() {
-        return Err(StoreError::Invalid(format!("`{component}/{base}_qbias` has no matching `_scale` layer")));
+        return Err(StoreError::Invalid(format!(
+            "`{component}/{base}_qbias` has no matching `_scale` layer"
+        )));
     }
     Ok(out)
 }
@@ -178,17 +244,28 @@ pub fn load_component(store: &Store, model: &StoredModel, component: &str, path:
 fn infer_bits(weight: &Array, scales: &Array, group: i32) -> Option<i32> {
     let packed = *weight.shape().last()?;
     let cols = *scales.shape().last()? * group;
-    [4, 8, 2, 3, 6].into_iter().find(|b| packed * 32 == cols * b)
+    [4, 8, 2, 3, 6]
+        .into_iter()
+        .find(|b| packed * 32 == cols * b)
 }
 
 /// The arrays of one blob, keyed as in its header; `true` when mapped without a copy.
 fn read_blob(p: &Pending, path: ReadPath) -> Result<(HashMap<String, Array>, bool), StoreError> {
-    if path == ReadPath::Mmap && p.header.tensors.len() == 1 && p.header.data_start() % page_size() == 0 {
+    if path == ReadPath::Mmap
+        && p.header.tensors.len() == 1
+        && p.header.data_start() % page_size() == 0
+    {
         let t = &p.header.tensors[0];
         if let Some(dtype) = Dtype::from_safetensors(t.dtype.name()) {
-            let file = std::fs::File::open(&p.path).map_err(|source| StoreError::Io { path: p.path.clone(), source })?;
+            let file = std::fs::File::open(&p.path).map_err(|source| StoreError::Io {
+                path: p.path.clone(),
+                source,
+            })?;
             // SAFETY: blobs are immutable once renamed into place; the map is read-only.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| StoreError::Io { path: p.path.clone(), source })?;
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| StoreError::Io {
+                path: p.path.clone(),
+                source,
+            })?;
             let map = Arc::new(map);
             let start = (p.header.data_start() + t.data_offsets.0) as usize;
             let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
@@ -234,7 +311,11 @@ pub struct ComponentProfile {
 /// Times loading every component of `model`, next to a plain sequential read of the same
 /// blobs into memory measured in the same run. Each blob is read once beforehand so that both
 /// measurements see a warm page cache.
-pub fn profile(store: &Store, model: &StoredModel, path: ReadPath) -> Result<(f64, Vec<ComponentProfile>), StoreError> {
+pub fn profile(
+    store: &Store,
+    model: &StoredModel,
+    path: ReadPath,
+) -> Result<(f64, Vec<ComponentProfile>), StoreError> {
     let t = Instant::now();
     let model = store.open(&model.name.to_string())?;
     let manifest_seconds = t.elapsed().as_secs_f64();
@@ -253,7 +334,15 @@ pub fn profile(store: &Store, model: &StoredModel, path: ReadPath) -> Result<(f6
         // The baseline holds every blob in memory until all are read, as a loaded component
         // does: both then pay for the same fresh memory.
         let read_all = || -> Result<Vec<Vec<u8>>, StoreError> {
-            paths.iter().map(|p| std::fs::read(p).map_err(|source| StoreError::Io { path: p.clone(), source })).collect()
+            paths
+                .iter()
+                .map(|p| {
+                    std::fs::read(p).map_err(|source| StoreError::Io {
+                        path: p.clone(),
+                        source,
+                    })
+                })
+                .collect()
         };
         drop(read_all()?);
         let t = Instant::now();
@@ -267,8 +356,14 @@ pub fn profile(store: &Store, model: &StoredModel, path: ReadPath) -> Result<(f6
         let mut buf = Vec::new();
         for p in &paths {
             buf.clear();
-            let mut f = std::fs::File::open(p).map_err(|source| StoreError::Io { path: p.clone(), source })?;
-            std::io::Read::read_to_end(&mut f, &mut buf).map_err(|source| StoreError::Io { path: p.clone(), source })?;
+            let mut f = std::fs::File::open(p).map_err(|source| StoreError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            std::io::Read::read_to_end(&mut f, &mut buf).map_err(|source| StoreError::Io {
+                path: p.clone(),
+                source,
+            })?;
         }
         let streaming = t.elapsed().as_secs_f64();
 
@@ -314,7 +409,10 @@ impl crate::pipeline::ModelSource for StoreSource {
         Ok(self.store.config_file(&self.model, path)?)
     }
 
-    fn component(&self, component: &str) -> Result<HashMap<String, Array>, crate::pipeline::SourceError> {
+    fn component(
+        &self,
+        component: &str,
+    ) -> Result<HashMap<String, Array>, crate::pipeline::SourceError> {
         let loaded = load_component(&self.store, &self.model, component, self.read_path)?;
         Ok(loaded.into_arrays()?)
     }

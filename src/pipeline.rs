@@ -8,7 +8,10 @@
 //! images.
 
 use crate::mlx::{self, Array, Dtype};
-use crate::models::{self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder, ZImageTransformer};
+use crate::models::{
+    self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder,
+    ZImageTransformer,
+};
 use crate::scheduler::{Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
 use std::collections::HashMap;
@@ -36,7 +39,11 @@ pub enum Error {
     #[error("model `{model}` has no `{path}`")]
     MissingConfig { model: String, path: String },
     #[error("`{path}` of model `{model}`: {reason}")]
-    BadConfig { model: String, path: String, reason: String },
+    BadConfig {
+        model: String,
+        path: String,
+        reason: String,
+    },
     #[error(transparent)]
     Model(#[from] models::ModelError),
     #[error(transparent)]
@@ -110,14 +117,26 @@ pub struct Pipeline<S: ModelSource> {
     vae: Option<VaeDecoder>,
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(source: &impl ModelSource, path: &str) -> Result<T, Error> {
-    let bytes = read_config(source, path)?
-        .ok_or_else(|| Error::MissingConfig { model: source.name(), path: path.to_string() })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::BadConfig { model: source.name(), path: path.into(), reason: e.to_string() })
+fn parse_json<T: serde::de::DeserializeOwned>(
+    source: &impl ModelSource,
+    path: &str,
+) -> Result<T, Error> {
+    let bytes = read_config(source, path)?.ok_or_else(|| Error::MissingConfig {
+        model: source.name(),
+        path: path.to_string(),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::BadConfig {
+        model: source.name(),
+        path: path.into(),
+        reason: e.to_string(),
+    })
 }
 
 fn read_config(source: &impl ModelSource, path: &str) -> Result<Option<Vec<u8>>, Error> {
-    source.config_file(path).map_err(|e| Error::Source { model: source.name(), source: e })
+    source.config_file(path).map_err(|e| Error::Source {
+        model: source.name(),
+        source: e,
+    })
 }
 
 impl<S: ModelSource> Pipeline<S> {
@@ -133,7 +152,9 @@ impl<S: ModelSource> Pipeline<S> {
             return Err(Error::BadConfig {
                 model: source.name(),
                 path: "scheduler/scheduler_config.json".into(),
-                reason: "`use_dynamic_shifting: true` is not supported (Z-Image uses a static shift)".into(),
+                reason:
+                    "`use_dynamic_shifting: true` is not supported (Z-Image uses a static shift)"
+                        .into(),
             });
         }
         if configs.transformer.cap_feat_dim != configs.text_encoder.hidden_size {
@@ -147,9 +168,19 @@ impl<S: ModelSource> Pipeline<S> {
             });
         }
         let tokenizer = PromptTokenizer::from_files(|name| {
-            read_config(&source, &format!("tokenizer/{name}")).ok().flatten()
+            read_config(&source, &format!("tokenizer/{name}"))
+                .ok()
+                .flatten()
         })?;
-        Ok(Pipeline { source, configs, tokenizer, dtype, keep_models, transformer: None, vae: None })
+        Ok(Pipeline {
+            source,
+            configs,
+            tokenizer,
+            dtype,
+            keep_models,
+            transformer: None,
+            vae: None,
+        })
     }
 
     pub fn source(&self) -> &S {
@@ -160,16 +191,25 @@ impl<S: ModelSource> Pipeline<S> {
         let tensors = self
             .source
             .component(component)
-            .map_err(|e| Error::Source { model: self.source.name(), source: e })?;
+            .map_err(|e| Error::Source {
+                model: self.source.name(),
+                source: e,
+            })?;
         Ok(Checkpoint::new(component, tensors, self.dtype))
     }
 
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
-        Ok(Qwen3Encoder::new(&self.configs.text_encoder, self.checkpoint("text_encoder")?)?)
+        Ok(Qwen3Encoder::new(
+            &self.configs.text_encoder,
+            self.checkpoint("text_encoder")?,
+        )?)
     }
 
     pub fn load_transformer(&self) -> Result<ZImageTransformer, Error> {
-        Ok(ZImageTransformer::new(&self.configs.transformer, self.checkpoint("transformer")?)?)
+        Ok(ZImageTransformer::new(
+            &self.configs.transformer,
+            self.checkpoint("transformer")?,
+        )?)
     }
 
     pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
@@ -219,11 +259,19 @@ impl<S: ModelSource> Pipeline<S> {
     /// `[C, H/8, W/8]`.
     pub fn latent_shape(&self, req: &Request) -> [i32; 3] {
         let f = self.configs.vae.scale_factor() as u32;
-        [self.configs.transformer.in_channels, (req.height / f) as i32, (req.width / f) as i32]
+        [
+            self.configs.transformer.in_channels,
+            (req.height / f) as i32,
+            (req.width / f) as i32,
+        ]
     }
 
     /// Runs the whole pipeline for one image.
-    pub fn generate(&mut self, req: &Request, progress: &mut dyn FnMut(Progress)) -> Result<Generated, Error> {
+    pub fn generate(
+        &mut self,
+        req: &Request,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Generated, Error> {
         self.validate(req)?;
         let mut phases = Vec::new();
         let cfg_on = req.guidance > 0.0;
@@ -234,7 +282,10 @@ impl<S: ModelSource> Pipeline<S> {
             let encoder = self.load_text_encoder()?;
             let pos = encoder.encode(&self.token_ids(&req.prompt)?)?;
             let neg = if cfg_on {
-                Some(encoder.encode(&self.token_ids(req.negative_prompt.as_deref().unwrap_or(""))?)?)
+                Some(
+                    encoder
+                        .encode(&self.token_ids(req.negative_prompt.as_deref().unwrap_or(""))?)?,
+                )
             } else {
                 None
             };
@@ -255,7 +306,8 @@ impl<S: ModelSource> Pipeline<S> {
             let shape = self.latent_shape(req);
             let noise = match &req.noise {
                 Some(n) => n.clone(),
-                None => crate::torch_rng::randn(req.seed, shape.iter().product::<i32>() as usize).map_err(Error::Request)?,
+                None => crate::torch_rng::randn(req.seed, shape.iter().product::<i32>() as usize)
+                    .map_err(Error::Request)?,
             };
             let mut latents = Array::from_slice(&noise, &shape)?;
             let schedule = Schedule::new(req.steps, self.configs.scheduler.shift);
@@ -272,7 +324,10 @@ impl<S: ModelSource> Pipeline<S> {
                 // The pipeline negates the model output; the scheduler steps by dt = σ[i+1] − σ[i].
                 latents = (&latents + (v.neg()? * schedule.dt(i))?)?;
                 latents.eval()?;
-                progress(Progress::Step { index: i + 1, total: schedule.steps() });
+                progress(Progress::Step {
+                    index: i + 1,
+                    total: schedule.steps(),
+                });
             }
             if self.keep_models {
                 self.transformer = Some(transformer);
@@ -298,15 +353,29 @@ impl<S: ModelSource> Pipeline<S> {
             Ok::<_, Error>(rgb)
         })?;
         mlx::memory::clear_cache();
-        Ok(Generated { rgb, width: req.width, height: req.height, phases, latents })
+        Ok(Generated {
+            rgb,
+            width: req.width,
+            height: req.height,
+            phases,
+            latents,
+        })
     }
 }
 
 /// Runs `f` as one phase, recording its time and MLX's peak memory during it.
-fn measure<T, E>(phases: &mut Vec<PhaseReport>, phase: &'static str, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+fn measure<T, E>(
+    phases: &mut Vec<PhaseReport>,
+    phase: &'static str,
+    f: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     mlx::memory::reset_peak_memory();
     let start = Instant::now();
     let out = f()?;
-    phases.push(PhaseReport { phase, seconds: start.elapsed().as_secs_f64(), peak_bytes: mlx::memory::peak_memory() });
+    phases.push(PhaseReport {
+        phase,
+        seconds: start.elapsed().as_secs_f64(),
+        peak_bytes: mlx::memory::peak_memory(),
+    });
     Ok(out)
 }

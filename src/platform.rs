@@ -40,8 +40,14 @@ pub fn convolutions_as_matmuls() -> bool {
 /// A temporary file in `target`'s folder, to be renamed over `target` once written: the way
 /// every output lands atomically. Created readable by all (0644) on Unix, as a file written in
 /// place would be, rather than the temp file default of owner-only.
-pub fn temp_file_beside(target: &std::path::Path, prefix: &str) -> std::io::Result<tempfile::NamedTempFile> {
-    let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+pub fn temp_file_beside(
+    target: &std::path::Path,
+    prefix: &str,
+) -> std::io::Result<tempfile::NamedTempFile> {
+    let dir = target
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
     let mut builder = tempfile::Builder::new();
     builder.prefix(prefix);
     #[cfg(unix)]
@@ -53,7 +59,10 @@ pub fn temp_file_beside(target: &std::path::Path, prefix: &str) -> std::io::Resu
 /// a stored model can have thousands of blobs open while it loads. Returns the limit in force.
 #[cfg(unix)]
 pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }

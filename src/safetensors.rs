@@ -175,7 +175,11 @@ impl Header {
     }
     /// Bytes in the data area.
     pub fn data_len(&self) -> u64 {
-        self.tensors.iter().map(|t| t.data_offsets.1).max().unwrap_or(0)
+        self.tensors
+            .iter()
+            .map(|t| t.data_offsets.1)
+            .max()
+            .unwrap_or(0)
     }
     /// Total file size this header describes.
     pub fn file_len(&self) -> u64 {
@@ -203,18 +207,39 @@ pub enum Error {
     #[error("`__metadata__` must be null or a map of strings: {0}")]
     BadMetadata(String),
     #[error("tensor `{name}`: field `{field}` {reason}")]
-    BadField { name: String, field: &'static str, reason: String },
+    BadField {
+        name: String,
+        field: &'static str,
+        reason: String,
+    },
     #[error("tensor `{name}`: unknown dtype `{dtype}`")]
     UnknownDtype { name: String, dtype: String },
     #[error("tensor `{name}`: invalid data_offsets {begin}..{end} (expected to start at {expected}; the data must be tiled with no holes or overlap)")]
-    InvalidOffset { name: String, begin: u64, end: u64, expected: u64 },
+    InvalidOffset {
+        name: String,
+        begin: u64,
+        end: u64,
+        expected: u64,
+    },
     #[error("tensor `{name}`: {numel} elements of {dtype} do not fill a whole number of bytes")]
-    MisalignedSlice { name: String, numel: u64, dtype: Dtype },
+    MisalignedSlice {
+        name: String,
+        numel: u64,
+        dtype: Dtype,
+    },
     #[error("tensor `{name}`: shape {shape:?} of {dtype} needs {expected} bytes, data_offsets span {got}")]
-    SizeMismatch { name: String, shape: Vec<u64>, dtype: Dtype, expected: u64, got: u64 },
+    SizeMismatch {
+        name: String,
+        shape: Vec<u64>,
+        dtype: Dtype,
+        expected: u64,
+        got: u64,
+    },
     #[error("tensor `{name}`: size computation overflows")]
     Overflow { name: String },
-    #[error("file is {got} bytes but its header describes {expected} (truncated or trailing data)")]
+    #[error(
+        "file is {got} bytes but its header describes {expected} (truncated or trailing data)"
+    )]
     LengthMismatch { expected: u64, got: u64 },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -227,7 +252,10 @@ impl Error {
     pub fn in_file(self, path: &Path) -> Error {
         match self {
             e @ Error::InFile { .. } => e,
-            e => Error::InFile { path: path.to_path_buf(), source: Box::new(e) },
+            e => Error::InFile {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            },
         }
     }
 }
@@ -246,7 +274,10 @@ pub fn header_len_from_prefix(prefix: &[u8], file_len: u64) -> Result<u64> {
     }
     match LEN_PREFIX.checked_add(n) {
         Some(end) if end <= file_len => Ok(n),
-        _ => Err(Error::InvalidHeaderLength { header_len: n, file_len }),
+        _ => Err(Error::InvalidHeaderLength {
+            header_len: n,
+            file_len,
+        }),
     }
 }
 
@@ -302,9 +333,16 @@ pub fn parse_header_json(json: &[u8], n: u64, file_len: u64) -> Result<Header> {
         }
     }
     validate(&tensors)?;
-    let header = Header { tensors, metadata, header_len: n };
+    let header = Header {
+        tensors,
+        metadata,
+        header_len: n,
+    };
     if header.file_len() != file_len {
-        return Err(Error::LengthMismatch { expected: header.file_len(), got: file_len });
+        return Err(Error::LengthMismatch {
+            expected: header.file_len(),
+            got: file_len,
+        });
     }
     Ok(header)
 }
@@ -316,7 +354,9 @@ fn parse_metadata(value: Value) -> Result<Option<BTreeMap<String, String>>> {
             .into_iter()
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k, s)),
-                other => Err(Error::BadMetadata(format!("value of `{k}` is {other}, expected a string"))),
+                other => Err(Error::BadMetadata(format!(
+                    "value of `{k}` is {other}, expected a string"
+                ))),
             })
             .collect::<Result<_>>()
             .map(Some),
@@ -338,27 +378,40 @@ fn parse_entry(name: String, value: Value) -> Result<TensorInfo> {
         Some(_) => return Err(bad("dtype", "is not a string")),
         None => return Err(bad("dtype", "is missing")),
     };
-    let dtype = Dtype::parse(&dtype_str)
-        .ok_or_else(|| Error::UnknownDtype { name: name.clone(), dtype: dtype_str })?;
+    let dtype = Dtype::parse(&dtype_str).ok_or_else(|| Error::UnknownDtype {
+        name: name.clone(),
+        dtype: dtype_str,
+    })?;
     let shape = match obj.get("shape") {
         Some(Value::Array(dims)) => dims
             .iter()
-            .map(|d| d.as_u64().ok_or_else(|| bad("shape", "must hold non-negative integers")))
+            .map(|d| {
+                d.as_u64()
+                    .ok_or_else(|| bad("shape", "must hold non-negative integers"))
+            })
             .collect::<Result<Vec<u64>>>()?,
         Some(_) => return Err(bad("shape", "is not an array")),
         None => return Err(bad("shape", "is missing")),
     };
     let data_offsets = match obj.get("data_offsets") {
-        Some(Value::Array(o)) if o.len() == 2 => {
-            match (o[0].as_u64(), o[1].as_u64()) {
-                (Some(b), Some(e)) => (b, e),
-                _ => return Err(bad("data_offsets", "must hold non-negative integers")),
-            }
+        Some(Value::Array(o)) if o.len() == 2 => match (o[0].as_u64(), o[1].as_u64()) {
+            (Some(b), Some(e)) => (b, e),
+            _ => return Err(bad("data_offsets", "must hold non-negative integers")),
+        },
+        Some(_) => {
+            return Err(bad(
+                "data_offsets",
+                "must be an array of exactly 2 integers",
+            ))
         }
-        Some(_) => return Err(bad("data_offsets", "must be an array of exactly 2 integers")),
         None => return Err(bad("data_offsets", "is missing")),
     };
-    Ok(TensorInfo { name, dtype, shape, data_offsets })
+    Ok(TensorInfo {
+        name,
+        dtype,
+        shape,
+        data_offsets,
+    })
 }
 
 /// Offsets must tile `[0, end)` exactly, and each span must match its dtype and shape.
@@ -369,13 +422,28 @@ fn validate(tensors: &[TensorInfo]) -> Result<()> {
     for t in order {
         let (begin, end) = t.data_offsets;
         if begin != expected_begin || end < begin {
-            return Err(Error::InvalidOffset { name: t.name.clone(), begin, end, expected: expected_begin });
+            return Err(Error::InvalidOffset {
+                name: t.name.clone(),
+                begin,
+                end,
+                expected: expected_begin,
+            });
         }
-        let overflow = || Error::Overflow { name: t.name.clone() };
-        let numel = t.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(overflow)?;
+        let overflow = || Error::Overflow {
+            name: t.name.clone(),
+        };
+        let numel = t
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(overflow)?;
         let bits = numel.checked_mul(t.dtype.bits()).ok_or_else(overflow)?;
         if bits % 8 != 0 {
-            return Err(Error::MisalignedSlice { name: t.name.clone(), numel, dtype: t.dtype });
+            return Err(Error::MisalignedSlice {
+                name: t.name.clone(),
+                numel,
+                dtype: t.dtype,
+            });
         }
         if end - begin != bits / 8 {
             return Err(Error::SizeMismatch {
@@ -402,7 +470,10 @@ impl<'de> Deserialize<'de> for OrderedEntries {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
                 while let Some((k, v)) = map.next_entry::<String, Value>()? {
                     out.push((k, v));
@@ -428,11 +499,21 @@ pub struct TensorSpec {
 impl TensorSpec {
     /// Data bytes of this tensor; errors on sub-byte counts that do not fill whole bytes.
     pub fn nbytes(&self) -> Result<u64> {
-        let overflow = || Error::Overflow { name: self.name.clone() };
-        let numel = self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(overflow)?;
+        let overflow = || Error::Overflow {
+            name: self.name.clone(),
+        };
+        let numel = self
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(overflow)?;
         let bits = numel.checked_mul(self.dtype.bits()).ok_or_else(overflow)?;
         if bits % 8 != 0 {
-            return Err(Error::MisalignedSlice { name: self.name.clone(), numel, dtype: self.dtype });
+            return Err(Error::MisalignedSlice {
+                name: self.name.clone(),
+                numel,
+                dtype: self.dtype,
+            });
         }
         Ok(bits / 8)
     }
@@ -446,7 +527,10 @@ pub fn header_bytes(
     metadata: Option<&BTreeMap<String, String>>,
     align: u64,
 ) -> Result<Vec<u8>> {
-    assert!(align >= 8 && align.is_power_of_two(), "align must be a power of two >= 8");
+    assert!(
+        align >= 8 && align.is_power_of_two(),
+        "align must be a power of two >= 8"
+    );
     let mut json = String::from("{");
     let mut first = true;
     let mut push_key = |json: &mut String, key: &str| {
@@ -465,7 +549,9 @@ pub fn header_bytes(
     for t in tensors {
         let end = offset
             .checked_add(t.nbytes()?)
-            .ok_or_else(|| Error::Overflow { name: t.name.clone() })?;
+            .ok_or_else(|| Error::Overflow {
+                name: t.name.clone(),
+            })?;
         push_key(&mut json, &t.name);
         json.push_str(&format!(
             "{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
@@ -504,7 +590,11 @@ mod tests {
 
     #[test]
     fn seed_example_header_is_byte_exact() {
-        let spec = TensorSpec { name: "data".into(), dtype: Dtype::BF16, shape: vec![2560, 9728] };
+        let spec = TensorSpec {
+            name: "data".into(),
+            dtype: Dtype::BF16,
+            shape: vec![2560, 9728],
+        };
         let h = header_bytes(&[spec], None, 8).unwrap();
         assert_eq!(h.len(), 88);
         assert_eq!(&h[..8], &[0x50, 0, 0, 0, 0, 0, 0, 0]);
@@ -519,9 +609,21 @@ mod tests {
     #[test]
     fn written_headers_parse_back() {
         let specs = vec![
-            TensorSpec { name: "a".into(), dtype: Dtype::F32, shape: vec![2, 3] },
-            TensorSpec { name: "s".into(), dtype: Dtype::BF16, shape: vec![] },
-            TensorSpec { name: "z".into(), dtype: Dtype::U8, shape: vec![0, 4] },
+            TensorSpec {
+                name: "a".into(),
+                dtype: Dtype::F32,
+                shape: vec![2, 3],
+            },
+            TensorSpec {
+                name: "s".into(),
+                dtype: Dtype::BF16,
+                shape: vec![],
+            },
+            TensorSpec {
+                name: "z".into(),
+                dtype: Dtype::U8,
+                shape: vec![0, 4],
+            },
         ];
         let meta: BTreeMap<_, _> = [("k".to_string(), "v".to_string())].into();
         for align in [8, 64, 16384] {
@@ -540,9 +642,15 @@ mod tests {
     #[test]
     fn accepts_what_the_reference_accepts() {
         // MLX-style: unpadded, sorted keys, null metadata; leading whitespace; unknown fields.
-        let f = file(r#"{"__metadata__":null,"data":{"data_offsets":[0,4],"dtype":"F32","shape":[1]}}"#, 4);
+        let f = file(
+            r#"{"__metadata__":null,"data":{"data_offsets":[0,4],"dtype":"F32","shape":[1]}}"#,
+            4,
+        );
         assert!(parse(&f).unwrap().metadata.is_none());
-        let f = file(" \t{\"x\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2],\"extra\":1}}  ", 2);
+        let f = file(
+            " \t{\"x\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2],\"extra\":1}}  ",
+            2,
+        );
         assert_eq!(parse(&f).unwrap().tensors[0].shape, vec![2]);
         assert!(parse(&file("{}", 0)).unwrap().tensors.is_empty());
     }
@@ -550,39 +658,93 @@ mod tests {
     #[test]
     fn rejects_each_malformation() {
         let e = |json: &str, data: usize| parse(&file(json, data)).unwrap_err();
-        assert!(matches!(parse(&[1, 2, 3]).unwrap_err(), Error::HeaderTooSmall(3)));
+        assert!(matches!(
+            parse(&[1, 2, 3]).unwrap_err(),
+            Error::HeaderTooSmall(3)
+        ));
         let mut big = 200_000_000u64.to_le_bytes().to_vec();
         big.push(b'{');
         assert!(matches!(parse(&big).unwrap_err(), Error::HeaderTooLarge(_)));
         let mut short = 50u64.to_le_bytes().to_vec();
         short.extend_from_slice(b"{}");
-        assert!(matches!(parse(&short).unwrap_err(), Error::InvalidHeaderLength { .. }));
+        assert!(matches!(
+            parse(&short).unwrap_err(),
+            Error::InvalidHeaderLength { .. }
+        ));
         let mut bad_utf8 = 2u64.to_le_bytes().to_vec();
         bad_utf8.extend_from_slice(&[0xff, 0xfe]);
-        assert!(matches!(parse(&bad_utf8).unwrap_err(), Error::InvalidUtf8(_)));
+        assert!(matches!(
+            parse(&bad_utf8).unwrap_err(),
+            Error::InvalidUtf8(_)
+        ));
         assert!(matches!(e("[1]", 0), Error::InvalidJson(_)));
         assert!(matches!(e("{}\0\0", 0), Error::InvalidJson(_)));
         let dup = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
         assert!(matches!(e(dup, 2), Error::DuplicateKey(k) if k == "a"));
-        assert!(matches!(e(r#"{"__metadata__":{"k":1}}"#, 0), Error::BadMetadata(_)));
-        assert!(matches!(e(r#"{"t":{"dtype":"bf16","shape":[1],"data_offsets":[0,2]}}"#, 2),
-            Error::UnknownDtype { .. }));
-        assert!(matches!(e(r#"{"t":{"dtype":"U8","shape":[-1],"data_offsets":[0,2]}}"#, 2),
-            Error::BadField { field: "shape", .. }));
-        assert!(matches!(e(r#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}}"#, 2),
-            Error::BadField { field: "data_offsets", .. }));
-        assert!(matches!(e(r#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#, 2),
-            Error::InvalidOffset { .. }));
+        assert!(matches!(
+            e(r#"{"__metadata__":{"k":1}}"#, 0),
+            Error::BadMetadata(_)
+        ));
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"bf16","shape":[1],"data_offsets":[0,2]}}"#,
+                2
+            ),
+            Error::UnknownDtype { .. }
+        ));
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"U8","shape":[-1],"data_offsets":[0,2]}}"#,
+                2
+            ),
+            Error::BadField { field: "shape", .. }
+        ));
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}}"#,
+                2
+            ),
+            Error::BadField {
+                field: "data_offsets",
+                ..
+            }
+        ));
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#,
+                2
+            ),
+            Error::InvalidOffset { .. }
+        ));
         let overlap = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#;
         assert!(matches!(e(overlap, 3), Error::InvalidOffset { .. }));
-        assert!(matches!(e(r#"{"t":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#, 2),
-            Error::MisalignedSlice { .. }));
-        assert!(matches!(e(r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, 4),
-            Error::SizeMismatch { .. }));
-        let huge = r#"{"t":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#;
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#,
+                2
+            ),
+            Error::MisalignedSlice { .. }
+        ));
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#,
+                4
+            ),
+            Error::SizeMismatch { .. }
+        ));
+        let huge =
+            r#"{"t":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#;
         assert!(matches!(e(huge, 8), Error::Overflow { .. }));
-        assert!(matches!(e(r#"{"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#, 3),
-            Error::LengthMismatch { expected: _, got: _ }));
+        assert!(matches!(
+            e(
+                r#"{"t":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+                3
+            ),
+            Error::LengthMismatch {
+                expected: _,
+                got: _
+            }
+        ));
     }
 
     #[test]
@@ -591,6 +753,9 @@ mod tests {
         let p = dir.path().join("broken.safetensors");
         std::fs::write(&p, [9u8; 4]).unwrap();
         let msg = read_header_file(&p).unwrap_err().to_string();
-        assert!(msg.contains("broken.safetensors") && msg.contains("too small"), "{msg}");
+        assert!(
+            msg.contains("broken.safetensors") && msg.contains("too small"),
+            "{msg}"
+        );
     }
 }

@@ -35,7 +35,10 @@ impl Schedule {
     pub fn new(steps: usize, shift: f32) -> Schedule {
         assert!(steps >= 1, "at least one step");
         let raw = linspace_like_torch(1.0, 1.0 / steps as f32, steps);
-        let mut sigmas: Vec<f32> = raw.iter().map(|&s| shift * s / (1.0 + (shift - 1.0) * s)).collect();
+        let mut sigmas: Vec<f32> = raw
+            .iter()
+            .map(|&s| shift * s / (1.0 + (shift - 1.0) * s))
+            .collect();
         let timesteps = sigmas.iter().map(|&s| s * 1000.0).collect();
         sigmas.push(0.0);
         Schedule { sigmas, timesteps }
@@ -86,7 +89,10 @@ mod tests {
         let hex: Vec<u32> = s.sigmas.iter().map(|x| x.to_bits()).collect();
         assert_eq!(
             hex,
-            vec![0x3f800000, 0x3f745d17, 0x3f666666, 0x3f555555, 0x3f400000, 0x3f249249, 0x3f000000, 0x3e99999a, 0]
+            vec![
+                0x3f800000, 0x3f745d17, 0x3f666666, 0x3f555555, 0x3f400000, 0x3f249249, 0x3f000000,
+                0x3e99999a, 0
+            ]
         );
         assert_eq!(s.t_model(0), 0.0);
         assert_eq!(s.t_model(1), 0.045_454_59);
@@ -100,8 +106,8 @@ mod tests {
         assert_eq!(
             hex,
             vec![
-                0x3f800000, 0x3f75c290, 0x3f69bd39, 0x3f5b6db6, 0x3f4a1af3, 0x3f34b4b5, 0x3f199999, 0x3eec4ec6,
-                0x3e8ba2e9, 0
+                0x3f800000, 0x3f75c290, 0x3f69bd39, 0x3f5b6db6, 0x3f4a1af3, 0x3f34b4b5, 0x3f199999,
+                0x3eec4ec6, 0x3e8ba2e9, 0
             ]
         );
     }

@@ -44,23 +44,33 @@ pub struct PromptTokenizer {
 impl PromptTokenizer {
     /// Loads from a diffusers `tokenizer/` directory.
     pub fn from_dir(dir: &Path) -> Result<PromptTokenizer, Error> {
-        PromptTokenizer::from_files(|name| std::fs::read(dir.join(name)).ok())
-            .map_err(|e| match e {
-                Error::Load { reason, .. } => Error::Load { dir: dir.to_path_buf(), reason },
+        PromptTokenizer::from_files(|name| std::fs::read(dir.join(name)).ok()).map_err(
+            |e| match e {
+                Error::Load { reason, .. } => Error::Load {
+                    dir: dir.to_path_buf(),
+                    reason,
+                },
                 other => other,
-            })
+            },
+        )
     }
 
     /// Loads from the tokenizer files `read(name)` returns (`None` when absent), as stored in
     /// a model's `tokenizer/` folder.
     pub fn from_files(read: impl Fn(&str) -> Option<Vec<u8>>) -> Result<PromptTokenizer, Error> {
-        let fail = |reason: String| Error::Load { dir: PathBuf::from("tokenizer"), reason };
+        let fail = |reason: String| Error::Load {
+            dir: PathBuf::from("tokenizer"),
+            reason,
+        };
         if let Some(json) = read("tokenizer.json") {
-            let inner = Tokenizer::from_bytes(&json).map_err(|e| fail(format!("`tokenizer.json`: {e}")))?;
+            let inner =
+                Tokenizer::from_bytes(&json).map_err(|e| fail(format!("`tokenizer.json`: {e}")))?;
             return Ok(PromptTokenizer { inner });
         }
         let (Some(vocab), Some(merges)) = (read("vocab.json"), read("merges.txt")) else {
-            return Err(fail("needs `tokenizer.json`, or `vocab.json` and `merges.txt`".into()));
+            return Err(fail(
+                "needs `tokenizer.json`, or `vocab.json` and `merges.txt`".into(),
+            ));
         };
         let vocab: HashMap<String, u32> =
             serde_json::from_slice(&vocab).map_err(|e| fail(format!("`vocab.json`: {e}")))?;
@@ -71,22 +81,33 @@ impl PromptTokenizer {
             .map_err(|e| fail(format!("`vocab.json`/`merges.txt`: {e}")))?;
         let mut inner = Tokenizer::new(bpe);
         inner.with_normalizer(Some(NFC));
-        let split = Split::new(SplitPattern::Regex(QWEN2_PATTERN.into()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| fail(format!("pre-tokenizer pattern: {e}")))?;
-        let pre: Vec<PreTokenizerWrapper> = vec![split.into(), ByteLevel::new(false, true, false).into()];
+        let split = Split::new(
+            SplitPattern::Regex(QWEN2_PATTERN.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| fail(format!("pre-tokenizer pattern: {e}")))?;
+        let pre: Vec<PreTokenizerWrapper> =
+            vec![split.into(), ByteLevel::new(false, true, false).into()];
         inner.with_pre_tokenizer(Some(Sequence::new(pre)));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let config = read("tokenizer_config.json").ok_or_else(|| fail("no `tokenizer_config.json`".into()))?;
+        let config = read("tokenizer_config.json")
+            .ok_or_else(|| fail("no `tokenizer_config.json`".into()))?;
         let added = added_tokens(&config).map_err(fail)?;
-        let tokens: Vec<AddedToken> =
-            added.into_iter().map(|(content, special)| AddedToken::from(content, special)).collect();
+        let tokens: Vec<AddedToken> = added
+            .into_iter()
+            .map(|(content, special)| AddedToken::from(content, special))
+            .collect();
         inner.add_special_tokens(&tokens);
         Ok(PromptTokenizer { inner })
     }
 
     /// Ids of `text` as is (no template), without special-token additions.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>, Error> {
-        let enc = self.inner.encode(text, false).map_err(|e| Error::Encode(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -121,12 +142,17 @@ fn added_tokens(config: &[u8]) -> Result<Vec<(String, bool)>, String> {
     };
     let mut tokens: Vec<(u64, String, bool)> = Vec::new();
     for (id, entry) in map {
-        let id: u64 = id.parse().map_err(|_| format!("`added_tokens_decoder` key `{id}` is not an id"))?;
+        let id: u64 = id
+            .parse()
+            .map_err(|_| format!("`added_tokens_decoder` key `{id}` is not an id"))?;
         let content = entry
             .get("content")
             .and_then(|c| c.as_str())
             .ok_or_else(|| format!("added token {id} has no `content`"))?;
-        let special = entry.get("special").and_then(|s| s.as_bool()).unwrap_or(false);
+        let special = entry
+            .get("special")
+            .and_then(|s| s.as_bool())
+            .unwrap_or(false);
         tokens.push((id, content.to_string(), special));
     }
     tokens.sort();
@@ -145,14 +171,23 @@ mod tests {
     #[test]
     fn qwen_ids_for_the_reference_prompts() {
         let t = tiny();
-        assert_eq!(t.encode_raw("<|im_start|>user\n").unwrap(), vec![151644, 872, 198]);
         assert_eq!(
-            t.encode_prompt("a red fox in the snow").unwrap(),
-            vec![151644, 872, 198, 64, 2518, 38835, 304, 279, 11794, 151645, 198, 151644, 77091, 198]
+            t.encode_raw("<|im_start|>user\n").unwrap(),
+            vec![151644, 872, 198]
         );
         assert_eq!(
-            t.encode_prompt("A cat holding a sign that says hello world").unwrap(),
-            vec![151644, 872, 198, 32, 8251, 9963, 264, 1841, 429, 2727, 23811, 1879, 151645, 198, 151644, 77091, 198]
+            t.encode_prompt("a red fox in the snow").unwrap(),
+            vec![
+                151644, 872, 198, 64, 2518, 38835, 304, 279, 11794, 151645, 198, 151644, 77091, 198
+            ]
+        );
+        assert_eq!(
+            t.encode_prompt("A cat holding a sign that says hello world")
+                .unwrap(),
+            vec![
+                151644, 872, 198, 32, 8251, 9963, 264, 1841, 429, 2727, 23811, 1879, 151645, 198,
+                151644, 77091, 198
+            ]
         );
         assert_eq!(t.encode_prompt("").unwrap().len(), 8);
     }
@@ -160,6 +195,9 @@ mod tests {
     #[test]
     fn long_prompts_are_cut_at_512() {
         let t = tiny();
-        assert_eq!(t.encode_prompt(&"fox ".repeat(600)).unwrap().len(), MAX_SEQUENCE_LENGTH);
+        assert_eq!(
+            t.encode_prompt(&"fox ".repeat(600)).unwrap().len(),
+            MAX_SEQUENCE_LENGTH
+        );
     }
 }

@@ -21,7 +21,9 @@ impl Mt19937 {
         state[0] = seed as u32;
         for i in 1..624 {
             let prev = state[i - 1];
-            state[i] = 1_812_433_253u32.wrapping_mul(prev ^ (prev >> 30)).wrapping_add(i as u32);
+            state[i] = 1_812_433_253u32
+                .wrapping_mul(prev ^ (prev >> 30))
+                .wrapping_add(i as u32);
         }
         Mt19937 { state, index: 624 }
     }
@@ -60,7 +62,9 @@ impl Mt19937 {
 /// latent tensor has that many); smaller draws use a different torch kernel.
 pub fn randn(seed: u64, numel: usize) -> Result<Vec<f32>, String> {
     if numel < 16 {
-        return Err(format!("torch-compatible noise needs at least 16 elements, asked for {numel}"));
+        return Err(format!(
+            "torch-compatible noise needs at least 16 elements, asked for {numel}"
+        ));
     }
     let mut rng = Mt19937::new(seed);
     let mut data: Vec<f32> = (0..numel).map(|_| rng.uniform_f32()).collect();
@@ -113,8 +117,16 @@ fn cephes_log(x: f32) -> f32 {
     let x = m + tmp;
     let z = x * x;
     let mut y = 7.037_683_6e-2f32;
-    for p in [-1.151_461e-1f32, 1.167_699_9e-1, -1.242_014_1e-1, 1.424_932_3e-1, -1.666_805_8e-1, 2.000_071_4e-1,
-              -2.499_999_4e-1, 3.333_333_1e-1] {
+    for p in [
+        -1.151_461e-1f32,
+        1.167_699_9e-1,
+        -1.242_014_1e-1,
+        1.424_932_3e-1,
+        -1.666_805_8e-1,
+        2.000_071_4e-1,
+        -2.499_999_4e-1,
+        3.333_333_1e-1,
+    ] {
         y = madd(y, x, p);
     }
     y *= x;

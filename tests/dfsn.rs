@@ -22,7 +22,10 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 fn zimage(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_zimage"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn s(p: &Path) -> &str {
@@ -31,7 +34,14 @@ fn s(p: &Path) -> &str {
 
 /// A container by hand: `type` and the two offsets as given, metadata at `meta_at`, the model
 /// at `model_at`.
-fn hand_container(type_bytes: [u8; 2], offsets: [[u8; 4]; 2], meta_at: usize, meta: &[u8], model_at: usize, model: &[u8]) -> Vec<u8> {
+fn hand_container(
+    type_bytes: [u8; 2],
+    offsets: [[u8; 4]; 2],
+    meta_at: usize,
+    meta: &[u8],
+    model_at: usize,
+    model: &[u8],
+) -> Vec<u8> {
     let mut out = vec![0u8; model_at];
     out[..4].copy_from_slice(b"DFSN");
     out[4..6].copy_from_slice(&type_bytes);
@@ -62,22 +72,43 @@ fn pack_writes_the_documented_layout() {
     assert!(bytes[0x2E..0x100].iter().all(|&b| b == 0));
     let json = br#"{"name":"tiny"}"#;
     assert_eq!(&bytes[0x100..0x100 + json.len()], json);
-    assert!(bytes[0x100 + json.len()..0x200100].iter().all(|&b| b == 0), "NUL padding");
+    assert!(
+        bytes[0x100 + json.len()..0x200100].iter().all(|&b| b == 0),
+        "NUL padding"
+    );
     assert_eq!(&bytes[0x200100..], &model[..]);
 
     let opened = Container::open(&out).unwrap();
-    assert_eq!((opened.metadata_offset, opened.model_offset, opened.model_len), (0x100, 0x200100, model.len() as u64));
+    assert_eq!(
+        (
+            opened.metadata_offset,
+            opened.model_offset,
+            opened.model_len
+        ),
+        (0x100, 0x200100, model.len() as u64)
+    );
     assert_eq!(opened.byte_order, ByteOrder::Big);
     assert_eq!(opened.sha256_hex(), format!("{:x}", Sha256::digest(&model)));
     assert_eq!(opened.metadata, serde_json::json!({"name": "tiny"}));
 
     // A zip (ckpt) is type 1; anything else is refused.
     let ckpt = write(dir.path(), "m.ckpt", b"PK\x03\x04 pretend pickle archive");
-    assert_eq!(dfsn::pack(&ckpt, &serde_json::json!({}), &dir.path().join("c.dfsn")).unwrap().model_type, ModelType::Ckpt);
-    assert_eq!(std::fs::read(dir.path().join("c.dfsn")).unwrap()[4..6], [0, 1]);
+    assert_eq!(
+        dfsn::pack(&ckpt, &serde_json::json!({}), &dir.path().join("c.dfsn"))
+            .unwrap()
+            .model_type,
+        ModelType::Ckpt
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("c.dfsn")).unwrap()[4..6],
+        [0, 1]
+    );
     let text = write(dir.path(), "notes.txt", b"not a model");
     let err = dfsn::pack(&text, &serde_json::json!({}), &dir.path().join("t.dfsn")).unwrap_err();
-    assert!(matches!(err, Error::NotAModel { .. }) && err.to_string().contains("notes.txt"), "{err}");
+    assert!(
+        matches!(err, Error::NotAModel { .. }) && err.to_string().contains("notes.txt"),
+        "{err}"
+    );
     assert!(!dir.path().join("t.dfsn").exists());
 }
 
@@ -94,8 +125,16 @@ fn library_pack_edit_verify_unpack() {
     dfsn::set_metadata(&out, &meta).unwrap();
     let after = std::fs::read(&out).unwrap();
     assert_eq!(after.len(), before.len(), "the file keeps its length");
-    assert_eq!(after[..0x100], before[..0x100], "the header (and the stored hash) are unchanged");
-    assert_eq!(after[0x200100..], before[0x200100..], "the model bytes stay where they were");
+    assert_eq!(
+        after[..0x100],
+        before[..0x100],
+        "the header (and the stored hash) are unchanged"
+    );
+    assert_eq!(
+        after[0x200100..],
+        before[0x200100..],
+        "the model bytes stay where they were"
+    );
     let c = Container::open(&out).unwrap();
     assert_eq!(c.metadata, meta);
     assert_eq!(c.model_offset, MODEL_OFFSET);
@@ -110,7 +149,10 @@ fn library_pack_edit_verify_unpack() {
     // A ckpt payload has no tensor listing.
     let ckpt = write(dir.path(), "m.ckpt", b"PK\x03\x04 pretend pickle archive");
     dfsn::pack(&ckpt, &serde_json::json!({}), &dir.path().join("c.dfsn")).unwrap();
-    assert!(matches!(dfsn::listing(&dir.path().join("c.dfsn")), Err(Error::NoListing { .. })));
+    assert!(matches!(
+        dfsn::listing(&dir.path().join("c.dfsn")),
+        Err(Error::NoListing { .. })
+    ));
 }
 
 #[test]
@@ -142,33 +184,71 @@ fn cli_pack_meta_verify_unpack() {
     let meta_path = write(dir.path(), "meta.json", br#"{"author":"me","version":1}"#);
     let out = dir.path().join("m.dfsn");
 
-    let r = zimage(&["dfsn", "pack", s(&model_path), "--meta", s(&meta_path), "-o", s(&out)]);
+    let r = zimage(&[
+        "dfsn",
+        "pack",
+        s(&model_path),
+        "--meta",
+        s(&meta_path),
+        "-o",
+        s(&out),
+    ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let hash_before = std::fs::read(&out).unwrap()[6..38].to_vec();
 
-    let r = zimage(&["dfsn", "meta", s(&out), "--set", "title=Tiny fox", "--set", "version=2"]);
+    let r = zimage(&[
+        "dfsn",
+        "meta",
+        s(&out),
+        "--set",
+        "title=Tiny fox",
+        "--set",
+        "version=2",
+    ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let r = zimage(&["dfsn", "meta", s(&out)]);
     let printed: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
-    assert_eq!(printed, serde_json::json!({"author": "me", "version": "2", "title": "Tiny fox"}));
+    assert_eq!(
+        printed,
+        serde_json::json!({"author": "me", "version": "2", "title": "Tiny fox"})
+    );
 
     let replacement = write(dir.path(), "new.json", br#"{"only":"this"}"#);
-    assert!(zimage(&["dfsn", "meta", s(&out), "--file", s(&replacement)]).status.success());
-    assert_eq!(Container::open(&out).unwrap().metadata, serde_json::json!({"only": "this"}));
+    assert!(
+        zimage(&["dfsn", "meta", s(&out), "--file", s(&replacement)])
+            .status
+            .success()
+    );
+    assert_eq!(
+        Container::open(&out).unwrap().metadata,
+        serde_json::json!({"only": "this"})
+    );
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(bytes[6..38], hash_before[..]);
     assert_eq!(&bytes[0x200100..], &model[..]);
 
     let r = zimage(&["dfsn", "verify", s(&out)]);
-    assert_eq!(r.status.code(), Some(0), "{}", String::from_utf8_lossy(&r.stdout));
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stdout)
+    );
     let back = dir.path().join("back.safetensors");
-    assert!(zimage(&["dfsn", "unpack", s(&out), "-o", s(&back)]).status.success());
+    assert!(zimage(&["dfsn", "unpack", s(&out), "-o", s(&back)])
+        .status
+        .success());
     assert_eq!(std::fs::read(&back).unwrap(), model);
 
     // `--meta` left out stores `{}`.
     let bare = dir.path().join("bare.dfsn");
-    assert!(zimage(&["dfsn", "pack", s(&model_path), "-o", s(&bare)]).status.success());
-    assert_eq!(Container::open(&bare).unwrap().metadata, serde_json::json!({}));
+    assert!(zimage(&["dfsn", "pack", s(&model_path), "-o", s(&bare)])
+        .status
+        .success());
+    assert_eq!(
+        Container::open(&bare).unwrap().metadata,
+        serde_json::json!({})
+    );
 }
 
 #[test]
@@ -183,7 +263,14 @@ fn a_containers_hashes_are_its_models() {
         serde_json::from_slice::<serde_json::Value>(&r.stdout).unwrap()
     };
     let (model, container) = (hashes(&model_path), hashes(&out));
-    for key in ["sha256", "autov2", "legacy", "blake3", "crc32", "safetensors"] {
+    for key in [
+        "sha256",
+        "autov2",
+        "legacy",
+        "blake3",
+        "crc32",
+        "safetensors",
+    ] {
         assert_eq!(model[key], container[key], "{key}");
     }
     assert_eq!(container["container"], "dfsn");
@@ -207,17 +294,30 @@ fn changed_model_bytes_fail_verify_with_exit_1() {
     std::fs::write(&out, &bytes).unwrap();
 
     let r = zimage(&["dfsn", "verify", s(&out)]);
-    assert_eq!(r.status.code(), Some(1), "{}", String::from_utf8_lossy(&r.stdout));
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stdout)
+    );
     assert!(String::from_utf8_lossy(&r.stdout).contains("mismatch"));
     let r = zimage(&["dfsn", "verify", s(&out), "--json"]);
     assert_eq!(r.status.code(), Some(1));
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&r.stdout).unwrap()["ok"], false);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&r.stdout).unwrap()["ok"],
+        false
+    );
 
     let back = dir.path().join("back.safetensors");
     let err = dfsn::unpack(&out, &back).unwrap_err();
     assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
     assert!(!back.exists(), "nothing is written on a mismatch");
-    assert_eq!(zimage(&["dfsn", "unpack", s(&out), "-o", s(&back)]).status.code(), Some(2));
+    assert_eq!(
+        zimage(&["dfsn", "unpack", s(&out), "-o", s(&back)])
+            .status
+            .code(),
+        Some(2)
+    );
 }
 
 #[test]
@@ -245,7 +345,14 @@ fn reads_a_little_endian_container() {
 
     // A big-endian type with little-endian offsets: read as big-endian those offsets fit the
     // file (0x10000 and 0x12000) but find no safetensors there, so the other reading wins.
-    let mixed = hand_container([0, 2], [0x100u32.to_le_bytes(), 0x200100u32.to_le_bytes()], 0x100, b"{}", 0x200100, &model);
+    let mixed = hand_container(
+        [0, 2],
+        [0x100u32.to_le_bytes(), 0x200100u32.to_le_bytes()],
+        0x100,
+        b"{}",
+        0x200100,
+        &model,
+    );
     let path = write(dir.path(), "mixed.dfsn", &mixed);
     assert_eq!(Container::open(&path).unwrap().model_offset, 0x200100);
 }
@@ -256,10 +363,20 @@ fn reads_other_consistent_offsets_and_space_padding() {
     let model = model_bytes();
     let mut meta = b"{\"small\": \"area\"}".to_vec();
     meta.resize(0x100, b' ');
-    let bytes = hand_container([0, 2], [0x40u32.to_be_bytes(), 0x1000u32.to_be_bytes()], 0x40, &meta, 0x1000, &model);
+    let bytes = hand_container(
+        [0, 2],
+        [0x40u32.to_be_bytes(), 0x1000u32.to_be_bytes()],
+        0x40,
+        &meta,
+        0x1000,
+        &model,
+    );
     let path = write(dir.path(), "small.dfsn", &bytes);
     let c = Container::open(&path).unwrap();
-    assert_eq!((c.metadata_offset, c.model_offset, c.metadata_room()), (0x40, 0x1000, 0xFC0));
+    assert_eq!(
+        (c.metadata_offset, c.model_offset, c.metadata_room()),
+        (0x40, 0x1000, 0xFC0)
+    );
     assert_eq!(c.metadata, serde_json::json!({"small": "area"}));
     assert!(dfsn::verify(&path).unwrap().ok());
 
@@ -276,7 +393,14 @@ fn reads_other_consistent_offsets_and_space_padding() {
 fn malformed_containers_name_the_file_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let model = model_bytes();
-    let good = hand_container([0, 2], [0x100u32.to_be_bytes(), 0x200100u32.to_be_bytes()], 0x100, b"{}", 0x200100, &model);
+    let good = hand_container(
+        [0, 2],
+        [0x100u32.to_be_bytes(), 0x200100u32.to_be_bytes()],
+        0x100,
+        b"{}",
+        0x200100,
+        &model,
+    );
 
     let mut bad_magic = good.clone();
     bad_magic[..4].copy_from_slice(b"DFSX");
@@ -307,11 +431,17 @@ fn malformed_containers_name_the_file_and_exit_2() {
         let path = write(dir.path(), name, &bytes);
         let err = Container::open(&path).unwrap_err().to_string();
         assert!(err.contains(name) && err.contains(reason), "{name}: {err}");
-        for args in [vec!["dfsn", "meta", s(&path)], vec!["dfsn", "verify", s(&path)]] {
+        for args in [
+            vec!["dfsn", "meta", s(&path)],
+            vec!["dfsn", "verify", s(&path)],
+        ] {
             let r = zimage(&args);
             assert_eq!(r.status.code(), Some(2), "{args:?}");
             let stderr = String::from_utf8_lossy(&r.stderr);
-            assert!(stderr.contains(name) && stderr.contains(reason), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(name) && stderr.contains(reason),
+                "{args:?}: {stderr}"
+            );
         }
     }
 }
@@ -322,21 +452,52 @@ fn cli_refuses_metadata_that_cannot_be_stored() {
     let model_path = write(dir.path(), "m.safetensors", &model_bytes());
     let out = dir.path().join("m.dfsn");
 
-    let big = write(dir.path(), "big.json", format!("{{\"x\":\"{}\"}}", "y".repeat(3 << 20)).as_bytes());
-    let r = zimage(&["dfsn", "pack", s(&model_path), "--meta", s(&big), "-o", s(&out)]);
+    let big = write(
+        dir.path(),
+        "big.json",
+        format!("{{\"x\":\"{}\"}}", "y".repeat(3 << 20)).as_bytes(),
+    );
+    let r = zimage(&[
+        "dfsn",
+        "pack",
+        s(&model_path),
+        "--meta",
+        s(&big),
+        "-o",
+        s(&out),
+    ]);
     assert_eq!(r.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&r.stderr).contains("m.dfsn"), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("m.dfsn"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     assert!(!out.exists());
 
     let broken = write(dir.path(), "broken.json", b"{oops");
-    let r = zimage(&["dfsn", "pack", s(&model_path), "--meta", s(&broken), "-o", s(&out)]);
+    let r = zimage(&[
+        "dfsn",
+        "pack",
+        s(&model_path),
+        "--meta",
+        s(&broken),
+        "-o",
+        s(&out),
+    ]);
     assert_eq!(r.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&r.stderr).contains("broken.json"));
 
-    assert!(zimage(&["dfsn", "pack", s(&model_path), "-o", s(&out)]).status.success());
+    assert!(zimage(&["dfsn", "pack", s(&model_path), "-o", s(&out)])
+        .status
+        .success());
     let before = std::fs::read(&out).unwrap();
     let r = zimage(&["dfsn", "meta", s(&out), "--file", s(&big)]);
     assert_eq!(r.status.code(), Some(2));
     assert_eq!(std::fs::read(&out).unwrap(), before);
-    assert_eq!(zimage(&["dfsn", "meta", s(&out), "--set", "no-equals-sign"]).status.code(), Some(2));
+    assert_eq!(
+        zimage(&["dfsn", "meta", s(&out), "--set", "no-equals-sign"])
+            .status
+            .code(),
+        Some(2)
+    );
 }

@@ -16,18 +16,39 @@ fn demo_generate_writes_a_png_whose_metadata_reads_back() {
     let out = Command::new(env!("CARGO_BIN_EXE_zimage"))
         .env("ZIMAGE_CACHE_DIR", dir.path().join("cache"))
         .args(["--store", dir.path().join("empty-store").to_str().unwrap()])
-        .args(["generate", "a red fox in the snow", "--width", "64", "--height", "48", "-o", png.to_str().unwrap()])
+        .args([
+            "generate",
+            "a red fox in the snow",
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "-o",
+            png.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("weights are random"));
     let img = image::open(&png).unwrap();
     assert_eq!((img.width(), img.height()), (64, 48));
     let text = read_png_text(&png).unwrap();
     let params = &text.iter().find(|(k, _)| k == "parameters").unwrap().1;
-    assert!(params.starts_with("a red fox in the snow\nSteps: 8, Sampler: Euler"), "{params}");
-    assert!(params.contains("Seed: 42") && params.contains("Size: 64x48") && params.contains("Model hash: "));
-    let json: serde_json::Value = serde_json::from_str(&text.iter().find(|(k, _)| k == "zimage").unwrap().1).unwrap();
+    assert!(
+        params.starts_with("a red fox in the snow\nSteps: 8, Sampler: Euler"),
+        "{params}"
+    );
+    assert!(
+        params.contains("Seed: 42")
+            && params.contains("Size: 64x48")
+            && params.contains("Model hash: ")
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&text.iter().find(|(k, _)| k == "zimage").unwrap().1).unwrap();
     assert_eq!(json["request"]["prompt"], "a red fox in the snow");
     assert_eq!(json["model_identity"].as_str().unwrap().len(), 64);
 }
@@ -37,32 +58,87 @@ fn stored_model_with_reference_noise_reproduces_diffusers_pixels() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_zimage")).arg("--store").arg(&store).args(args).output().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_zimage"))
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .output()
+            .unwrap()
     };
-    let out = run(&["create", "tiny", "--from", models().join("z-image-tiny").to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&[
+        "create",
+        "tiny",
+        "--from",
+        models().join("z-image-tiny").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reference = io::load_safetensors(&models().join("reference/square.safetensors")).unwrap();
     let noise = dir.path().join("noise.safetensors");
-    io::save_safetensors(&noise, &[("noise", &reference.tensors["latents_init"])], &[]).unwrap();
+    io::save_safetensors(
+        &noise,
+        &[("noise", &reference.tensors["latents_init"])],
+        &[],
+    )
+    .unwrap();
     let png = dir.path().join("out.png");
     let out = run(&[
-        "generate", "a red fox in the snow", "--model", "tiny", "--width", "128", "--height", "128",
-        "--noise", noise.to_str().unwrap(), "-o", png.to_str().unwrap(), "--verbose",
+        "generate",
+        "a red fox in the snow",
+        "--model",
+        "tiny",
+        "--width",
+        "128",
+        "--height",
+        "128",
+        "--noise",
+        noise.to_str().unwrap(),
+        "-o",
+        png.to_str().unwrap(),
+        "--verbose",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("denoise"));
     let ours = image::open(&png).unwrap().to_rgb8().into_raw();
     let want = reference.tensors["image_u8"].to_vec::<u8>().unwrap();
     let same = ours.iter().zip(&want).filter(|(a, b)| a == b).count() as f64 / want.len() as f64;
-    let worst = ours.iter().zip(&want).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
-    assert!(same >= 0.999 && worst <= 1, "{same} identical, worst {worst}");
+    let worst = ours
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (*a as i32 - *b as i32).abs())
+        .max()
+        .unwrap();
+    assert!(
+        same >= 0.999 && worst <= 1,
+        "{same} identical, worst {worst}"
+    );
 
     // A noise file of the wrong shape is refused with the field named.
-    let out = run(&["generate", "x", "--model", "tiny", "--width", "64", "--height", "64", "--noise", noise.to_str().unwrap()]);
+    let out = run(&[
+        "generate",
+        "x",
+        "--model",
+        "tiny",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--noise",
+        noise.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tensor `noise` has shape"));
     // So is a size the model cannot take.
-    let out = run(&["generate", "x", "--model", "tiny", "--width", "100", "--height", "64"]);
+    let out = run(&[
+        "generate", "x", "--model", "tiny", "--width", "100", "--height", "64",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("multiples of 16"));
 }

@@ -13,7 +13,10 @@ fn close(a: &Array, want: &[f32], tol: f32) {
     let got = a.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: got {g}, want {w} (all: {got:?})");
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "element {i}: got {g}, want {w} (all: {got:?})"
+        );
     }
 }
 
@@ -21,19 +24,36 @@ fn close(a: &Array, want: &[f32], tol: f32) {
 fn creation_and_readback() {
     let a = arr(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     assert_eq!(a.shape(), vec![2, 3]);
-    assert_eq!((a.ndim(), a.size(), a.nbytes(), a.dtype()), (2, 6, 24, Dtype::F32));
+    assert_eq!(
+        (a.ndim(), a.size(), a.nbytes(), a.dtype()),
+        (2, 6, 24, Dtype::F32)
+    );
     assert_eq!(a.dim(-1), 3);
     assert_eq!(Array::scalar(7i32).unwrap().item::<i32>().unwrap(), 7);
     close(&Array::zeros(&[2], Dtype::F32).unwrap(), &[0.0, 0.0], 0.0);
     close(&Array::ones(&[2], Dtype::BF16).unwrap(), &[1.0, 1.0], 0.0);
     close(&Array::full(&[3], 2.5, Dtype::F16).unwrap(), &[2.5; 3], 0.0);
-    close(&Array::arange(0.0, 5.0, 2.0, Dtype::F32).unwrap(), &[0.0, 2.0, 4.0], 0.0);
+    close(
+        &Array::arange(0.0, 5.0, 2.0, Dtype::F32).unwrap(),
+        &[0.0, 2.0, 4.0],
+        0.0,
+    );
     let b = Array::from_slice(&[bf16::from_f32(1.5), bf16::from_f32(-2.0)], &[2]).unwrap();
-    assert_eq!(b.to_bytes().unwrap(), [bf16::from_f32(1.5).to_le_bytes(), bf16::from_f32(-2.0).to_le_bytes()].concat());
+    assert_eq!(
+        b.to_bytes().unwrap(),
+        [
+            bf16::from_f32(1.5).to_le_bytes(),
+            bf16::from_f32(-2.0).to_le_bytes()
+        ]
+        .concat()
+    );
     let raw = Array::from_bytes(&1.25f32.to_le_bytes(), &[1], Dtype::F32).unwrap();
     assert_eq!(raw.item::<f32>().unwrap(), 1.25);
     assert!(Array::from_slice(&[1.0f32; 3], &[2, 2]).is_err());
-    assert!(a.to_vec::<i32>().is_err(), "dtype mismatch on readback is an error");
+    assert!(
+        a.to_vec::<i32>().is_err(),
+        "dtype mismatch on readback is an error"
+    );
     let c = a.clone();
     drop(a);
     assert_eq!(c.sum(&[], false).unwrap().item::<f32>().unwrap(), 21.0);
@@ -43,13 +63,37 @@ fn creation_and_readback() {
 fn elementwise_maths() {
     let x = arr(&[0.5, 1.0, 2.0], &[3]);
     close(&x.neg().unwrap(), &[-0.5, -1.0, -2.0], 0.0);
-    close(&x.exp().unwrap(), &[1.648_721_3, 2.718_281_8, 7.389_056], 1e-6);
+    close(
+        &x.exp().unwrap(),
+        &[1.648_721_3, 2.718_281_8, 7.389_056],
+        1e-6,
+    );
     close(&x.log().unwrap(), &[-0.693_147_2, 0.0, 0.693_147_2], 1e-6);
-    close(&x.sin().unwrap(), &[0.479_425_55, 0.841_470_96, 0.909_297_4], 1e-6);
-    close(&x.cos().unwrap(), &[0.877_582_6, 0.540_302_3, -0.416_146_84], 1e-6);
-    close(&x.tanh().unwrap(), &[0.462_117_16, 0.761_594_2, 0.964_027_6], 1e-6);
-    close(&x.sigmoid().unwrap(), &[0.622_459_3, 0.731_058_6, 0.880_797_1], 1e-6);
-    close(&x.silu().unwrap(), &[0.311_229_65, 0.731_058_6, 1.761_594_2], 1e-6);
+    close(
+        &x.sin().unwrap(),
+        &[0.479_425_55, 0.841_470_96, 0.909_297_4],
+        1e-6,
+    );
+    close(
+        &x.cos().unwrap(),
+        &[0.877_582_6, 0.540_302_3, -0.416_146_84],
+        1e-6,
+    );
+    close(
+        &x.tanh().unwrap(),
+        &[0.462_117_16, 0.761_594_2, 0.964_027_6],
+        1e-6,
+    );
+    close(
+        &x.sigmoid().unwrap(),
+        &[0.622_459_3, 0.731_058_6, 0.880_797_1],
+        1e-6,
+    );
+    close(
+        &x.silu().unwrap(),
+        &[0.311_229_65, 0.731_058_6, 1.761_594_2],
+        1e-6,
+    );
     close(&x.sqrt().unwrap(), &[0.707_106_77, 1.0, 1.414_213_6], 1e-6);
     close(&x.rsqrt().unwrap(), &[1.414_213_6, 1.0, 0.707_106_77], 1e-6);
     close(&x.square().unwrap(), &[0.25, 1.0, 4.0], 0.0);
@@ -64,16 +108,46 @@ fn elementwise_maths() {
     close(&(-&x).unwrap(), &[-0.5, -1.0, -2.0], 0.0);
     close(&ops::maximum(&x, &y).unwrap(), &[2.0, 1.0, 2.0], 0.0);
     close(&ops::minimum(&x, &y).unwrap(), &[0.5, 1.0, 0.5], 0.0);
-    close(&ops::power(&x, &y).unwrap(), &[0.25, 1.0, 1.414_213_6], 1e-6);
-    close(&ops::clip(&x, Some(0.75), Some(1.5)).unwrap(), &[0.75, 1.0, 1.5], 0.0);
-    close(&ops::clip(&x, None, Some(1.0)).unwrap(), &[0.5, 1.0, 1.0], 0.0);
+    close(
+        &ops::power(&x, &y).unwrap(),
+        &[0.25, 1.0, 1.414_213_6],
+        1e-6,
+    );
+    close(
+        &ops::clip(&x, Some(0.75), Some(1.5)).unwrap(),
+        &[0.75, 1.0, 1.5],
+        0.0,
+    );
+    close(
+        &ops::clip(&x, None, Some(1.0)).unwrap(),
+        &[0.5, 1.0, 1.0],
+        0.0,
+    );
     let gt = ops::greater(&x, &y).unwrap();
     assert_eq!(gt.to_vec::<bool>().unwrap(), vec![false, false, true]);
-    assert_eq!(ops::equal(&x, &y).unwrap().to_vec::<bool>().unwrap(), vec![false, true, false]);
-    assert_eq!(ops::less(&x, &y).unwrap().to_vec::<bool>().unwrap(), vec![true, false, false]);
-    assert_eq!(ops::less_equal(&x, &y).unwrap().to_vec::<bool>().unwrap(), vec![true, true, false]);
-    assert_eq!(ops::greater_equal(&x, &y).unwrap().to_vec::<bool>().unwrap(), vec![false, true, true]);
-    assert_eq!(ops::not_equal(&x, &y).unwrap().to_vec::<bool>().unwrap(), vec![true, false, true]);
+    assert_eq!(
+        ops::equal(&x, &y).unwrap().to_vec::<bool>().unwrap(),
+        vec![false, true, false]
+    );
+    assert_eq!(
+        ops::less(&x, &y).unwrap().to_vec::<bool>().unwrap(),
+        vec![true, false, false]
+    );
+    assert_eq!(
+        ops::less_equal(&x, &y).unwrap().to_vec::<bool>().unwrap(),
+        vec![true, true, false]
+    );
+    assert_eq!(
+        ops::greater_equal(&x, &y)
+            .unwrap()
+            .to_vec::<bool>()
+            .unwrap(),
+        vec![false, true, true]
+    );
+    assert_eq!(
+        ops::not_equal(&x, &y).unwrap().to_vec::<bool>().unwrap(),
+        vec![true, false, true]
+    );
     close(&ops::where_(&gt, &x, &y).unwrap(), &[2.0, 1.0, 2.0], 0.0);
     // Scalars keep a bf16 operand in bf16.
     let h = Array::ones(&[2], Dtype::BF16).unwrap();
@@ -90,10 +164,25 @@ fn reductions_and_softmax() {
     close(&a.max(&[1], false).unwrap(), &[3.0, 6.0], 0.0);
     close(&a.min(&[1], true).unwrap(), &[1.0, 4.0], 0.0);
     assert_eq!(a.min(&[1], true).unwrap().shape(), vec![2, 1]);
-    close(&a.var(&[1], false, 0).unwrap(), &[0.666_666_7, 0.666_666_7], 1e-6);
+    close(
+        &a.var(&[1], false, 0).unwrap(),
+        &[0.666_666_7, 0.666_666_7],
+        1e-6,
+    );
     close(&a.var(&[1], false, 1).unwrap(), &[1.0, 1.0], 1e-6);
     // softmax([1, 2, 3]) = e^x / Σ e^x
-    close(&a.softmax(&[1], true).unwrap(), &[0.090_030_57, 0.244_728_48, 0.665_240_94, 0.090_030_57, 0.244_728_48, 0.665_240_94], 1e-6);
+    close(
+        &a.softmax(&[1], true).unwrap(),
+        &[
+            0.090_030_57,
+            0.244_728_48,
+            0.665_240_94,
+            0.090_030_57,
+            0.244_728_48,
+            0.665_240_94,
+        ],
+        1e-6,
+    );
 }
 
 #[test]
@@ -103,44 +192,107 @@ fn matmul_and_addmm() {
     close(&ops::matmul(&a, &b).unwrap(), &[4.0, 5.0, 10.0, 11.0], 0.0);
     close(&a.matmul(&b).unwrap(), &[4.0, 5.0, 10.0, 11.0], 0.0);
     let c = arr(&[1.0, 1.0, 1.0, 1.0], &[2, 2]);
-    close(&ops::addmm(&c, &a, &b, 2.0, 0.5).unwrap(), &[8.5, 10.5, 20.5, 22.5], 0.0);
+    close(
+        &ops::addmm(&c, &a, &b, 2.0, 0.5).unwrap(),
+        &[8.5, 10.5, 20.5, 22.5],
+        0.0,
+    );
     // Through a transposed view, as linear layers use it.
     let bt = b.transpose(&[1, 0]).unwrap();
-    close(&ops::matmul(&a, &bt.transpose(&[1, 0]).unwrap()).unwrap(), &[4.0, 5.0, 10.0, 11.0], 0.0);
+    close(
+        &ops::matmul(&a, &bt.transpose(&[1, 0]).unwrap()).unwrap(),
+        &[4.0, 5.0, 10.0, 11.0],
+        0.0,
+    );
 }
 
 #[test]
 fn shape_ops() {
     let a = arr(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]);
-    close(&a.reshape(&[3, 2]).unwrap(), &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], 0.0);
-    close(&a.transpose(&[1, 0]).unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0], 0.0);
-    close(&a.swapaxes(0, 1).unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0], 0.0);
+    close(
+        &a.reshape(&[3, 2]).unwrap(),
+        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        0.0,
+    );
+    close(
+        &a.transpose(&[1, 0]).unwrap(),
+        &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0],
+        0.0,
+    );
+    close(
+        &a.swapaxes(0, 1).unwrap(),
+        &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0],
+        0.0,
+    );
     assert_eq!(a.expand_dims(0).unwrap().shape(), vec![1, 2, 3]);
-    assert_eq!(a.expand_dims(0).unwrap().squeeze(0).unwrap().shape(), vec![2, 3]);
-    close(&arr(&[1.0, 2.0], &[2, 1]).broadcast_to(&[2, 2]).unwrap(), &[1.0, 1.0, 2.0, 2.0], 0.0);
-    close(&arr(&[1.0, 2.0], &[2]).repeat(2, 0).unwrap(), &[1.0, 1.0, 2.0, 2.0], 0.0);
-    close(&a.slice(&[0, 1], &[2, 3], &[1, 1]).unwrap(), &[1.0, 2.0, 4.0, 5.0], 0.0);
-    close(&a.slice(&[0, 0], &[2, 3], &[1, 2]).unwrap(), &[0.0, 2.0, 3.0, 5.0], 0.0);
+    assert_eq!(
+        a.expand_dims(0).unwrap().squeeze(0).unwrap().shape(),
+        vec![2, 3]
+    );
+    close(
+        &arr(&[1.0, 2.0], &[2, 1]).broadcast_to(&[2, 2]).unwrap(),
+        &[1.0, 1.0, 2.0, 2.0],
+        0.0,
+    );
+    close(
+        &arr(&[1.0, 2.0], &[2]).repeat(2, 0).unwrap(),
+        &[1.0, 1.0, 2.0, 2.0],
+        0.0,
+    );
+    close(
+        &a.slice(&[0, 1], &[2, 3], &[1, 1]).unwrap(),
+        &[1.0, 2.0, 4.0, 5.0],
+        0.0,
+    );
+    close(
+        &a.slice(&[0, 0], &[2, 3], &[1, 2]).unwrap(),
+        &[0.0, 2.0, 3.0, 5.0],
+        0.0,
+    );
     close(&a.slice_axis(1, 2, 3).unwrap(), &[2.0, 5.0], 0.0);
     let idx = Array::from_slice(&[2i32, 0], &[2]).unwrap();
     close(&a.take(&idx, 1).unwrap(), &[2.0, 0.0, 5.0, 3.0], 0.0);
     let idx2 = Array::from_slice(&[1i32, 0, 2, 2], &[2, 2]).unwrap();
-    close(&a.take_along_axis(&idx2, 1).unwrap(), &[1.0, 0.0, 5.0, 5.0], 0.0);
-    close(&ops::concatenate(&[&a, &a], 0).unwrap().slice_axis(0, 2, 4).unwrap(), &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], 0.0);
+    close(
+        &a.take_along_axis(&idx2, 1).unwrap(),
+        &[1.0, 0.0, 5.0, 5.0],
+        0.0,
+    );
+    close(
+        &ops::concatenate(&[&a, &a], 0)
+            .unwrap()
+            .slice_axis(0, 2, 4)
+            .unwrap(),
+        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        0.0,
+    );
     assert_eq!(ops::stack(&[&a, &a], 0).unwrap().shape(), vec![2, 2, 3]);
     let parts = ops::split(&a, 3, 1).unwrap();
     assert_eq!(parts.len(), 3);
     close(&parts[1], &[1.0, 4.0], 0.0);
     let parts = ops::split_at(&a, &[1], 1).unwrap();
-    assert_eq!((parts[0].shape(), parts[1].shape()), (vec![2, 1], vec![2, 2]));
-    close(&ops::pad(&arr(&[1.0, 2.0], &[1, 2]), &[(0, 1), (1, 0)], 9.0).unwrap(), &[9.0, 1.0, 2.0, 9.0, 9.0, 9.0], 0.0);
-    assert_eq!(a.argmax(&[1], false).unwrap().to_vec::<u32>().unwrap(), vec![2, 2]);
+    assert_eq!(
+        (parts[0].shape(), parts[1].shape()),
+        (vec![2, 1], vec![2, 2])
+    );
+    close(
+        &ops::pad(&arr(&[1.0, 2.0], &[1, 2]), &[(0, 1), (1, 0)], 9.0).unwrap(),
+        &[9.0, 1.0, 2.0, 9.0, 9.0, 9.0],
+        0.0,
+    );
+    assert_eq!(
+        a.argmax(&[1], false).unwrap().to_vec::<u32>().unwrap(),
+        vec![2, 2]
+    );
 }
 
 #[test]
 fn conv2d_nhwc() {
     // 3×3 input, one channel, 2×2 kernel of ones: every output is the sum of a 2×2 window.
-    let x = arr(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0], &[1, 3, 3, 1]);
+    let x = arr(
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        &[1, 3, 3, 1],
+    );
     let w = arr(&[1.0; 4], &[1, 2, 2, 1]);
     let y = ops::conv2d(&x, &w, (1, 1), (0, 0), (1, 1), 1).unwrap();
     assert_eq!(y.shape(), vec![1, 2, 2, 1]);
@@ -155,26 +307,58 @@ fn fast_kernels() {
     // rms = sqrt(7.5); y = x / rms · w
     let w = arr(&[1.0, 1.0, 2.0, 0.5], &[4]);
     let r = 7.5f32.sqrt();
-    close(&fast::rms_norm(&x, Some(&w), 0.0).unwrap(), &[1.0 / r, 2.0 / r, 6.0 / r, 2.0 / r], 1e-6);
+    close(
+        &fast::rms_norm(&x, Some(&w), 0.0).unwrap(),
+        &[1.0 / r, 2.0 / r, 6.0 / r, 2.0 / r],
+        1e-6,
+    );
     // mean 2.5, var 1.25
     let s = 1.25f32.sqrt();
-    close(&fast::layer_norm(&x, None, None, 0.0).unwrap(), &[-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s], 1e-6);
+    close(
+        &fast::layer_norm(&x, None, None, 0.0).unwrap(),
+        &[-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s],
+        1e-6,
+    );
     let b = arr(&[1.0; 4], &[4]);
-    close(&fast::layer_norm(&x, Some(&w), Some(&b), 0.0).unwrap(), &[1.0 - 1.5 / s, 1.0 - 0.5 / s, 1.0 + 1.0 / s, 1.0 + 0.75 / s], 1e-6);
+    close(
+        &fast::layer_norm(&x, Some(&w), Some(&b), 0.0).unwrap(),
+        &[1.0 - 1.5 / s, 1.0 - 0.5 / s, 1.0 + 1.0 / s, 1.0 + 0.75 / s],
+        1e-6,
+    );
     // RoPE at position 1 (offset 1), dims 2, base 1: angle 1 rad on the only pair.
     let v = arr(&[1.0, 0.0], &[1, 1, 1, 2]);
     let (c, sn) = (1f32.cos(), 1f32.sin());
-    close(&fast::rope(&v, 2, true, Some(1.0), 1.0, 1, None).unwrap(), &[c, sn], 1e-6);
-    close(&fast::rope(&v, 2, false, Some(1.0), 1.0, 1, None).unwrap(), &[c, sn], 1e-6);
+    close(
+        &fast::rope(&v, 2, true, Some(1.0), 1.0, 1, None).unwrap(),
+        &[c, sn],
+        1e-6,
+    );
+    close(
+        &fast::rope(&v, 2, false, Some(1.0), 1.0, 1, None).unwrap(),
+        &[c, sn],
+        1e-6,
+    );
     // Attention over two keys with equal scores averages the values; causal sees only the first.
     let q = arr(&[1.0, 0.0], &[1, 1, 1, 2]);
     let q2 = arr(&[1.0, 0.0, 1.0, 0.0], &[1, 1, 2, 2]);
     let k = arr(&[0.0, 1.0, 0.0, 1.0], &[1, 1, 2, 2]);
     let vv = arr(&[2.0, 0.0, 4.0, 8.0], &[1, 1, 2, 2]);
-    close(&fast::scaled_dot_product_attention(&q, &k, &vv, 1.0, fast::Mask::None).unwrap(), &[3.0, 4.0], 1e-6);
-    close(&fast::scaled_dot_product_attention(&q2, &k, &vv, 1.0, fast::Mask::Causal).unwrap(), &[2.0, 0.0, 3.0, 4.0], 1e-6);
+    close(
+        &fast::scaled_dot_product_attention(&q, &k, &vv, 1.0, fast::Mask::None).unwrap(),
+        &[3.0, 4.0],
+        1e-6,
+    );
+    close(
+        &fast::scaled_dot_product_attention(&q2, &k, &vv, 1.0, fast::Mask::Causal).unwrap(),
+        &[2.0, 0.0, 3.0, 4.0],
+        1e-6,
+    );
     let mask = Array::from_slice(&[false, true], &[1, 1, 1, 2]).unwrap();
-    close(&fast::scaled_dot_product_attention(&q, &k, &vv, 1.0, fast::Mask::Array(&mask)).unwrap(), &[4.0, 8.0], 1e-6);
+    close(
+        &fast::scaled_dot_product_attention(&q, &k, &vv, 1.0, fast::Mask::Array(&mask)).unwrap(),
+        &[4.0, 8.0],
+        1e-6,
+    );
 }
 
 #[test]
@@ -182,7 +366,10 @@ fn quantization_round_trip() {
     let vals: Vec<f32> = (0..128).map(|i| (i as f32 - 64.0) / 16.0).collect();
     let w = arr(&vals, &[2, 64]);
     let (q, s, b) = ops::quantize(&w, 64, 8).unwrap();
-    assert_eq!((q.shape(), q.dtype(), s.shape()), (vec![2, 16], Dtype::U32, vec![2, 1]));
+    assert_eq!(
+        (q.shape(), q.dtype(), s.shape()),
+        (vec![2, 16], Dtype::U32, vec![2, 1])
+    );
     let back = ops::dequantize(&q, &s, &b, 64, 8).unwrap();
     // 8-bit affine over a range of 3.94 has a step of ~0.0155.
     close(&back, &vals, 0.01);
@@ -195,12 +382,21 @@ fn quantization_round_trip() {
 #[test]
 fn random_normal_is_keyed() {
     let k = random::key(7).unwrap();
-    let a = random::normal(&[1000], Dtype::F32, &k).unwrap().to_vec::<f32>().unwrap();
-    let b = random::normal(&[1000], Dtype::F32, &random::key(7).unwrap()).unwrap().to_vec::<f32>().unwrap();
+    let a = random::normal(&[1000], Dtype::F32, &k)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let b = random::normal(&[1000], Dtype::F32, &random::key(7).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     assert_eq!(a, b, "same key, same numbers");
     let mean = a.iter().sum::<f32>() / 1000.0;
     let var = a.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / 1000.0;
-    assert!(mean.abs() < 0.15 && (var - 1.0).abs() < 0.15, "mean {mean}, var {var}");
+    assert!(
+        mean.abs() < 0.15 && (var - 1.0).abs() < 0.15,
+        "mean {mean}, var {var}"
+    );
 }
 
 #[test]
@@ -230,7 +426,10 @@ fn errors_carry_mlx_messages_and_never_abort() {
     let e = ops::matmul(&a, &a).unwrap_err();
     assert!(e.message.contains("[matmul]"), "{e}");
     let e = (&a + &arr(&[1.0; 4], &[4])).unwrap_err();
-    assert!(e.message.contains("broadcast") || e.message.contains("Shapes"), "{e}");
+    assert!(
+        e.message.contains("broadcast") || e.message.contains("Shapes"),
+        "{e}"
+    );
     assert!(a.transpose(&[0]).is_err());
     assert!(a.slice_axis(5, 0, 1).is_err());
     assert!(ops::concatenate(&[&a, &arr(&[1.0], &[1])], 0).is_err());
@@ -274,20 +473,46 @@ fn device_and_version() {
 #[test]
 fn silu_matches_its_definition_for_every_layout_and_dtype() {
     // Values across the clamp at ±87, zero and the usual range.
-    let vals: Vec<f32> = (0..4096).map(|i| (i as f32 - 2048.0) * 0.06).chain([-200.0, -88.0, 88.0, 200.0, 0.0]).collect();
+    let vals: Vec<f32> = (0..4096)
+        .map(|i| (i as f32 - 2048.0) * 0.06)
+        .chain([-200.0, -88.0, 88.0, 200.0, 0.0])
+        .collect();
     let n = vals.len() as i32;
     let x = Array::from_slice(&vals, &[n]).unwrap();
     let got = x.silu().unwrap().to_vec::<f32>().unwrap();
     for (v, g) in vals.iter().zip(&got) {
         let want = (*v as f64) / (1.0 + (-(*v as f64)).exp());
-        assert!(((*g as f64) - want).abs() <= 2e-7 * want.abs().max(1e-30) + 1e-30, "silu({v}) = {g}, want {want}");
+        assert!(
+            ((*g as f64) - want).abs() <= 2e-7 * want.abs().max(1e-30) + 1e-30,
+            "silu({v}) = {g}, want {want}"
+        );
     }
     // A strided (transposed) input, and a bf16 one, go through the same op.
     let m = Array::from_slice(&vals[..4096], &[64, 64]).unwrap();
-    let t = m.transpose(&[1, 0]).unwrap().silu().unwrap().transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
+    let t = m
+        .transpose(&[1, 0])
+        .unwrap()
+        .silu()
+        .unwrap()
+        .transpose(&[1, 0])
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     assert_eq!(t, got[..4096].to_vec());
-    let h = m.astype(Dtype::BF16).unwrap().silu().unwrap().astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
-    let worst = h.iter().zip(&got[..4096]).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f32::max);
+    let h = m
+        .astype(Dtype::BF16)
+        .unwrap()
+        .silu()
+        .unwrap()
+        .astype(Dtype::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let worst = h
+        .iter()
+        .zip(&got[..4096])
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+        .fold(0.0, f32::max);
     assert!(worst < 1e-2, "bf16 silu off by {worst}");
 }
 
@@ -300,8 +525,18 @@ fn convolution_as_matrix_products_matches_conv2d() {
         let want = ops::conv2d(&x, &wt, (1, 1), (k / 2, k / 2), (1, 1), 1).unwrap();
         let got = conv2d_as_matmuls(&x, &conv_taps(&wt).unwrap(), cout).unwrap();
         assert_eq!(got.shape(), want.shape());
-        let diff = (&got - &want).unwrap().abs().unwrap().max(&[0, 1, 2, 3], false).unwrap().item::<f32>().unwrap();
-        assert!(diff < 1e-4, "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff}");
+        let diff = (&got - &want)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(&[0, 1, 2, 3], false)
+            .unwrap()
+            .item::<f32>()
+            .unwrap();
+        assert!(
+            diff < 1e-4,
+            "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff}"
+        );
     }
 }
 
@@ -317,6 +552,13 @@ fn attention_in_head_chunks_matches_the_definition() {
     let scores = (q.matmul(&k.transpose(&[0, 1, 3, 2]).unwrap()).unwrap() * scale).unwrap();
     let want = scores.softmax(&[3], true).unwrap().matmul(&v).unwrap();
     assert_eq!(got.shape(), vec![1, 2, s, d]);
-    let diff = (&got - &want).unwrap().abs().unwrap().max(&[0, 1, 2, 3], false).unwrap().item::<f32>().unwrap();
+    let diff = (&got - &want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(&[0, 1, 2, 3], false)
+        .unwrap()
+        .item::<f32>()
+        .unwrap();
     assert!(diff < 1e-5, "off by {diff}");
 }

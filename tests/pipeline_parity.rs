@@ -17,15 +17,25 @@ struct Reference {
 
 impl Reference {
     fn load(case: &str) -> Reference {
-        let st = io::load_safetensors(&root().join(format!("reference/{case}.safetensors"))).unwrap();
+        let st =
+            io::load_safetensors(&root().join(format!("reference/{case}.safetensors"))).unwrap();
         let meta = serde_json::from_str(&st.metadata["case"]).unwrap();
-        Reference { t: st.tensors, meta }
+        Reference {
+            t: st.tensors,
+            meta,
+        }
     }
     fn get(&self, name: &str) -> &Array {
-        self.t.get(name).unwrap_or_else(|| panic!("reference has no `{name}`"))
+        self.t
+            .get(name)
+            .unwrap_or_else(|| panic!("reference has no `{name}`"))
     }
     fn f32(&self, name: &str) -> Vec<f32> {
-        self.get(name).astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap()
+        self.get(name)
+            .astype(Dtype::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
     }
     fn request(&self) -> Request {
         let m = &self.meta;
@@ -44,7 +54,10 @@ impl Reference {
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn pipeline() -> Pipeline<DiffusersDir> {
@@ -59,7 +72,13 @@ fn check_case(case: &str) {
 
     // Tokens and prompt embeddings.
     let ids = p.token_ids(&req.prompt).unwrap();
-    let ref_ids: Vec<u32> = r.get("token_ids").to_vec::<i64>().unwrap().iter().map(|&x| x as u32).collect();
+    let ref_ids: Vec<u32> = r
+        .get("token_ids")
+        .to_vec::<i64>()
+        .unwrap()
+        .iter()
+        .map(|&x| x as u32)
+        .collect();
     assert_eq!(ids, ref_ids, "{case}: token ids");
     let te = p.load_text_encoder().unwrap();
     let emb = te.encode(&ids).unwrap();
@@ -67,9 +86,14 @@ fn check_case(case: &str) {
     println!("{case}: prompt embeddings max-abs {d:.3e}");
     assert!(d <= 1e-5, "{case}: prompt embeddings differ by {d}");
     let neg = if req.guidance > 0.0 {
-        let nids = p.token_ids(req.negative_prompt.as_deref().unwrap_or("")).unwrap();
+        let nids = p
+            .token_ids(req.negative_prompt.as_deref().unwrap_or(""))
+            .unwrap();
         let e = te.encode(&nids).unwrap();
-        let d = max_abs(&e.to_vec::<f32>().unwrap(), &r.f32("negative_prompt_embeds"));
+        let d = max_abs(
+            &e.to_vec::<f32>().unwrap(),
+            &r.f32("negative_prompt_embeds"),
+        );
         assert!(d <= 1e-5, "{case}: negative embeddings differ by {d}");
         Some(e)
     } else {
@@ -80,7 +104,12 @@ fn check_case(case: &str) {
     let shape = p.latent_shape(&req);
     let noise = zimage::torch_rng::randn(req.seed, shape.iter().product::<i32>() as usize).unwrap();
     let ref_noise = r.f32("latents_init");
-    let ulps = noise.iter().zip(&ref_noise).map(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).abs()).max().unwrap();
+    let ulps = noise
+        .iter()
+        .zip(&ref_noise)
+        .map(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).abs())
+        .max()
+        .unwrap();
     println!("{case}: seeded noise max ulp difference {ulps}");
     assert!(ulps <= 1, "{case}: seeded noise differs by {ulps} ulp");
 
@@ -100,7 +129,10 @@ fn check_case(case: &str) {
         worst = worst.max(d);
     }
     println!("{case}: transformer output max-abs over steps {worst:.3e}");
-    assert!(worst <= 1e-4, "{case}: transformer output differs by {worst}");
+    assert!(
+        worst <= 1e-4,
+        "{case}: transformer output differs by {worst}"
+    );
 
     // The whole run from the seed: final latents and pixels.
     let mut p = pipeline();
@@ -111,11 +143,23 @@ fn check_case(case: &str) {
     assert!(d <= 1e-4, "{case}: final latents differ by {d}");
     let ref_px = r.get("image_u8").to_vec::<u8>().unwrap();
     assert_eq!(out.rgb.len(), ref_px.len());
-    let off: Vec<i32> = out.rgb.iter().zip(&ref_px).map(|(a, b)| (*a as i32 - *b as i32).abs()).collect();
+    let off: Vec<i32> = out
+        .rgb
+        .iter()
+        .zip(&ref_px)
+        .map(|(a, b)| (*a as i32 - *b as i32).abs())
+        .collect();
     let same = off.iter().filter(|&&x| x == 0).count() as f64 / off.len() as f64;
     let max_off = off.iter().copied().max().unwrap();
-    println!("{case}: pixels identical {:.4}%, max off {max_off}", same * 100.0);
-    assert!(same >= 0.999 && max_off <= 1, "{case}: {:.4}% identical, max off {max_off}", same * 100.0);
+    println!(
+        "{case}: pixels identical {:.4}%, max off {max_off}",
+        same * 100.0
+    );
+    assert!(
+        same >= 0.999 && max_off <= 1,
+        "{case}: {:.4}% identical, max off {max_off}",
+        same * 100.0
+    );
 }
 
 #[test]
@@ -143,28 +187,66 @@ fn bf16_stays_within_the_reference_bf16_drift() {
     let dir = DiffusersDir::open(&root().join("z-image-tiny")).unwrap();
     let mut p = Pipeline::new(dir, Dtype::BF16, false).unwrap();
     // Stage by stage against diffusers' bf16 run, each from the reference's own inputs.
-    let emb = p.load_text_encoder().unwrap().encode(&p.token_ids(&req.prompt).unwrap()).unwrap();
+    let emb = p
+        .load_text_encoder()
+        .unwrap()
+        .encode(&p.token_ids(&req.prompt).unwrap())
+        .unwrap();
     let emb_v = emb.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
     let emb_d = max_abs(&emb_v, &bf16_ref.f32("prompt_embeds"));
-    let exact = emb_v.iter().zip(bf16_ref.f32("prompt_embeds")).filter(|(a, b)| **a == *b).count() as f64 / emb_v.len() as f64;
+    let exact = emb_v
+        .iter()
+        .zip(bf16_ref.f32("prompt_embeds"))
+        .filter(|(a, b)| **a == *b)
+        .count() as f64
+        / emb_v.len() as f64;
     let t = p.load_transformer().unwrap();
-    let x = bf16_ref.get("step0.model_input").slice_axis(0, 0, 1).unwrap().squeeze(0).unwrap();
+    let x = bf16_ref
+        .get("step0.model_input")
+        .slice_axis(0, 0, 1)
+        .unwrap()
+        .squeeze(0)
+        .unwrap();
     let tm = bf16_ref.get("step0.t_model").to_vec::<f32>().unwrap()[0];
     let ref_emb = bf16_ref.get("prompt_embeds").astype(Dtype::BF16).unwrap();
-    let out0 = t.forward(&x, tm, &ref_emb).unwrap().astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+    let out0 = t
+        .forward(&x, tm, &ref_emb)
+        .unwrap()
+        .astype(Dtype::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     let out0_d = max_abs(&out0, &bf16_ref.f32("step0.model_output"));
-    let out0_f32 = max_abs(&bf16_ref.f32("step0.model_output"), &f32_ref.f32("step0.model_output"));
+    let out0_f32 = max_abs(
+        &bf16_ref.f32("step0.model_output"),
+        &f32_ref.f32("step0.model_output"),
+    );
     println!("bf16 stages: prompt embeddings {emb_d:.3e} ({:.1}% bit-identical); step-0 transformer output {out0_d:.3e} (diffusers bf16 vs f32 there: {out0_f32:.3e})", exact * 100.0);
     drop(t);
     let out = p.generate(&req, &mut |_| {}).unwrap();
     let ours = max_abs(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last));
     let from_bf16_ref = max_abs(&out.latents.to_vec::<f32>().unwrap(), &bf16_ref.f32(&last));
-    let rms = |a: &[f32], b: &[f32]| (a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
-    let (ours_rms, ref_rms) =
-        (rms(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last)), rms(&bf16_ref.f32(&last), &f32_ref.f32(&last)));
+    let rms = |a: &[f32], b: &[f32]| {
+        (a.iter()
+            .zip(b)
+            .map(|(x, y)| ((x - y) as f64).powi(2))
+            .sum::<f64>()
+            / a.len() as f64)
+            .sqrt()
+    };
+    let (ours_rms, ref_rms) = (
+        rms(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last)),
+        rms(&bf16_ref.f32(&last), &f32_ref.f32(&last)),
+    );
     println!("bf16 RMS drift from f32: ours {ours_rms:.3e}, diffusers' {ref_rms:.3e}");
-    assert!(ours_rms <= 1.1 * ref_rms, "bf16 RMS drift {ours_rms} vs reference {ref_rms}");
+    assert!(
+        ours_rms <= 1.1 * ref_rms,
+        "bf16 RMS drift {ours_rms} vs reference {ref_rms}"
+    );
     println!("bf16: our drift from f32 {ours:.3e}, diffusers' bf16 drift {ref_drift:.3e}, ours from diffusers' bf16 {from_bf16_ref:.3e}");
-    assert!(ours <= 2.0 * ref_drift.max(1e-3), "bf16 drift {ours} vs reference drift {ref_drift}");
+    assert!(
+        ours <= 2.0 * ref_drift.max(1e-3),
+        "bf16 drift {ours} vs reference drift {ref_drift}"
+    );
     let _ = mlx::memory::active_memory();
 }

@@ -10,7 +10,8 @@ use zimage::formats::{listing_of_file, Listing};
 use zimage::store::{ImportOptions, Store};
 
 const TINY: &str = "models/z-image-tiny";
-const TINY_TRANSFORMER: &str = "models/z-image-tiny/transformer/diffusion_pytorch_model.safetensors";
+const TINY_TRANSFORMER: &str =
+    "models/z-image-tiny/transformer/diffusion_pytorch_model.safetensors";
 
 /// Writes a safetensors file with exactly this header text, followed by `data_len` zero bytes.
 fn write_raw(path: &Path, header: &str, data_len: usize) {
@@ -43,7 +44,10 @@ fn golden_canonical_json_and_hash() {
         a.canonical_json(),
         r#"{"format":"safetensors","metadata":{"format":"\"pt\"","note":"\"x\""},"tensors":{"a.weight":{"name":"a.weight","dtype":"f32","shape":[2,3],"byte_length":24},"b.bias":{"name":"b.bias","dtype":"f16","shape":[3],"byte_length":6}}}"#
     );
-    assert_eq!(a.hash(), "7d22ce7f2e131b433e24684d4ff9592bf08a0e5e27ff92381d67f309e3f13378");
+    assert_eq!(
+        a.hash(),
+        "7d22ce7f2e131b433e24684d4ff9592bf08a0e5e27ff92381d67f309e3f13378"
+    );
     assert_eq!(a.id(), "wi:safetensors:0:7d22ce7f");
 }
 
@@ -103,7 +107,10 @@ fn hashes_agree_with_weight_inspect() {
         r#""w":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},"x":{"dtype":"weird_Type","shape":[],"data_offsets":[2,4,9]}}"#
     );
     write_raw(&path, header, 4);
-    assert_eq!(artifact_of(&path).hash(), "30cd0bd72a4f01fe23375440fcb6d56f5037e19d19536571a891b1a8cba803df");
+    assert_eq!(
+        artifact_of(&path).hash(),
+        "30cd0bd72a4f01fe23375440fcb6d56f5037e19d19536571a891b1a8cba803df"
+    );
     assert_eq!(
         artifact_of(Path::new(TINY_TRANSFORMER)).hash(),
         "5852f46dc9157d7b9cf0331c2e83f23335cdf88763e5b45a00763042c9cd896c"
@@ -125,7 +132,11 @@ fn zero_size_tensors_hash() {
         r#"{"format":"safetensors","metadata":{},"tensors":{"empty":{"name":"empty","dtype":"f32","shape":[0,4],"byte_length":0},"one":{"name":"one","dtype":"f32","shape":[1],"byte_length":4}}}"#
     );
     let id = a.id();
-    assert!(id.starts_with("wi:safetensors:0:") && id.len() == 25 && id[17..].chars().all(|c| c.is_ascii_hexdigit()));
+    assert!(
+        id.starts_with("wi:safetensors:0:")
+            && id.len() == 25
+            && id[17..].chars().all(|c| c.is_ascii_hexdigit())
+    );
     assert_eq!(&id[17..], &a.hash()[..8]);
 }
 
@@ -268,7 +279,10 @@ fn diff_renderings_with_changes() {
     let (a, b) = diff_pair(dir.path());
     let d = diff_of(&a, &b);
     assert_eq!(structural::render_diff_text(&d, false), TEXT_DIFFERENT);
-    assert_eq!(structural::render_diff_text(&d, true), format!("{TEXT_DIFFERENT}{TEXT_VERBOSE_TAIL}"));
+    assert_eq!(
+        structural::render_diff_text(&d, true),
+        format!("{TEXT_DIFFERENT}{TEXT_VERBOSE_TAIL}")
+    );
     assert_eq!(structural::render_diff_markdown(&d), MD_DIFFERENT);
     assert_eq!(structural::render_diff_json(&d), JSON_DIFFERENT);
 }
@@ -291,21 +305,46 @@ fn a_ztensor_file_compares_with_its_safetensors_source() {
     let dir = tempfile::tempdir().unwrap();
     let a = golden_file(dir.path());
     let zt = dir.path().join("a.zt");
-    let out = zimage(&dir.path().join("store"), &["convert", a.to_str().unwrap(), zt.to_str().unwrap(), "--compress"]);
+    let out = zimage(
+        &dir.path().join("store"),
+        &[
+            "convert",
+            a.to_str().unwrap(),
+            zt.to_str().unwrap(),
+            "--compress",
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let other: Listing = listing_of_file(&zt).unwrap();
     assert_eq!(other.format, "ztensor");
     let d = structural::diff(&artifact_of(&a), &Artifact::from_listing(&other));
-    assert!(!d.has_changes() && !d.format_equal && !d.hash_equal, "{d:?}");
-    assert!(structural::render_diff_text(&d, false).ends_with("Format:           differs\nStructural ID:    changed\n"));
-    let out = zimage(&dir.path().join("store"), &["diff", a.to_str().unwrap(), zt.to_str().unwrap(), "--fail-on-diff"]);
+    assert!(
+        !d.has_changes() && !d.format_equal && !d.hash_equal,
+        "{d:?}"
+    );
+    assert!(structural::render_diff_text(&d, false)
+        .ends_with("Format:           differs\nStructural ID:    changed\n"));
+    let out = zimage(
+        &dir.path().join("store"),
+        &[
+            "diff",
+            a.to_str().unwrap(),
+            zt.to_str().unwrap(),
+            "--fail-on-diff",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
 
 // The command line.
 
 fn zimage(store: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage")).arg("--store").arg(store).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_zimage"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -315,7 +354,14 @@ fn text(bytes: &[u8]) -> String {
 fn tiny_store(dir: &Path) -> PathBuf {
     let root = dir.join("store");
     let store = Store::at(&root);
-    store.create("z-image-tiny-test", &DiffusersDir::open(Path::new(TINY)).unwrap(), &ImportOptions::default(), &|_| {}).unwrap();
+    store
+        .create(
+            "z-image-tiny-test",
+            &DiffusersDir::open(Path::new(TINY)).unwrap(),
+            &ImportOptions::default(),
+            &|_| {},
+        )
+        .unwrap();
     root
 }
 
@@ -324,16 +370,43 @@ fn cli_file_against_stored_component() {
     let dir = tempfile::tempdir().unwrap();
     let root = tiny_store(dir.path());
 
-    let out = zimage(&root, &["diff", TINY_TRANSFORMER, "z-image-tiny-test", "--component", "transformer"]);
+    let out = zimage(
+        &root,
+        &[
+            "diff",
+            TINY_TRANSFORMER,
+            "z-image-tiny-test",
+            "--component",
+            "transformer",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), TEXT_IDENTICAL);
     // The file's `__metadata__` has no counterpart in the store, and the note says so.
-    assert!(text(&out.stderr).contains("no file metadata"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no file metadata"),
+        "{}",
+        text(&out.stderr)
+    );
 
-    let out = zimage(&root, &["diff", "z-image-tiny-test", TINY_TRANSFORMER, "--component", "transformer", "--json", "--fail-on-diff"]);
+    let out = zimage(
+        &root,
+        &[
+            "diff",
+            "z-image-tiny-test",
+            TINY_TRANSFORMER,
+            "--component",
+            "transformer",
+            "--json",
+            "--fail-on-diff",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((json["schema"].as_u64(), json["hash_equal"].as_bool()), (Some(1), Some(true)));
+    assert_eq!(
+        (json["schema"].as_u64(), json["hash_equal"].as_bool()),
+        (Some(1), Some(true))
+    );
 
     // One dtype changed in place: the header keeps its length (`"BF16"` → `"F16" `).
     let bytes = std::fs::read(TINY_TRANSFORMER).unwrap();
@@ -344,18 +417,40 @@ fn cli_file_against_stored_component() {
     std::fs::write(&path, modified).unwrap();
     let p = path.to_str().unwrap();
 
-    let out = zimage(&root, &["diff", TINY_TRANSFORMER, p, "--fail-on-diff", "--verbose"]);
+    let out = zimage(
+        &root,
+        &["diff", TINY_TRANSFORMER, p, "--fail-on-diff", "--verbose"],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert!(stdout.starts_with("DIFFERENT\n") && stdout.contains("Modified tensors: 1\n"), "{stdout}");
+    assert!(
+        stdout.starts_with("DIFFERENT\n") && stdout.contains("Modified tensors: 1\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("    dtype: bf16 -> f16\n"), "{stdout}");
 
-    let out = zimage(&root, &["diff", "z-image-tiny-test", p, "--component", "transformer", "--fail-on-diff", "--format", "md"]);
+    let out = zimage(
+        &root,
+        &[
+            "diff",
+            "z-image-tiny-test",
+            p,
+            "--component",
+            "transformer",
+            "--fail-on-diff",
+            "--format",
+            "md",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("**Status:** [DIFFERENT]"));
 
     let out = zimage(&root, &["diff", TINY_TRANSFORMER, p]);
-    assert_eq!(out.status.code(), Some(0), "a difference without --fail-on-diff is a success");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a difference without --fail-on-diff is a success"
+    );
 }
 
 #[test]
@@ -367,19 +462,29 @@ fn cli_two_files() {
 
     let out = zimage(&store, &["diff", a, b, "--verbose"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), format!("{TEXT_DIFFERENT}{TEXT_VERBOSE_TAIL}"));
+    assert_eq!(
+        text(&out.stdout),
+        format!("{TEXT_DIFFERENT}{TEXT_VERBOSE_TAIL}")
+    );
     let out = zimage(&store, &["diff", a, b, "--json", "--only-changes"]);
     assert_eq!(text(&out.stdout), JSON_DIFFERENT);
     let out = zimage(&store, &["diff", a, b, "--format", "md"]);
     assert_eq!(text(&out.stdout), MD_DIFFERENT);
     let out = zimage(&store, &["diff", a, a, "--fail-on-diff"]);
-    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), TEXT_IDENTICAL.to_string()));
+    assert_eq!(
+        (out.status.code(), text(&out.stdout)),
+        (Some(0), TEXT_IDENTICAL.to_string())
+    );
 
     let out = zimage(&store, &["diff", a, b, "--format", "xml"]);
     assert_eq!(out.status.code(), Some(2), "clap rejects an unknown format");
     let out = zimage(&store, &["diff", a, b, "--component", "transformer"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--component"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--component"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -403,15 +508,25 @@ fn cli_malformed_files_exit_2_naming_the_file() {
         ("cut.safetensors", bytes[..40].to_vec(), ""),
         ("overflow.safetensors", overflow, ""),
         ("badjson.safetensors", bad_json, "not JSON"),
-        ("badtensor.safetensors", bad_tensor, "tensor `w`: field `shape`"),
+        (
+            "badtensor.safetensors",
+            bad_tensor,
+            "tensor `w`: field `shape`",
+        ),
     ];
     for (name, content, says) in cases {
         let path = dir.path().join(name);
         std::fs::write(&path, content).unwrap();
-        let out = zimage(&store, &["diff", good.to_str().unwrap(), path.to_str().unwrap()]);
+        let out = zimage(
+            &store,
+            &["diff", good.to_str().unwrap(), path.to_str().unwrap()],
+        );
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
-        assert!(stderr.contains(name) && stderr.contains(says), "{name}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains(says),
+            "{name}: {stderr}"
+        );
         assert!(!stderr.contains("panicked"), "{name}: {stderr}");
         assert!(out.stdout.is_empty(), "{name}");
     }
@@ -420,12 +535,25 @@ fn cli_malformed_files_exit_2_naming_the_file() {
 #[test]
 fn reader_errors_name_the_file() {
     let path = Path::new("x/y.safetensors");
-    let read = |bytes: &[u8]| structural::read_safetensors_listing(&mut &bytes[..], bytes.len() as u64, path).unwrap_err().to_string();
+    let read = |bytes: &[u8]| {
+        structural::read_safetensors_listing(&mut &bytes[..], bytes.len() as u64, path)
+            .unwrap_err()
+            .to_string()
+    };
     let mut overflow = u64::MAX.to_le_bytes().to_vec();
     overflow.extend_from_slice(b"{}");
-    assert_eq!(read(&overflow), "`x/y.safetensors`: header length 18446744073709551615 exceeds the 104857600-byte limit");
-    assert_eq!(read(b"abc"), "`x/y.safetensors`: file is 3 bytes, too small for the 8-byte header length");
+    assert_eq!(
+        read(&overflow),
+        "`x/y.safetensors`: header length 18446744073709551615 exceeds the 104857600-byte limit"
+    );
+    assert_eq!(
+        read(b"abc"),
+        "`x/y.safetensors`: file is 3 bytes, too small for the 8-byte header length"
+    );
     let mut past = 64u64.to_le_bytes().to_vec();
     past.extend_from_slice(b"{}");
-    assert_eq!(read(&past), "`x/y.safetensors`: header length 64 runs past the end of the 10-byte file");
+    assert_eq!(
+        read(&past),
+        "`x/y.safetensors`: header length 64 runs past the end of the 10-byte file"
+    );
 }

@@ -38,7 +38,11 @@ struct Item {
 }
 
 enum Input {
-    Safetensors { path: PathBuf, file: File, header: Header },
+    Safetensors {
+        path: PathBuf,
+        file: File,
+        header: Header,
+    },
     ZTensor(ZtFile),
 }
 
@@ -70,12 +74,22 @@ impl Input {
                 let mut ts: Vec<_> = header.tensors.iter().collect();
                 ts.sort_by_key(|t| (t.data_offsets.0, t.data_offsets.1));
                 ts.into_iter()
-                    .map(|t| Item { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), nbytes: t.nbytes() })
+                    .map(|t| Item {
+                        name: t.name.clone(),
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        nbytes: t.nbytes(),
+                    })
                     .collect()
             }
             Input::ZTensor(zt) => zt
                 .tensors()
-                .map(|t| Item { name: t.name.clone(), dtype: t.dtype.safetensors(), shape: t.shape.clone(), nbytes: t.dense_len })
+                .map(|t| Item {
+                    name: t.name.clone(),
+                    dtype: t.dtype.safetensors(),
+                    shape: t.shape.clone(),
+                    nbytes: t.dense_len,
+                })
                 .collect(),
         }
     }
@@ -102,7 +116,12 @@ impl Input {
                 let mut reader = self.st_range(file, header, item).with_context(io)?;
                 let n = std::io::copy(&mut reader, out).with_context(io)?;
                 if n != item.nbytes {
-                    bail!("`{}`: tensor `{}` is cut short ({n} of {} bytes); the file is truncated", path.display(), item.name, item.nbytes);
+                    bail!(
+                        "`{}`: tensor `{}` is cut short ({n} of {} bytes); the file is truncated",
+                        path.display(),
+                        item.name,
+                        item.nbytes
+                    );
                 }
                 Ok(())
             }
@@ -110,8 +129,15 @@ impl Input {
         }
     }
 
-    fn st_range<'a>(&self, mut file: &'a File, header: &Header, item: &Item) -> std::io::Result<impl Read + 'a> {
-        let t = header.tensor(&item.name).expect("items come from the header");
+    fn st_range<'a>(
+        &self,
+        mut file: &'a File,
+        header: &Header,
+        item: &Item,
+    ) -> std::io::Result<impl Read + 'a> {
+        let t = header
+            .tensor(&item.name)
+            .expect("items come from the header");
         file.seek(SeekFrom::Start(header.data_start() + t.data_offsets.0))?;
         Ok(std::io::BufReader::with_capacity(1 << 20, file).take(item.nbytes))
     }
@@ -127,7 +153,10 @@ fn output_kind(path: &Path) -> anyhow::Result<Output> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("zt") => Ok(Output::ZTensor),
         Some("safetensors") => Ok(Output::Safetensors),
-        _ => bail!("`{}`: cannot tell the output format; name it `*.zt` or `*.safetensors`", path.display()),
+        _ => bail!(
+            "`{}`: cannot tell the output format; name it `*.zt` or `*.safetensors`",
+            path.display()
+        ),
     }
 }
 
@@ -136,22 +165,32 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<ExitCode> {
     if out_kind == Output::Safetensors && (a.compress || a.checksum.is_some()) {
         bail!("`--compress` and `--checksum` apply to .zt output only; drop them or name the output `*.zt`");
     }
-    let checksum = Checksum::parse(a.checksum.as_deref().unwrap_or("crc32c")).expect("clap checks the value");
+    let checksum =
+        Checksum::parse(a.checksum.as_deref().unwrap_or("crc32c")).expect("clap checks the value");
     let input = Input::open(&a.input)?;
     for w in input.warnings() {
         eprintln!("warning: `{}`: {w}", a.input.display());
     }
     let items = input.items();
     let size = match out_kind {
-        Output::ZTensor => write_zt(&input, &items, &a.output, WriteOptions {
-            compress: a.compress,
-            checksum,
-            attributes: input.metadata().unwrap_or_default(),
-        })?,
+        Output::ZTensor => write_zt(
+            &input,
+            &items,
+            &a.output,
+            WriteOptions {
+                compress: a.compress,
+                checksum,
+                attributes: input.metadata().unwrap_or_default(),
+            },
+        )?,
         Output::Safetensors => write_safetensors(&input, &items, &a.output)?,
     };
     let how = match out_kind {
-        Output::ZTensor => format!(", {}, {}", if a.compress { "zstd" } else { "raw" }, checksum.name()),
+        Output::ZTensor => format!(
+            ", {}, {}",
+            if a.compress { "zstd" } else { "raw" },
+            checksum.name()
+        ),
         Output::Safetensors => String::new(),
     };
     let data: u64 = items.iter().map(|i| i.nbytes).sum();
@@ -183,20 +222,31 @@ fn write_zt(input: &Input, items: &[Item], path: &Path, opts: WriteOptions) -> a
     for (item, dtype) in items.iter().zip(dtypes) {
         match input {
             Input::Safetensors { file, header, .. } => {
-                let mut reader = input.st_range(file, header, item).with_context(|| format!("`{}`", input_path(input).display()))?;
+                let mut reader = input
+                    .st_range(file, header, item)
+                    .with_context(|| format!("`{}`", input_path(input).display()))?;
                 w.add_dense_from(&item.name, dtype, &item.shape, &mut reader)?;
             }
             // Decoded one tensor at a time: digests are checked before the bytes are used.
-            Input::ZTensor(zt) => w.add_dense(&item.name, dtype, &item.shape, &zt.read_dense(&item.name)?)?,
+            Input::ZTensor(zt) => {
+                w.add_dense(&item.name, dtype, &item.shape, &zt.read_dense(&item.name)?)?
+            }
         }
     }
     Ok(w.finish()?)
 }
 
 fn write_safetensors(input: &Input, items: &[Item], path: &Path) -> anyhow::Result<u64> {
-    let specs: Vec<TensorSpec> =
-        items.iter().map(|i| TensorSpec { name: i.name.clone(), dtype: i.dtype, shape: i.shape.clone() }).collect();
-    let header = safetensors::header_bytes(&specs, input.metadata().as_ref(), 8).map_err(|e| e.in_file(path))?;
+    let specs: Vec<TensorSpec> = items
+        .iter()
+        .map(|i| TensorSpec {
+            name: i.name.clone(),
+            dtype: i.dtype,
+            shape: i.shape.clone(),
+        })
+        .collect();
+    let header = safetensors::header_bytes(&specs, input.metadata().as_ref(), 8)
+        .map_err(|e| e.in_file(path))?;
     let io = |e: std::io::Error| anyhow::anyhow!("`{}`: {e}", path.display());
     let tmp = zimage::platform::temp_file_beside(path, ".zimage-st-").map_err(io)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);

@@ -56,7 +56,11 @@ pub enum DfsnCommand {
 
 pub fn run(_store: Option<PathBuf>, a: DfsnArgs) -> anyhow::Result<ExitCode> {
     match a.command {
-        DfsnCommand::Pack { model, meta, output } => {
+        DfsnCommand::Pack {
+            model,
+            meta,
+            output,
+        } => {
             let metadata = match &meta {
                 Some(path) => read_json_object(path)?,
                 None => serde_json::json!({}),
@@ -71,16 +75,23 @@ pub fn run(_store: Option<PathBuf>, a: DfsnArgs) -> anyhow::Result<ExitCode> {
                 output.display()
             );
         }
-        DfsnCommand::Meta { file, set, from_file } => {
+        DfsnCommand::Meta {
+            file,
+            set,
+            from_file,
+        } => {
             let container = dfsn::Container::open(&file)?;
             let metadata = if let Some(path) = &from_file {
                 read_json_object(path)?
             } else if !set.is_empty() {
                 let mut metadata = container.metadata.clone();
-                let object = metadata.as_object_mut().expect("container metadata is an object");
+                let object = metadata
+                    .as_object_mut()
+                    .expect("container metadata is an object");
                 for pair in &set {
-                    let (key, value) =
-                        pair.split_once('=').with_context(|| format!("`--set {pair}`: expected KEY=VALUE"))?;
+                    let (key, value) = pair
+                        .split_once('=')
+                        .with_context(|| format!("`--set {pair}`: expected KEY=VALUE"))?;
                     object.insert(key.to_string(), value.into());
                 }
                 metadata
@@ -98,7 +109,12 @@ pub fn run(_store: Option<PathBuf>, a: DfsnArgs) -> anyhow::Result<ExitCode> {
                 out["ok"] = v.ok().into();
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else if v.ok() {
-                println!("ok: `{}` model bytes ({} bytes) match sha256 {}", file.display(), v.model_len, v.stored_sha256);
+                println!(
+                    "ok: `{}` model bytes ({} bytes) match sha256 {}",
+                    file.display(),
+                    v.model_len,
+                    v.stored_sha256
+                );
             } else {
                 println!(
                     "mismatch: `{}` model bytes ({} bytes) hash to {}, but the header says {}",

@@ -44,14 +44,28 @@ pub fn run(store: Option<PathBuf>, a: DiffArgs) -> anyhow::Result<ExitCode> {
     let target_b = target::resolve(store.as_deref(), &a.b)?;
     let is_model = |t: &Target| matches!(t, Target::Model { .. });
     if a.component.is_some() && !is_model(&target_a) && !is_model(&target_b) {
-        anyhow::bail!("`--component` applies to stored models, and `{}` and `{}` are files", a.a, a.b);
+        anyhow::bail!(
+            "`--component` applies to stored models, and `{}` and `{}` are files",
+            a.a,
+            a.b
+        );
     }
-    let listing = |t: &Target| t.listing(if is_model(t) { a.component.as_deref() } else { None });
+    let listing = |t: &Target| {
+        t.listing(if is_model(t) {
+            a.component.as_deref()
+        } else {
+            None
+        })
+    };
     let mut listing_a = listing(&target_a)?;
     let mut listing_b = listing(&target_b)?;
     // The store keeps no file-level metadata, so against a stored model every key of the
     // other side would read as removed or added; such a comparison is of tensors alone.
-    if let Some(name) = [(&target_a, &a.a), (&target_b, &a.b)].iter().find(|(t, _)| is_model(t)).map(|(_, n)| n) {
+    if let Some(name) = [(&target_a, &a.a), (&target_b, &a.b)]
+        .iter()
+        .find(|(t, _)| is_model(t))
+        .map(|(_, n)| n)
+    {
         if !listing_a.metadata.is_empty() || !listing_b.metadata.is_empty() {
             eprintln!("note: `{name}` is a stored model, which keeps no file metadata; metadata is left out of the comparison");
         }
@@ -59,7 +73,10 @@ pub fn run(store: Option<PathBuf>, a: DiffArgs) -> anyhow::Result<ExitCode> {
         listing_b.metadata.clear();
     }
 
-    let d = structural::diff(&Artifact::from_listing(&listing_a), &Artifact::from_listing(&listing_b));
+    let d = structural::diff(
+        &Artifact::from_listing(&listing_a),
+        &Artifact::from_listing(&listing_b),
+    );
     let out = if a.json {
         structural::render_diff_json(&d)
     } else {
@@ -69,5 +86,9 @@ pub fn run(store: Option<PathBuf>, a: DiffArgs) -> anyhow::Result<ExitCode> {
         }
     };
     print!("{out}");
-    Ok(if a.fail_on_diff && d.has_changes() { super::exit_check_failed() } else { ExitCode::SUCCESS })
+    Ok(if a.fail_on_diff && d.has_changes() {
+        super::exit_check_failed()
+    } else {
+        ExitCode::SUCCESS
+    })
 }

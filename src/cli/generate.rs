@@ -60,11 +60,21 @@ const DEMO_NAME: &str = "zimage/z-image-tiny:demo";
 
 /// The model to run: `--model`, else a Z-Image in the store, else the demo imported into a
 /// small store of its own (so the user's store is left alone).
-fn resolve_model(store: Option<PathBuf>, requested: Option<&str>) -> anyhow::Result<(StoreSource, bool)> {
+fn resolve_model(
+    store: Option<PathBuf>,
+    requested: Option<&str>,
+) -> anyhow::Result<(StoreSource, bool)> {
     let user_store = Store::locate(store.as_deref())?;
     if let Some(name) = requested {
         let model = user_store.open(name)?;
-        return Ok((StoreSource { store: user_store, model, read_path: ReadPath::MlxLoader }, false));
+        return Ok((
+            StoreSource {
+                store: user_store,
+                model,
+                read_path: ReadPath::MlxLoader,
+            },
+            false,
+        ));
     }
     if let Ok(models) = user_store.list() {
         for m in models {
@@ -75,7 +85,14 @@ fn resolve_model(store: Option<PathBuf>, requested: Option<&str>) -> anyhow::Res
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .is_some_and(|j| j["_class_name"] == "ZImagePipeline");
             if is_zimage && m.name.short() != DEMO_NAME {
-                return Ok((StoreSource { store: user_store, model: m, read_path: ReadPath::MlxLoader }, false));
+                return Ok((
+                    StoreSource {
+                        store: user_store,
+                        model: m,
+                        read_path: ReadPath::MlxLoader,
+                    },
+                    false,
+                ));
             }
         }
     }
@@ -85,31 +102,60 @@ fn resolve_model(store: Option<PathBuf>, requested: Option<&str>) -> anyhow::Res
         .context("cannot place the demo store: set ZIMAGE_CACHE_DIR or HOME")?;
     let demo_store = Store::at(&cache.join("demo-store"));
     let model = match demo_store.open(DEMO_NAME) {
-        Ok(m) if demo_store.verify(DEMO_NAME).map(|r| r.problems.is_empty()).unwrap_or(false) => m,
+        Ok(m)
+            if demo_store
+                .verify(DEMO_NAME)
+                .map(|r| r.problems.is_empty())
+                .unwrap_or(false) =>
+        {
+            m
+        }
         _ => {
             let dir = DiffusersDir::open(&demo_dir())?;
             demo_store.create(DEMO_NAME, &dir, &ImportOptions::default(), &|_| {})?;
             demo_store.open(DEMO_NAME)?
         }
     };
-    Ok((StoreSource { store: demo_store, model, read_path: ReadPath::MlxLoader }, true))
+    Ok((
+        StoreSource {
+            store: demo_store,
+            model,
+            read_path: ReadPath::MlxLoader,
+        },
+        true,
+    ))
 }
 
 /// Reads `--noise`: one f32 tensor `noise` of shape [1, C, h, w].
 fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading `{}`", path.display()))?;
     let header = safetensors::parse(&bytes).map_err(|e| e.in_file(path))?;
-    let t = header.tensor("noise").with_context(|| format!("`{}` has no tensor `noise`", path.display()))?;
+    let t = header
+        .tensor("noise")
+        .with_context(|| format!("`{}` has no tensor `noise`", path.display()))?;
     if t.dtype != safetensors::Dtype::F32 {
-        bail!("`{}`: tensor `noise` is {}, expected F32", path.display(), t.dtype);
+        bail!(
+            "`{}`: tensor `noise` is {}, expected F32",
+            path.display(),
+            t.dtype
+        );
     }
-    let want: Vec<u64> = std::iter::once(1).chain(expected.iter().map(|&d| d as u64)).collect();
+    let want: Vec<u64> = std::iter::once(1)
+        .chain(expected.iter().map(|&d| d as u64))
+        .collect();
     if t.shape != want {
-        bail!("`{}`: tensor `noise` has shape {:?}, expected {want:?}", path.display(), t.shape);
+        bail!(
+            "`{}`: tensor `noise` has shape {:?}, expected {want:?}",
+            path.display(),
+            t.shape
+        );
     }
     let start = (header.data_start() + t.data_offsets.0) as usize;
     let end = (header.data_start() + t.data_offsets.1) as usize;
-    Ok(bytes[start..end].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+    Ok(bytes[start..end]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
 }
 
 pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
@@ -144,7 +190,10 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     }
 
     let bar = ProgressBar::new(req.steps as u64);
-    bar.set_style(ProgressStyle::with_template("{msg:>8} [{bar:30}] {pos}/{len} steps {elapsed}").expect("valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:30}] {pos}/{len} steps {elapsed}")
+            .expect("valid template"),
+    );
     let verbose = a.verbose;
     let out = pipeline.generate(&req, &mut |p| match p {
         Progress::Phase(name) => bar.set_message(name),
@@ -156,13 +205,23 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     let hash10 = identity.get(..10).unwrap_or("").to_string();
     let parameters = infotext::format(
         &req.prompt,
-        req.negative_prompt.as_deref().filter(|_| req.guidance > 0.0).unwrap_or(""),
+        req.negative_prompt
+            .as_deref()
+            .filter(|_| req.guidance > 0.0)
+            .unwrap_or(""),
         &[
             ("Steps", req.steps.to_string()),
             ("Sampler", "Euler".into()),
             ("Schedule type", "Flow matching, shift 3".into()),
             ("CFG scale", req.guidance.to_string()),
-            ("Seed", if a.noise.is_some() { "-1".into() } else { req.seed.to_string() }),
+            (
+                "Seed",
+                if a.noise.is_some() {
+                    "-1".into()
+                } else {
+                    req.seed.to_string()
+                },
+            ),
             ("Size", format!("{}x{}", req.width, req.height)),
             ("Model hash", hash10),
             ("Model", model_name.clone()),
@@ -183,16 +242,36 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         &out.rgb,
         out.width,
         out.height,
-        &[(image_out::PARAMETERS_KEY, &parameters), (image_out::ZIMAGE_KEY, &request_json.to_string())],
+        &[
+            (image_out::PARAMETERS_KEY, &parameters),
+            (image_out::ZIMAGE_KEY, &request_json.to_string()),
+        ],
     )?;
     if verbose {
         for p in &out.phases {
-            eprintln!("{:<8} {:>8.3} s   peak {:>8.1} MB", p.phase, p.seconds, p.peak_bytes as f64 / 1e6);
+            eprintln!(
+                "{:<8} {:>8.3} s   peak {:>8.1} MB",
+                p.phase,
+                p.seconds,
+                p.peak_bytes as f64 / 1e6
+            );
         }
-        let steps = out.phases.iter().find(|p| p.phase == "denoise").map(|p| p.seconds / req.steps as f64).unwrap_or(0.0);
+        let steps = out
+            .phases
+            .iter()
+            .find(|p| p.phase == "denoise")
+            .map(|p| p.seconds / req.steps as f64)
+            .unwrap_or(0.0);
         let total: f64 = out.phases.iter().map(|p| p.seconds).sum();
         eprintln!("step     {steps:>8.3} s   total {total:.3} s");
     }
-    println!("wrote {} ({}×{}, {} steps, seed {})", a.output.display(), out.width, out.height, req.steps, req.seed);
+    println!(
+        "wrote {} ({}×{}, {} steps, seed {})",
+        a.output.display(),
+        out.width,
+        out.height,
+        req.steps,
+        req.seed
+    );
     Ok(ExitCode::SUCCESS)
 }

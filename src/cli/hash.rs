@@ -3,8 +3,8 @@
 use crate::cli::target::{self, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use zimage::formats::{dfsn, model_hash, FileKind};
 use zimage::formats::structural::Artifact;
+use zimage::formats::{dfsn, model_hash, FileKind};
 
 #[derive(clap::Args, Debug)]
 pub struct HashArgs {
@@ -61,7 +61,10 @@ pub fn run(store: Option<PathBuf>, a: HashArgs) -> anyhow::Result<ExitCode> {
             let identity = model.manifest.model_identity();
             json.insert("model".into(), model.name.short().into());
             json.insert("model_identity".into(), identity.clone().into());
-            json.insert("manifest_digest".into(), model.manifest_digest.clone().into());
+            json.insert(
+                "manifest_digest".into(),
+                model.manifest_digest.clone().into(),
+            );
             rows.push(("Model", model.name.short()));
             rows.push(("Model identity", identity));
             rows.push(("Manifest digest", model.manifest_digest.clone()));
@@ -83,7 +86,11 @@ pub fn run(store: Option<PathBuf>, a: HashArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
-        let width = rows.iter().map(|(label, _)| label.chars().count()).max().unwrap_or(0);
+        let width = rows
+            .iter()
+            .map(|(label, _)| label.chars().count())
+            .max()
+            .unwrap_or(0);
         for (label, value) in rows {
             println!("{label:<width$}  {value}");
         }

@@ -16,12 +16,23 @@ pub fn run(a: InfoArgs) -> anyhow::Result<ExitCode> {
     println!("variant       {}", build.variant);
     println!("library       {}", build.lib_dir);
     println!("found via     {}", build.source);
-    let gpu = if mlx::gpu_available() { "gpu available" } else { "no gpu" };
-    println!("devices       cpu, {gpu} (default: {:?})", zimage::platform::default_device());
+    let gpu = if mlx::gpu_available() {
+        "gpu available"
+    } else {
+        "no gpu"
+    };
+    println!(
+        "devices       cpu, {gpu} (default: {:?})",
+        zimage::platform::default_device()
+    );
     println!("BLAS          {}", mlx::blas_description());
     if a.matmul_size > 0 {
         let gflops = matmul_gflops(a.matmul_size)?;
-        println!("f32 matmul    {gflops:.1} GFLOP/s at {n}×{n}×{n} on {:?}", mlx::default_device(), n = a.matmul_size);
+        println!(
+            "f32 matmul    {gflops:.1} GFLOP/s at {n}×{n}×{n} on {:?}",
+            mlx::default_device(),
+            n = a.matmul_size
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

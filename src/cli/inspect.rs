@@ -32,7 +32,10 @@ pub fn run(store: Option<PathBuf>, a: InspectArgs) -> anyhow::Result<ExitCode> {
     let report = match target::resolve(store.as_deref(), &a.target)? {
         Target::File { path, kind } => {
             if a.component.is_some() {
-                anyhow::bail!("`--component` applies to stored models, and `{}` is a file", path.display());
+                anyhow::bail!(
+                    "`--component` applies to stored models, and `{}` is a file",
+                    path.display()
+                );
             }
             inspect_file(&path, kind)?
         }
@@ -56,7 +59,10 @@ pub fn run(store: Option<PathBuf>, a: InspectArgs) -> anyhow::Result<ExitCode> {
 
 fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
     let size = std::fs::metadata(path)?.len();
-    let mut facts = vec![("path", json!(path.display().to_string())), ("size", json!(size))];
+    let mut facts = vec![
+        ("path", json!(path.display().to_string())),
+        ("size", json!(size)),
+    ];
     let listing = match kind {
         FileKind::Safetensors => {
             let header = safetensors::read_header_file(path)?;
@@ -121,7 +127,10 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
 /// A safetensors file as the store writes blobs: one tensor keyed `data` (the seed's form) or
 /// keyed by its name, or a quantized weight with its `.scale`/`.bias` companions.
 fn safetensors_flavour(path: &Path, header: &safetensors::Header) -> &'static str {
-    let in_store = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("sha256-"));
+    let in_store = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("sha256-"));
     match (in_store, header.tensors.len()) {
         (false, _) => "safetensors",
         (true, 1) if header.tensors[0].name == "data" => "store blob: one tensor keyed `data`",
@@ -131,22 +140,34 @@ fn safetensors_flavour(path: &Path, header: &safetensors::Header) -> &'static st
 }
 
 fn inspect_model(t: &Target, component: Option<&str>) -> anyhow::Result<Report> {
-    let Target::Model { model, .. } = t else { unreachable!("called for stored models") };
+    let Target::Model { model, .. } = t else {
+        unreachable!("called for stored models")
+    };
     let listing = t.listing(component)?;
     let mut facts = vec![
         ("model", json!(model.name.short())),
-        ("format", json!("stored model (manifest and per-tensor blobs)")),
+        (
+            "format",
+            json!("stored model (manifest and per-tensor blobs)"),
+        ),
         ("identity", json!(model.manifest.model_identity())),
         ("manifest", json!(model.manifest_digest)),
         ("size", json!(model.size())),
         ("components", json!(model.manifest.components())),
     ];
     facts.extend(tensor_totals(&listing));
-    Ok(Report { facts, listing: Some(listing) })
+    Ok(Report {
+        facts,
+        listing: Some(listing),
+    })
 }
 
 fn tensor_totals(l: &Listing) -> Vec<(&'static str, Value)> {
-    let params: u64 = l.tensors.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    let params: u64 = l
+        .tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<u64>())
+        .sum();
     let bytes: u64 = l.tensors.iter().map(|t| t.byte_length).sum();
     let mut dtypes = std::collections::BTreeMap::<String, usize>::new();
     for t in &l.tensors {
@@ -165,7 +186,11 @@ fn tensor_totals(l: &Listing) -> Vec<(&'static str, Value)> {
 fn png_chunk(key: &str, text: &str) -> Value {
     if key == image_out::PARAMETERS_KEY {
         let info = infotext::parse(text);
-        let params: serde_json::Map<String, Value> = info.params.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        let params: serde_json::Map<String, Value> = info
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect();
         return json!({ "key": key, "text": text, "prompt": info.prompt, "negative_prompt": info.negative_prompt, "parameters": params });
     }
     match serde_json::from_str::<Value>(text) {
@@ -177,11 +202,23 @@ fn png_chunk(key: &str, text: &str) -> Value {
 fn print_text(r: &Report) {
     for (k, v) in &r.facts {
         let shown = match (k, v) {
-            (&("size" | "tensor_bytes" | "model_bytes"), Value::Number(n)) => human(n.as_u64().unwrap_or(0)),
-            (&("dtypes" | "components"), Value::Object(m)) => m.iter().map(|(d, n)| format!("{d}×{n}")).collect::<Vec<_>>().join(" "),
-            (&"text", Value::Array(chunks)) => chunks.iter().map(chunk_text).collect::<Vec<_>>().join("\n"),
+            (&("size" | "tensor_bytes" | "model_bytes"), Value::Number(n)) => {
+                human(n.as_u64().unwrap_or(0))
+            }
+            (&("dtypes" | "components"), Value::Object(m)) => m
+                .iter()
+                .map(|(d, n)| format!("{d}×{n}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            (&"text", Value::Array(chunks)) => {
+                chunks.iter().map(chunk_text).collect::<Vec<_>>().join("\n")
+            }
             (_, Value::String(s)) => s.clone(),
-            (_, Value::Array(items)) => items.iter().map(|i| i.as_str().map(str::to_string).unwrap_or(i.to_string())).collect::<Vec<_>>().join(", "),
+            (_, Value::Array(items)) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string).unwrap_or(i.to_string()))
+                .collect::<Vec<_>>()
+                .join(", "),
             (_, other) => other.to_string(),
         };
         println!("{:<16}{shown}", k.replace('_', " "));
@@ -190,18 +227,38 @@ fn print_text(r: &Report) {
     if !l.metadata.is_empty() {
         println!("metadata");
         for (k, v) in &l.metadata {
-            println!("  {k}: {}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+            println!(
+                "  {k}: {}",
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            );
         }
     }
     if l.tensors.is_empty() {
         return;
     }
-    let width = l.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    let width = l
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     println!();
-    println!("{:<width$}  {:<8} {:<22} {:>10}", "NAME", "DTYPE", "SHAPE", "BYTES");
+    println!(
+        "{:<width$}  {:<8} {:<22} {:>10}",
+        "NAME", "DTYPE", "SHAPE", "BYTES"
+    );
     for t in &l.tensors {
         let shape = format!("{:?}", t.shape);
-        println!("{:<width$}  {:<8} {:<22} {:>10}", t.name, t.dtype.to_uppercase(), shape, t.byte_length);
+        println!(
+            "{:<width$}  {:<8} {:<22} {:>10}",
+            t.name,
+            t.dtype.to_uppercase(),
+            shape,
+            t.byte_length
+        );
     }
 }
 
@@ -211,11 +268,18 @@ fn chunk_text(chunk: &Value) -> String {
     let body = match (chunk.get("json"), chunk.get("parameters")) {
         (Some(j), _) => serde_json::to_string_pretty(j).unwrap_or_default(),
         (None, Some(Value::Object(params))) => {
-            let mut lines = vec![format!("prompt: {}", chunk["prompt"].as_str().unwrap_or(""))];
+            let mut lines = vec![format!(
+                "prompt: {}",
+                chunk["prompt"].as_str().unwrap_or("")
+            )];
             if let Some(n) = chunk["negative_prompt"].as_str().filter(|n| !n.is_empty()) {
                 lines.push(format!("negative prompt: {n}"));
             }
-            lines.extend(params.iter().map(|(k, v)| format!("{k}: {}", v.as_str().unwrap_or(""))));
+            lines.extend(
+                params
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", v.as_str().unwrap_or(""))),
+            );
             lines.join("\n")
         }
         _ => chunk["text"].as_str().unwrap_or("").to_string(),
@@ -224,5 +288,8 @@ fn chunk_text(chunk: &Value) -> String {
 }
 
 fn indent(s: &str) -> String {
-    s.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+    s.lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

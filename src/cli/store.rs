@@ -4,9 +4,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::loader::{self, ReadPath};
 use zimage::safetensors::Dtype;
-use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::store::import::TensorSourceSync;
 use zimage::store::{self, ImportOptions, Quantization, SafetensorsFile, Store};
 
@@ -79,19 +79,30 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
             "f16" => Dtype::F16,
             _ => Dtype::F32,
         }),
-        quantize: a.quantize.as_deref().map(|q| if q == "int4" { Quantization::Int4 } else { Quantization::Int8 }),
+        quantize: a.quantize.as_deref().map(|q| {
+            if q == "int4" {
+                Quantization::Int4
+            } else {
+                Quantization::Int8
+            }
+        }),
         align: a.align,
     };
     let total: u64 = source.tensors().iter().map(|t| t.nbytes).sum();
     let bar = ProgressBar::new(total);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} importing [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} importing [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
-    let summary = store.create(&a.name, source.as_ref(), &opts, &|done| bar.set_position(done));
+    let summary = store.create(&a.name, source.as_ref(), &opts, &|done| {
+        bar.set_position(done)
+    });
     bar.finish_and_clear();
-    let summary = summary.with_context(|| format!("importing `{}` as `{}`", a.from.display(), a.name))?;
+    let summary =
+        summary.with_context(|| format!("importing `{}` as `{}`", a.from.display(), a.name))?;
     println!(
         "created {}: {} tensors, {} blobs written ({}), {} already present ({})",
         a.name,
@@ -109,7 +120,8 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
     if from.is_dir() {
         return Ok(Box::new(DiffusersDir::open(from)?));
     }
-    let kind = FileKind::of_file(from).with_context(|| format!("cannot read `{}`", from.display()))?;
+    let kind =
+        FileKind::of_file(from).with_context(|| format!("cannot read `{}`", from.display()))?;
     let len = std::fs::metadata(from)?.len();
     Ok(match kind {
         FileKind::Safetensors => Box::new(SafetensorsFile::open(from, 0, len, component)?),
@@ -135,9 +147,20 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
     println!("{:<40} {:<14} {:>10}  MODIFIED", "NAME", "ID", "SIZE");
     for m in store.list()? {
-        let id = m.manifest_digest.trim_start_matches("sha256:").get(..12).unwrap_or("").to_string();
+        let id = m
+            .manifest_digest
+            .trim_start_matches("sha256:")
+            .get(..12)
+            .unwrap_or("")
+            .to_string();
         let modified: chrono_free::Ago = m.modified.into();
-        println!("{:<40} {:<14} {:>10}  {}", m.name.short(), id, human(m.size()), modified);
+        println!(
+            "{:<40} {:<14} {:>10}  {}",
+            m.name.short(),
+            id,
+            human(m.size()),
+            modified
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -151,14 +174,22 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
         .manifest
         .tensor_layers()
         .filter_map(|l| {
-            let others: Vec<String> =
-                users.get(&l.digest)?.iter().filter(|n| **n != model.name.short()).cloned().collect();
+            let others: Vec<String> = users
+                .get(&l.digest)?
+                .iter()
+                .filter(|n| **n != model.name.short())
+                .cloned()
+                .collect();
             (!others.is_empty()).then(|| (l.name.as_deref().unwrap_or(""), l.size, others))
         })
         .collect();
     let shared_bytes: u64 = shared.iter().map(|s| s.1).sum();
     let quantized: usize = summary.values().map(|c| c.quantized_tensors).sum();
-    let quant = if quantized > 0 { format!("MLX affine ({quantized} tensors)") } else { "none".to_string() };
+    let quant = if quantized > 0 {
+        format!("MLX affine ({quantized} tensors)")
+    } else {
+        "none".to_string()
+    };
     if a.json {
         let json = serde_json::json!({
             "name": model.name.short(),
@@ -180,21 +211,42 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     println!("size        {}", human(model.size()));
     println!("quantized   {quant}");
     println!();
-    println!("{:<14} {:>8} {:>14} {:>10}  DTYPES", "COMPONENT", "TENSORS", "PARAMETERS", "BYTES");
+    println!(
+        "{:<14} {:>8} {:>14} {:>10}  DTYPES",
+        "COMPONENT", "TENSORS", "PARAMETERS", "BYTES"
+    );
     for (name, c) in &summary {
         let dtypes: Vec<String> = c.dtypes.iter().map(|(d, n)| format!("{d}×{n}")).collect();
-        let q = if c.quantized_tensors > 0 { format!(" ({} quantized)", c.quantized_tensors) } else { String::new() };
-        println!("{:<14} {:>8} {:>14} {:>10}  {}{q}", name, c.tensors, c.parameters, human(c.bytes), dtypes.join(" "));
+        let q = if c.quantized_tensors > 0 {
+            format!(" ({} quantized)", c.quantized_tensors)
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<14} {:>8} {:>14} {:>10}  {}{q}",
+            name,
+            c.tensors,
+            c.parameters,
+            human(c.bytes),
+            dtypes.join(" ")
+        );
     }
     println!();
-    println!("shared      {} blobs ({}) with other models", shared.len(), human(shared_bytes));
+    println!(
+        "shared      {} blobs ({}) with other models",
+        shared.len(),
+        human(shared_bytes)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn rm(s: Option<PathBuf>, a: RmArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
     let name = store.remove(&a.name)?;
-    println!("deleted {} (run `zimage gc` to free its unshared blobs)", name.short());
+    println!(
+        "deleted {} (run `zimage gc` to free its unshared blobs)",
+        name.short()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -215,16 +267,28 @@ pub fn verify(s: Option<PathBuf>, a: VerifyArgs) -> anyhow::Result<ExitCode> {
         "checked {} blobs ({}): {}",
         report.blobs_checked,
         human(report.bytes_checked),
-        if report.problems.is_empty() { "ok".to_string() } else { format!("{} problems", report.problems.len()) }
+        if report.problems.is_empty() {
+            "ok".to_string()
+        } else {
+            format!("{} problems", report.problems.len())
+        }
     );
-    Ok(if report.problems.is_empty() { ExitCode::SUCCESS } else { super::exit_check_failed() })
+    Ok(if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        super::exit_check_failed()
+    })
 }
 
 pub fn profile(s: Option<PathBuf>, a: ProfileArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
     zimage::platform::use_default_device()?;
     let model = store.open(&a.name)?;
-    let path = if a.mmap { ReadPath::Mmap } else { ReadPath::MlxLoader };
+    let path = if a.mmap {
+        ReadPath::Mmap
+    } else {
+        ReadPath::MlxLoader
+    };
     let (manifest_seconds, components) = loader::profile(&store, &model, path)?;
     if a.json {
         let json = serde_json::json!({ "model": model.name.short(), "read_path": path,
@@ -232,10 +296,26 @@ pub fn profile(s: Option<PathBuf>, a: ProfileArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{} via {:?}: manifest parsed in {:.2} ms", model.name.short(), path, manifest_seconds * 1e3);
+    println!(
+        "{} via {:?}: manifest parsed in {:.2} ms",
+        model.name.short(),
+        path,
+        manifest_seconds * 1e3
+    );
     println!(
         "{:<14} {:>6} {:>10} {:>7} {:>10} {:>11} {:>9} {:>11} {:>9} {:>6} {:>11} {:>6}",
-        "COMPONENT", "BLOBS", "BYTES", "MAPPED", "HEADERS", "MATERIALISE", "GB/s", "SEQ READ", "GB/s", "RATIO", "STREAMING", "RATIO"
+        "COMPONENT",
+        "BLOBS",
+        "BYTES",
+        "MAPPED",
+        "HEADERS",
+        "MATERIALISE",
+        "GB/s",
+        "SEQ READ",
+        "GB/s",
+        "RATIO",
+        "STREAMING",
+        "RATIO"
     );
     for c in components {
         println!(
@@ -279,7 +359,10 @@ mod chrono_free {
     pub struct Ago(pub u64);
     impl From<SystemTime> for Ago {
         fn from(t: SystemTime) -> Ago {
-            Ago(SystemTime::now().duration_since(t).map(|d| d.as_secs()).unwrap_or(0))
+            Ago(SystemTime::now()
+                .duration_since(t)
+                .map(|d| d.as_secs())
+                .unwrap_or(0))
         }
     }
     impl std::fmt::Display for Ago {

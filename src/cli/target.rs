@@ -18,10 +18,15 @@ pub fn resolve(store: Option<&Path>, target: &str) -> anyhow::Result<Target> {
             anyhow::bail!("`{target}` is a directory; give a model file, or import the directory with `zimage create NAME --from {target}`");
         }
         let kind = FileKind::of_file(path).map_err(|e| anyhow::anyhow!("`{target}`: {e}"))?;
-        return Ok(Target::File { path: path.to_path_buf(), kind });
+        return Ok(Target::File {
+            path: path.to_path_buf(),
+            kind,
+        });
     }
     let looks_like_path = target.starts_with(['/', '.', '~'])
-        || path.extension().is_some_and(|e| ["safetensors", "zt", "dfsn", "png", "ckpt"].contains(&e.to_string_lossy().as_ref()));
+        || path.extension().is_some_and(|e| {
+            ["safetensors", "zt", "dfsn", "png", "ckpt"].contains(&e.to_string_lossy().as_ref())
+        });
     if looks_like_path {
         anyhow::bail!("`{target}`: no such file");
     }
@@ -38,11 +43,16 @@ impl Target {
         match self {
             Target::File { path, .. } => {
                 if component.is_some() {
-                    anyhow::bail!("`--component` applies to stored models, and `{}` is a file", path.display());
+                    anyhow::bail!(
+                        "`--component` applies to stored models, and `{}` is a file",
+                        path.display()
+                    );
                 }
                 Ok(formats::listing_of_file(path)?)
             }
-            Target::Model { store, model } => Ok(formats::listing_of_model(store, model, component)?),
+            Target::Model { store, model } => {
+                Ok(formats::listing_of_model(store, model, component)?)
+            }
         }
     }
 }

@@ -59,7 +59,10 @@ pub enum Error {
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// `pack` was given something other than a ckpt or safetensors file.
     #[error("`{}` is a {} file; a DFSN container holds a ckpt or safetensors model", path.display(), kind.name())]
     NotAModel { path: PathBuf, kind: FileKind },
@@ -68,7 +71,11 @@ pub enum Error {
     MetadataTooLarge { path: PathBuf, len: u64, room: u64 },
     /// The model bytes do not hash to the header's `sha256`.
     #[error("`{}`: the model bytes hash to {actual}, but the header's `sha256` is {stored}", path.display())]
-    HashMismatch { path: PathBuf, stored: String, actual: String },
+    HashMismatch {
+        path: PathBuf,
+        stored: String,
+        actual: String,
+    },
     /// A ckpt payload is a pickle, which has no tensor table to list.
     #[error("`{}` holds a ckpt model, which has no tensor listing (only a safetensors payload has one)", path.display())]
     NoListing { path: PathBuf },
@@ -135,16 +142,24 @@ pub struct Container {
 
 impl Container {
     pub fn open(path: &Path) -> Result<Container, Error> {
-        let invalid = |reason: String| Error::Invalid { path: path.to_path_buf(), reason };
+        let invalid = |reason: String| Error::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
         let mut file = std::fs::File::open(path).map_err(io(path))?;
         let len = file.metadata().map_err(io(path))?.len();
         if len < HEADER_LEN {
-            return Err(invalid(format!("truncated: {len} bytes, shorter than the {HEADER_LEN}-byte DFSN header")));
+            return Err(invalid(format!(
+                "truncated: {len} bytes, shorter than the {HEADER_LEN}-byte DFSN header"
+            )));
         }
         let mut head = [0u8; HEADER_LEN as usize];
         file.read_exact(&mut head).map_err(io(path))?;
         if &head[..4] != MAGIC {
-            return Err(invalid(format!("bad magic {:?}, expected `DFSN`", String::from_utf8_lossy(&head[..4]))));
+            return Err(invalid(format!(
+                "bad magic {:?}, expected `DFSN`",
+                String::from_utf8_lossy(&head[..4])
+            )));
         }
         // The type field tells the byte order: 1 and 2 read as 256 and 512 the other way round.
         let type_bytes = [head[4], head[5]];
@@ -155,7 +170,10 @@ impl Container {
             (Some(t), _) => (t, ByteOrder::Big),
             (None, Some(t)) => (t, ByteOrder::Little),
             (None, None) => {
-                return Err(invalid(format!("`type` is {:02x} {:02x}, expected 00 01 (ckpt) or 00 02 (safetensors)", head[4], head[5])))
+                return Err(invalid(format!(
+                    "`type` is {:02x} {:02x}, expected 00 01 (ckpt) or 00 02 (safetensors)",
+                    head[4], head[5]
+                )))
             }
         };
         let mut sha256 = [0u8; 32];
@@ -174,26 +192,34 @@ impl Container {
         // that reading is impossible, or when both fit the file and only the other one finds
         // a model of the declared type at its model offset.
         let primary = read_offsets(order);
-        let other = read_offsets(if order == ByteOrder::Big { ByteOrder::Little } else { ByteOrder::Big });
-        let (metadata_offset, model_offset, byte_order) = match (check_offsets(primary, len), check_offsets(other, len)) {
-            (Ok(()), Err(_)) => primary,
-            (Err(_), Ok(())) => other,
-            (Err(reason), Err(_)) => return Err(invalid(reason)),
-            (Ok(()), Ok(())) => {
-                let mut fits = |(_, model, _): (u64, u64, ByteOrder)| -> Result<bool, Error> {
-                    let mut head = Vec::with_capacity(16);
-                    file.seek(SeekFrom::Start(model)).map_err(io(path))?;
-                    (&mut file).take(16).read_to_end(&mut head).map_err(io(path))?;
-                    let kind = FileKind::sniff(&head, len - model);
-                    Ok(kind.name() == model_type.name())
-                };
-                if !fits(primary)? && fits(other)? {
-                    other
-                } else {
-                    primary
+        let other = read_offsets(if order == ByteOrder::Big {
+            ByteOrder::Little
+        } else {
+            ByteOrder::Big
+        });
+        let (metadata_offset, model_offset, byte_order) =
+            match (check_offsets(primary, len), check_offsets(other, len)) {
+                (Ok(()), Err(_)) => primary,
+                (Err(_), Ok(())) => other,
+                (Err(reason), Err(_)) => return Err(invalid(reason)),
+                (Ok(()), Ok(())) => {
+                    let mut fits = |(_, model, _): (u64, u64, ByteOrder)| -> Result<bool, Error> {
+                        let mut head = Vec::with_capacity(16);
+                        file.seek(SeekFrom::Start(model)).map_err(io(path))?;
+                        (&mut file)
+                            .take(16)
+                            .read_to_end(&mut head)
+                            .map_err(io(path))?;
+                        let kind = FileKind::sniff(&head, len - model);
+                        Ok(kind.name() == model_type.name())
+                    };
+                    if !fits(primary)? && fits(other)? {
+                        other
+                    } else {
+                        primary
+                    }
                 }
-            }
-        };
+            };
 
         let area = model_offset - metadata_offset;
         if area > MAX_METADATA_AREA {
@@ -202,10 +228,19 @@ impl Container {
             )));
         }
         let mut raw = vec![0u8; area as usize];
-        file.seek(SeekFrom::Start(metadata_offset)).map_err(io(path))?;
+        file.seek(SeekFrom::Start(metadata_offset))
+            .map_err(io(path))?;
         file.read_exact(&mut raw).map_err(io(path))?;
         let metadata = parse_metadata(&raw).map_err(invalid)?;
-        Ok(Container { model_type, sha256, metadata, metadata_offset, model_offset, model_len: len - model_offset, byte_order })
+        Ok(Container {
+            model_type,
+            sha256,
+            metadata,
+            metadata_offset,
+            model_offset,
+            model_len: len - model_offset,
+            byte_order,
+        })
     }
 
     /// The stored sha256 as 64 lowercase hex.
@@ -222,13 +257,19 @@ impl Container {
 /// Whether a (metadata offset, model offset) reading fits a file of `len` bytes.
 fn check_offsets((meta, model, _): (u64, u64, ByteOrder), len: u64) -> Result<(), String> {
     if meta < HEADER_LEN {
-        return Err(format!("`metadata offset` {meta:#x} lies inside the {HEADER_LEN:#x}-byte header"));
+        return Err(format!(
+            "`metadata offset` {meta:#x} lies inside the {HEADER_LEN:#x}-byte header"
+        ));
     }
     if model < meta {
-        return Err(format!("`model offset` {model:#x} comes before `metadata offset` {meta:#x}"));
+        return Err(format!(
+            "`model offset` {model:#x} comes before `metadata offset` {meta:#x}"
+        ));
     }
     if model > len {
-        return Err(format!("`model offset` {model:#x} is past the end of the file ({len} bytes)"));
+        return Err(format!(
+            "`model offset` {model:#x} is past the end of the file ({len} bytes)"
+        ));
     }
     Ok(())
 }
@@ -238,13 +279,17 @@ fn parse_metadata(raw: &[u8]) -> Result<serde_json::Value, String> {
     let pad = |b: &u8| *b == 0 || b.is_ascii_whitespace();
     let start = raw.iter().position(|b| !pad(b)).unwrap_or(raw.len());
     let end = raw.iter().rposition(|b| !pad(b)).map_or(start, |i| i + 1);
-    let text = std::str::from_utf8(&raw[start..end]).map_err(|e| format!("`metadata` is not UTF-8: {e}"))?;
+    let text = std::str::from_utf8(&raw[start..end])
+        .map_err(|e| format!("`metadata` is not UTF-8: {e}"))?;
     if text.is_empty() {
         return Ok(serde_json::Value::Object(Default::default()));
     }
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(v @ serde_json::Value::Object(_)) => Ok(v),
-        Ok(v) => Err(format!("`metadata` is a JSON {}, expected an object", json_kind(&v))),
+        Ok(v) => Err(format!(
+            "`metadata` is a JSON {}, expected an object",
+            json_kind(&v)
+        )),
         Err(e) => Err(format!("`metadata` is not JSON: {e}")),
     }
 }
@@ -263,12 +308,22 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 /// The metadata area's new content: compact JSON padded with NUL to `room` bytes.
 fn metadata_area(metadata: &serde_json::Value, room: u64, path: &Path) -> Result<Vec<u8>, Error> {
     if !metadata.is_object() {
-        let reason = format!("`metadata` must be a JSON object, not a {}", json_kind(metadata));
-        return Err(Error::Invalid { path: path.to_path_buf(), reason });
+        let reason = format!(
+            "`metadata` must be a JSON object, not a {}",
+            json_kind(metadata)
+        );
+        return Err(Error::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        });
     }
     let mut bytes = serde_json::to_vec(metadata).expect("JSON values serialize");
     if bytes.len() as u64 > room {
-        return Err(Error::MetadataTooLarge { path: path.to_path_buf(), len: bytes.len() as u64, room });
+        return Err(Error::MetadataTooLarge {
+            path: path.to_path_buf(),
+            len: bytes.len() as u64,
+            room,
+        });
     }
     bytes.resize(room as usize, 0);
     Ok(bytes)
@@ -281,7 +336,12 @@ pub fn pack(model: &Path, metadata: &serde_json::Value, out: &Path) -> Result<Co
     let model_type = match FileKind::of_file(model).map_err(io(model))? {
         FileKind::Safetensors => ModelType::Safetensors,
         FileKind::Ckpt => ModelType::Ckpt,
-        kind => return Err(Error::NotAModel { path: model.to_path_buf(), kind }),
+        kind => {
+            return Err(Error::NotAModel {
+                path: model.to_path_buf(),
+                kind,
+            })
+        }
     };
     let area = metadata_area(metadata, MODEL_OFFSET - METADATA_OFFSET, out)?;
     let mut src = std::fs::File::open(model).map_err(io(model))?;
@@ -318,8 +378,12 @@ pub fn pack(model: &Path, metadata: &serde_json::Value, out: &Path) -> Result<Co
 pub fn set_metadata(path: &Path, metadata: &serde_json::Value) -> Result<Container, Error> {
     let mut container = Container::open(path)?;
     let area = metadata_area(metadata, container.metadata_room(), path)?;
-    let mut file = std::fs::OpenOptions::new().write(true).open(path).map_err(io(path))?;
-    file.seek(SeekFrom::Start(container.metadata_offset)).map_err(io(path))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io(path))?;
+    file.seek(SeekFrom::Start(container.metadata_offset))
+        .map_err(io(path))?;
     file.write_all(&area).map_err(io(path))?;
     file.sync_all().map_err(io(path))?;
     container.metadata = metadata.clone();
@@ -344,9 +408,14 @@ impl Verification {
 pub fn verify(path: &Path) -> Result<Verification, Error> {
     let container = Container::open(path)?;
     let mut file = std::fs::File::open(path).map_err(io(path))?;
-    file.seek(SeekFrom::Start(container.model_offset)).map_err(io(path))?;
+    file.seek(SeekFrom::Start(container.model_offset))
+        .map_err(io(path))?;
     let (model_len, actual) = copy_hashing(&mut file, &mut std::io::sink(), path, path)?;
-    Ok(Verification { stored_sha256: container.sha256_hex(), actual_sha256: hex(&actual), model_len })
+    Ok(Verification {
+        stored_sha256: container.sha256_hex(),
+        actual_sha256: hex(&actual),
+        model_len,
+    })
 }
 
 /// Writes the model inside the container at `path` to `out`, atomically, after checking it
@@ -354,11 +423,16 @@ pub fn verify(path: &Path) -> Result<Verification, Error> {
 pub fn unpack(path: &Path, out: &Path) -> Result<Container, Error> {
     let container = Container::open(path)?;
     let mut src = std::fs::File::open(path).map_err(io(path))?;
-    src.seek(SeekFrom::Start(container.model_offset)).map_err(io(path))?;
+    src.seek(SeekFrom::Start(container.model_offset))
+        .map_err(io(path))?;
     let mut tmp = temp_beside(out)?;
     let (_, actual) = copy_hashing(&mut src, tmp.as_file_mut(), path, out)?;
     if actual != container.sha256 {
-        return Err(Error::HashMismatch { path: path.to_path_buf(), stored: container.sha256_hex(), actual: hex(&actual) });
+        return Err(Error::HashMismatch {
+            path: path.to_path_buf(),
+            stored: container.sha256_hex(),
+            actual: hex(&actual),
+        });
     }
     tmp.as_file().sync_all().map_err(io(out))?;
     tmp.persist(out).map_err(|e| io(out)(e.error))?;
@@ -371,17 +445,29 @@ pub fn unpack(path: &Path, out: &Path) -> Result<Container, Error> {
 pub fn listing(path: &Path) -> Result<Listing, Error> {
     let container = Container::open(path)?;
     if container.model_type == ModelType::Ckpt {
-        return Err(Error::NoListing { path: path.to_path_buf() });
+        return Err(Error::NoListing {
+            path: path.to_path_buf(),
+        });
     }
     let mut file = std::fs::File::open(path).map_err(io(path))?;
-    file.seek(SeekFrom::Start(container.model_offset)).map_err(io(path))?;
+    file.seek(SeekFrom::Start(container.model_offset))
+        .map_err(io(path))?;
     let mut model = std::io::BufReader::new(file).take(container.model_len);
-    Ok(structural::read_safetensors_listing(&mut model, container.model_len, path)?)
+    Ok(structural::read_safetensors_listing(
+        &mut model,
+        container.model_len,
+        path,
+    )?)
 }
 
 /// Copies `src` to its end into `dst`, returning the byte count and sha256. Read errors name
 /// `src_path`, write errors `dst_path`.
-fn copy_hashing<R: Read, W: Write>(src: &mut R, dst: &mut W, src_path: &Path, dst_path: &Path) -> Result<(u64, [u8; 32]), Error> {
+fn copy_hashing<R: Read, W: Write>(
+    src: &mut R,
+    dst: &mut W,
+    src_path: &Path,
+    dst_path: &Path,
+) -> Result<(u64, [u8; 32]), Error> {
     let mut buf = vec![0u8; COPY_CHUNK];
     let mut hasher = Sha256::new();
     let mut total = 0u64;
@@ -404,7 +490,10 @@ fn temp_beside(out: &Path) -> Result<tempfile::NamedTempFile, Error> {
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 #[cfg(test)]
@@ -416,18 +505,32 @@ mod tests {
         let be = ByteOrder::Big;
         assert!(check_offsets((0x100, 0x200100, be), 0x200100).is_ok());
         assert!(check_offsets((0x2E, 0x2E, be), 0x2E).is_ok());
-        assert!(check_offsets((0x10, 0x200100, be), 0x300000).unwrap_err().contains("`metadata offset`"));
-        assert!(check_offsets((0x300, 0x200, be), 0x300000).unwrap_err().contains("comes before"));
-        assert!(check_offsets((0x100, 0x200100, be), 0x200000).unwrap_err().contains("past the end"));
+        assert!(check_offsets((0x10, 0x200100, be), 0x300000)
+            .unwrap_err()
+            .contains("`metadata offset`"));
+        assert!(check_offsets((0x300, 0x200, be), 0x300000)
+            .unwrap_err()
+            .contains("comes before"));
+        assert!(check_offsets((0x100, 0x200100, be), 0x200000)
+            .unwrap_err()
+            .contains("past the end"));
     }
 
     #[test]
     fn metadata_padding_is_trimmed() {
-        assert_eq!(parse_metadata(b"{\"a\":1}\0\0\0").unwrap(), serde_json::json!({"a": 1}));
-        assert_eq!(parse_metadata(b"  {\"a\":1}   \n").unwrap(), serde_json::json!({"a": 1}));
+        assert_eq!(
+            parse_metadata(b"{\"a\":1}\0\0\0").unwrap(),
+            serde_json::json!({"a": 1})
+        );
+        assert_eq!(
+            parse_metadata(b"  {\"a\":1}   \n").unwrap(),
+            serde_json::json!({"a": 1})
+        );
         assert_eq!(parse_metadata(b"\0\0\0").unwrap(), serde_json::json!({}));
         assert!(parse_metadata(b"[1]\0").unwrap_err().contains("array"));
-        assert!(parse_metadata(b"{\"a\":\0}").unwrap_err().contains("not JSON"));
+        assert!(parse_metadata(b"{\"a\":\0}")
+            .unwrap_err()
+            .contains("not JSON"));
         assert!(parse_metadata(b"\xff\xfe").unwrap_err().contains("UTF-8"));
     }
 }

@@ -25,14 +25,25 @@ pub struct Infotext {
 
 impl Infotext {
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.params.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 
 /// The infotext for a prompt, a negative prompt (empty: no `Negative prompt:` line) and the
 /// parameters in order. A pair whose key equals its value is written as the key alone.
-pub fn format<K: AsRef<str>, V: AsRef<str>>(prompt: &str, negative: &str, params: &[(K, V)]) -> String {
-    let neg = if negative.is_empty() { String::new() } else { format!("\nNegative prompt: {negative}") };
+pub fn format<K: AsRef<str>, V: AsRef<str>>(
+    prompt: &str,
+    negative: &str,
+    params: &[(K, V)],
+) -> String {
+    let neg = if negative.is_empty() {
+        String::new()
+    } else {
+        format!("\nNegative prompt: {negative}")
+    };
     let line: Vec<String> = params
         .iter()
         .map(|(k, v)| {
@@ -76,7 +87,11 @@ pub fn parse(text: &str) -> Infotext {
             done_with_prompt = true;
             line = py_strip(rest);
         }
-        let target = if done_with_prompt { &mut out.negative_prompt } else { &mut out.prompt };
+        let target = if done_with_prompt {
+            &mut out.negative_prompt
+        } else {
+            &mut out.prompt
+        };
         if !target.is_empty() {
             target.push('\n');
         }
@@ -87,7 +102,11 @@ pub fn parse(text: &str) -> Infotext {
         if v.is_empty() {
             continue;
         }
-        let v = if v.starts_with('"') && v.ends_with('"') { unquote(&v) } else { v };
+        let v = if v.starts_with('"') && v.ends_with('"') {
+            unquote(&v)
+        } else {
+            v
+        };
         match out.params.iter_mut().find(|(key, _)| *key == k) {
             Some(slot) => slot.1 = v,
             None => out.params.push((k, v)),
@@ -132,7 +151,10 @@ fn match_at(c: &[char], p: usize) -> Option<(usize, String, String)> {
     }
     i += 1;
     let run = i;
-    while c.get(i).is_some_and(|&ch| is_word(ch) || matches!(ch, ' ' | '-' | '/')) {
+    while c
+        .get(i)
+        .is_some_and(|&ch| is_word(ch) || matches!(ch, ' ' | '-' | '/'))
+    {
         i += 1;
     }
     if i == run || c.get(i) != Some(&':') {
@@ -145,7 +167,11 @@ fn match_at(c: &[char], p: usize) -> Option<(usize, String, String)> {
     }
     if let Some(close) = quoted_end(c, i) {
         let value: String = c[i..close].iter().collect();
-        let end = if c.get(close) == Some(&',') { close + 1 } else { close };
+        let end = if c.get(close) == Some(&',') {
+            close + 1
+        } else {
+            close
+        };
         return Some((end, key, value));
     }
     let start = i;
@@ -205,17 +231,35 @@ mod tests {
 
     #[test]
     fn finds_pairs_as_the_regex_does() {
-        assert_eq!(pairs("Steps: 20, Sampler: Euler a"), vec![p("Steps", "20"), p("Sampler", "Euler a")]);
-        assert_eq!(pairs("Lora hashes: \"a: 1, b: 2\", Xx: y"), vec![p("Lora hashes", "\"a: 1, b: 2\""), p("Xx", "y")]);
+        assert_eq!(
+            pairs("Steps: 20, Sampler: Euler a"),
+            vec![p("Steps", "20"), p("Sampler", "Euler a")]
+        );
+        assert_eq!(
+            pairs("Lora hashes: \"a: 1, b: 2\", Xx: y"),
+            vec![p("Lora hashes", "\"a: 1, b: 2\""), p("Xx", "y")]
+        );
         // A quoted value not followed by `,` falls back to the unquoted alternative.
-        assert_eq!(pairs("Kk: \"a\" b, Ll: c"), vec![p("Kk", "\"a\" b"), p("Ll", "c")]);
+        assert_eq!(
+            pairs("Kk: \"a\" b, Ll: c"),
+            vec![p("Kk", "\"a\" b"), p("Ll", "c")]
+        );
         // `""` is no quoted value (it needs one character), so it is taken up to the comma.
-        assert_eq!(pairs("Kk: \"\", Ll: c"), vec![p("Kk", "\"\""), p("Ll", "c")]);
+        assert_eq!(
+            pairs("Kk: \"\", Ll: c"),
+            vec![p("Kk", "\"\""), p("Ll", "c")]
+        );
         // Escaped quotes stay inside the value.
-        assert_eq!(pairs(r#"Kk: "a\"b", Ll: c"#), vec![p("Kk", r#""a\"b""#), p("Ll", "c")]);
+        assert_eq!(
+            pairs(r#"Kk: "a\"b", Ll: c"#),
+            vec![p("Kk", r#""a\"b""#), p("Ll", "c")]
+        );
         // A one-character key does not match; the scan moves on.
         assert_eq!(pairs("a: 1, bc: 2"), vec![p("bc", "2")]);
-        assert_eq!(pairs("Empty:, Next: x"), vec![p("Empty", ""), p("Next", "x")]);
+        assert_eq!(
+            pairs("Empty:, Next: x"),
+            vec![p("Empty", ""), p("Next", "x")]
+        );
         assert_eq!(pairs("Clip-skip/x y: 2"), vec![p("Clip-skip/x y", "2")]);
         assert_eq!(pairs("no pairs here"), vec![]);
     }

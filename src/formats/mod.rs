@@ -29,9 +29,15 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("`{}` is not a safetensors, zTensor or DFSN file (read as safetensors)", path.display())]
-    Unrecognised { path: PathBuf, source: structural::Error },
+    Unrecognised {
+        path: PathBuf,
+        source: structural::Error,
+    },
     #[error("`{}` is a {} file, which has no tensors to list (expected safetensors, zTensor or DFSN)", path.display(), kind.name())]
     NoTensors { path: PathBuf, kind: FileKind },
 }
@@ -103,7 +109,9 @@ impl FileKind {
         } else if head.starts_with(b"PK\x03\x04") {
             FileKind::Ckpt
         } else if head.len() >= 9
-            && u64::from_le_bytes(head[..8].try_into().expect("8 bytes")).checked_add(8).is_some_and(|n| n <= file_len)
+            && u64::from_le_bytes(head[..8].try_into().expect("8 bytes"))
+                .checked_add(8)
+                .is_some_and(|n| n <= file_len)
             && head[8..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
         {
             FileKind::Safetensors
@@ -124,7 +132,10 @@ impl FileKind {
 
 /// The structural view of a model file: safetensors, zTensor or DFSN, told by its content.
 pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
-    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     match FileKind::of_file(path).map_err(io)? {
         FileKind::ZTensor => Ok(ztensor::listing(path)?),
         FileKind::Dfsn => Ok(dfsn::listing(path)?),
@@ -138,10 +149,17 @@ pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
         FileKind::Unknown => {
             let mut file = std::fs::File::open(path).map_err(io)?;
             let len = file.metadata().map_err(io)?.len();
-            structural::read_safetensors_listing(&mut file, len, path)
-                .map_err(|source| Error::Unrecognised { path: path.to_path_buf(), source })
+            structural::read_safetensors_listing(&mut file, len, path).map_err(|source| {
+                Error::Unrecognised {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })
         }
-        kind => Err(Error::NoTensors { path: path.to_path_buf(), kind }),
+        kind => Err(Error::NoTensors {
+            path: path.to_path_buf(),
+            kind,
+        }),
     }
 }
 
@@ -150,23 +168,40 @@ pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
 /// inside the component for one component; a blob holding several tensors (Ollama's quantized
 /// generations) contributes each of them. The view has the format `safetensors`, no metadata,
 /// and reads only blob headers.
-pub fn listing_of_model(store: &Store, model: &StoredModel, component: Option<&str>) -> Result<Listing, Error> {
+pub fn listing_of_model(
+    store: &Store,
+    model: &StoredModel,
+    component: Option<&str>,
+) -> Result<Listing, Error> {
     let mut tensors = Vec::new();
     for layer in model.manifest.tensor_layers() {
-        let Some((comp, name)) = layer.component_and_tensor() else { continue };
+        let Some((comp, name)) = layer.component_and_tensor() else {
+            continue;
+        };
         if component.is_some_and(|c| c != comp) {
             continue;
         }
-        let (_, header) = blob::read_blob_header(&store.root, &layer.digest).map_err(StoreError::Blob)?;
+        let (_, header) =
+            blob::read_blob_header(&store.root, &layer.digest).map_err(StoreError::Blob)?;
         for t in &header.tensors {
             // `data` (the seed's key) and the layer's own name stand for the layer; a v2
             // quantized blob's companions (`NAME.scale`, `NAME.bias`) keep their own names.
-            let inner = if t.name == "data" || t.name == name || t.name == layer.name.as_deref().unwrap_or_default() {
+            let inner = if t.name == "data"
+                || t.name == name
+                || t.name == layer.name.as_deref().unwrap_or_default()
+            {
                 name.to_string()
             } else {
-                t.name.strip_prefix(&format!("{comp}/")).unwrap_or(&t.name).to_string()
+                t.name
+                    .strip_prefix(&format!("{comp}/"))
+                    .unwrap_or(&t.name)
+                    .to_string()
             };
-            let full = if component.is_some() { inner } else { format!("{comp}/{inner}") };
+            let full = if component.is_some() {
+                inner
+            } else {
+                format!("{comp}/{inner}")
+            };
             tensors.push(TensorEntry {
                 name: full,
                 dtype: t.dtype.name().to_ascii_lowercase(),
@@ -177,10 +212,18 @@ pub fn listing_of_model(store: &Store, model: &StoredModel, component: Option<&s
     }
     if let Some(c) = component.filter(|_| tensors.is_empty()) {
         let have = model.manifest.components().join(", ");
-        return Err(StoreError::Invalid(format!("model `{}` has no component `{c}` (it has: {have})", model.name.short())).into());
+        return Err(StoreError::Invalid(format!(
+            "model `{}` has no component `{c}` (it has: {have})",
+            model.name.short()
+        ))
+        .into());
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Listing { format: FileKind::Safetensors.name().into(), tensors, metadata: BTreeMap::new() })
+    Ok(Listing {
+        format: FileKind::Safetensors.name().into(),
+        tensors,
+        metadata: BTreeMap::new(),
+    })
 }
 
 #[cfg(test)]
@@ -192,10 +235,17 @@ mod tests {
         let mut st = 2u64.to_le_bytes().to_vec();
         st.extend_from_slice(b"{}");
         assert_eq!(FileKind::sniff(&st, 10), FileKind::Safetensors);
-        assert_eq!(FileKind::sniff(&st, 9), FileKind::Unknown, "header past the end");
+        assert_eq!(
+            FileKind::sniff(&st, 9),
+            FileKind::Unknown,
+            "header past the end"
+        );
         assert_eq!(FileKind::sniff(b"ZTEN1000\0\0\0\0", 100), FileKind::ZTensor);
         assert_eq!(FileKind::sniff(b"DFSN\x00\x02", 0x300000), FileKind::Dfsn);
-        assert_eq!(FileKind::sniff(b"\x89PNG\r\n\x1a\n\0\0\0\x0d", 100), FileKind::Png);
+        assert_eq!(
+            FileKind::sniff(b"\x89PNG\r\n\x1a\n\0\0\0\x0d", 100),
+            FileKind::Png
+        );
         assert_eq!(FileKind::sniff(b"hello", 5), FileKind::Unknown);
     }
 }

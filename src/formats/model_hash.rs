@@ -38,7 +38,10 @@ const QUEUE: usize = 4;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Every hash of one file.
@@ -92,7 +95,12 @@ impl ModelHashes {
             ("SHA256", self.sha256.clone()),
             ("AutoV2 (A1111 model hash)", self.autov2.clone()),
             ("A1111 legacy hash", self.legacy.clone()),
-            ("Civitai AutoV1", self.civitai_autov1.clone().unwrap_or_else(|| "none (under 2 MiB)".into())),
+            (
+                "Civitai AutoV1",
+                self.civitai_autov1
+                    .clone()
+                    .unwrap_or_else(|| "none (under 2 MiB)".into()),
+            ),
             ("Civitai AutoV2", self.civitai_autov2.clone()),
             ("BLAKE3", self.blake3.clone()),
             ("CRC32 (Civitai)", self.crc32.clone()),
@@ -103,9 +111,19 @@ impl ModelHashes {
             if !st.civitai_autov3_full.eq_ignore_ascii_case(&st.addnet) {
                 rows.push(("Civitai AutoV3 (full)", st.civitai_autov3_full.clone()));
             }
-            rows.push(("A1111 LoRA hash", st.a1111_lora_hash.get(..12).unwrap_or(&st.a1111_lora_hash).to_string()));
+            rows.push((
+                "A1111 LoRA hash",
+                st.a1111_lora_hash
+                    .get(..12)
+                    .unwrap_or(&st.a1111_lora_hash)
+                    .to_string(),
+            ));
             if let Some(h) = &st.sshs_model_hash {
-                let note = if h.eq_ignore_ascii_case(&st.addnet) { "" } else { " (differs from the addnet hash)" };
+                let note = if h.eq_ignore_ascii_case(&st.addnet) {
+                    ""
+                } else {
+                    " (differs from the addnet hash)"
+                };
                 rows.push(("sshs_model_hash", format!("{h}{note}")));
             }
             if let Some(h) = &st.sshs_legacy_hash {
@@ -118,14 +136,22 @@ impl ModelHashes {
 
 /// Hashes `path` in one pass.
 pub fn hash_file(path: &Path) -> Result<ModelHashes, Error> {
-    let size = std::fs::metadata(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?.len();
+    let size = std::fs::metadata(path)
+        .map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
     hash_region(path, 0, size)
 }
 
 /// Hashes the `size` bytes of `path` from `start` as if they were a file of their own: the
 /// model inside a container, say.
 pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Error> {
-    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let open = || -> std::io::Result<std::io::Take<std::fs::File>> {
         let mut file = std::fs::File::open(path)?;
         file.seek(SeekFrom::Start(start))?;
@@ -171,7 +197,10 @@ pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Er
             offset += n as u64;
         }
         drop(senders);
-        let digests: Vec<[u8; 32]> = sha_threads.into_iter().map(|t| t.join().expect("hasher thread")).collect();
+        let digests: Vec<[u8; 32]> = sha_threads
+            .into_iter()
+            .map(|t| t.join().expect("hasher thread"))
+            .collect();
         Ok((digests, small.join().expect("hasher thread")))
     })
     .map_err(io)?;
@@ -180,12 +209,24 @@ pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Er
     let legacy8 = legacy[..8].to_string();
     let safetensors = st.map(|(n, meta)| {
         let addnet = hex(&digests[1]);
-        let full = digests.get(2).map(|d| hex(d)).unwrap_or_else(|| addnet.clone()).to_ascii_uppercase();
-        let get = |k: &str| meta.as_ref().and_then(|m| m.get(k)).and_then(|v| v.as_str()).map(str::to_string);
+        let full = digests
+            .get(2)
+            .map(|d| hex(d))
+            .unwrap_or_else(|| addnet.clone())
+            .to_ascii_uppercase();
+        let get = |k: &str| {
+            meta.as_ref()
+                .and_then(|m| m.get(k))
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        };
         let sshs_model_hash = get("sshs_model_hash");
         SafetensorsHashes {
             header_len: n,
-            a1111_lora_hash: sshs_model_hash.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| addnet.clone()),
+            a1111_lora_hash: sshs_model_hash
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| addnet.clone()),
             addnet,
             civitai_autov3: full[..12].to_string(),
             civitai_autov3_full: full,
@@ -201,7 +242,11 @@ pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Er
         legacy: legacy8,
         sha256,
         blake3: blake3.to_ascii_uppercase(),
-        crc32: crc.to_le_bytes().iter().map(|b| format!("{b:02X}")).collect(),
+        crc32: crc
+            .to_le_bytes()
+            .iter()
+            .map(|b| format!("{b:02X}"))
+            .collect(),
         safetensors,
     })
 }
@@ -237,7 +282,11 @@ fn small_hashes(rx: Receiver<Chunk>) -> (String, u32, String) {
         legacy.update(clip(offset, &chunk, LEGACY_START, LEGACY_END));
     }
     let legacy: [u8; 32] = legacy.finalize().into();
-    (b3.finalize().to_hex().to_string(), crc.finalize(), hex(&legacy))
+    (
+        b3.finalize().to_hex().to_string(),
+        crc.finalize(),
+        hex(&legacy),
+    )
 }
 
 /// `N` and the `__metadata__` object of a safetensors file; `None` for other files. Metadata
@@ -256,7 +305,9 @@ fn safetensors_header(
         return Ok(Some((n, None)));
     }
     let mut json = head[8..].to_vec();
-    file.by_ref().take(n.saturating_sub(json.len() as u64)).read_to_end(&mut json)?;
+    file.by_ref()
+        .take(n.saturating_sub(json.len() as u64))
+        .read_to_end(&mut json)?;
     json.truncate(n as usize);
     let meta = serde_json::from_slice::<serde_json::Value>(&json)
         .ok()

@@ -22,13 +22,18 @@ unsafe impl Send for Array {}
 /// Takes the per-thread message the shim recorded for the call that just failed.
 #[track_caller]
 pub(crate) fn last_error(op: &'static str) -> Error {
-    let msg = unsafe { CStr::from_ptr(ffi::mlxs_last_error()) }.to_string_lossy().into_owned();
+    let msg = unsafe { CStr::from_ptr(ffi::mlxs_last_error()) }
+        .to_string_lossy()
+        .into_owned();
     Error::new(op, msg)
 }
 
 /// Runs one shim call that produces an array; every wrapper goes through here.
 #[track_caller]
-pub(crate) fn call(op: &'static str, f: impl FnOnce(*mut *mut ffi::mlxs_array) -> c_int) -> Result<Array> {
+pub(crate) fn call(
+    op: &'static str,
+    f: impl FnOnce(*mut *mut ffi::mlxs_array) -> c_int,
+) -> Result<Array> {
     let mut out = null_mut();
     let status = f(&mut out);
     match NonNull::new(out) {
@@ -49,7 +54,10 @@ pub(crate) fn check(op: &'static str, status: c_int) -> Result<()> {
 
 impl Array {
     pub(crate) fn from_raw(ptr: NonNull<ffi::mlxs_array>) -> Array {
-        Array { ptr, _not_sync: PhantomData }
+        Array {
+            ptr,
+            _not_sync: PhantomData,
+        }
     }
 
     pub(crate) fn as_ptr(&self) -> *const ffi::mlxs_array {
@@ -67,11 +75,16 @@ impl Array {
         if expected != data.len() as i64 {
             return Err(Error::new(
                 "from_slice",
-                format!("shape {shape:?} holds {expected} elements, the slice has {}", data.len()),
+                format!(
+                    "shape {shape:?} holds {expected} elements, the slice has {}",
+                    data.len()
+                ),
             ));
         }
         // SAFETY: ArrayElement types are plain data with the layout MLX expects for T::DTYPE.
-        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data)) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+        };
         Array::from_bytes(bytes, shape, T::DTYPE)
     }
 
@@ -82,11 +95,21 @@ impl Array {
         if numel < 0 || numel as usize * dtype.size_bytes() != bytes.len() {
             return Err(Error::new(
                 "from_bytes",
-                format!("shape {shape:?} of {dtype} needs {} bytes, got {}", numel.max(0) as usize * dtype.size_bytes(), bytes.len()),
+                format!(
+                    "shape {shape:?} of {dtype} needs {} bytes, got {}",
+                    numel.max(0) as usize * dtype.size_bytes(),
+                    bytes.len()
+                ),
             ));
         }
         call("from_bytes", |out| unsafe {
-            ffi::mlxs_array_from_bytes(out, bytes.as_ptr() as *const c_void, shape.as_ptr(), shape.len(), dtype.code())
+            ffi::mlxs_array_from_bytes(
+                out,
+                bytes.as_ptr() as *const c_void,
+                shape.as_ptr(),
+                shape.len(),
+                dtype.code(),
+            )
         })
     }
 
@@ -108,7 +131,15 @@ impl Array {
         }
         let ctx = Box::into_raw(Box::new(owner)) as *mut c_void;
         call("from_external", |out| {
-            ffi::mlxs_array_from_external(out, ptr as *mut c_void, shape.as_ptr(), shape.len(), dtype.code(), release, ctx)
+            ffi::mlxs_array_from_external(
+                out,
+                ptr as *mut c_void,
+                shape.as_ptr(),
+                shape.len(),
+                dtype.code(),
+                release,
+                ctx,
+            )
         })
     }
 
@@ -119,7 +150,9 @@ impl Array {
 
     #[track_caller]
     pub fn full(shape: &[i32], value: f32, dtype: Dtype) -> Result<Array> {
-        call("full", |out| unsafe { ffi::mlxs_full(out, shape.as_ptr(), shape.len(), value as f64, dtype.code()) })
+        call("full", |out| unsafe {
+            ffi::mlxs_full(out, shape.as_ptr(), shape.len(), value as f64, dtype.code())
+        })
     }
 
     #[track_caller]
@@ -134,7 +167,9 @@ impl Array {
 
     #[track_caller]
     pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
-        call("arange", |out| unsafe { ffi::mlxs_arange(out, start, stop, step, dtype.code()) })
+        call("arange", |out| unsafe {
+            ffi::mlxs_arange(out, start, stop, step, dtype.code())
+        })
     }
 
     pub fn shape(&self) -> Vec<i32> {
@@ -151,7 +186,11 @@ impl Array {
     /// like slice indexing: callers know the rank of what they built.
     pub fn dim(&self, axis: i32) -> i32 {
         let shape = self.shape();
-        let i = if axis < 0 { shape.len() as i32 + axis } else { axis };
+        let i = if axis < 0 {
+            shape.len() as i32 + axis
+        } else {
+            axis
+        };
         shape[i as usize]
     }
 
@@ -188,7 +227,11 @@ impl Array {
         let n = self.size();
         let mut v = vec![T::default(); n];
         let status = unsafe {
-            ffi::mlxs_to_bytes(self.as_ptr(), v.as_mut_ptr() as *mut c_void, n * std::mem::size_of::<T>())
+            ffi::mlxs_to_bytes(
+                self.as_ptr(),
+                v.as_mut_ptr() as *mut c_void,
+                n * std::mem::size_of::<T>(),
+            )
         };
         check("to_vec", status)?;
         Ok(v)
@@ -198,7 +241,14 @@ impl Array {
     #[track_caller]
     pub fn item<T: ArrayElement>(&self) -> Result<T> {
         if self.size() != 1 {
-            return Err(Error::new("item", format!("array of shape {:?} has {} elements", self.shape(), self.size())));
+            return Err(Error::new(
+                "item",
+                format!(
+                    "array of shape {:?} has {} elements",
+                    self.shape(),
+                    self.size()
+                ),
+            ));
         }
         Ok(self.to_vec::<T>()?[0])
     }
@@ -207,7 +257,8 @@ impl Array {
     #[track_caller]
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nbytes()];
-        let status = unsafe { ffi::mlxs_to_bytes(self.as_ptr(), v.as_mut_ptr() as *mut c_void, v.len()) };
+        let status =
+            unsafe { ffi::mlxs_to_bytes(self.as_ptr(), v.as_mut_ptr() as *mut c_void, v.len()) };
         check("to_bytes", status)?;
         Ok(v)
     }

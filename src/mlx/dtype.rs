@@ -29,10 +29,12 @@ impl Dtype {
 
     pub(crate) fn from_code(code: i32) -> Dtype {
         use Dtype::*;
-        [Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, BF16, C64]
-            .get(code as usize)
-            .copied()
-            .unwrap_or_else(|| panic!("MLX returned unknown dtype code {code}"))
+        [
+            Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, BF16, C64,
+        ]
+        .get(code as usize)
+        .copied()
+        .unwrap_or_else(|| panic!("MLX returned unknown dtype code {code}"))
     }
 
     pub fn size_bytes(self) -> usize {
@@ -73,9 +75,11 @@ impl Dtype {
     /// The MLX type for a safetensors dtype spelling, if MLX has one.
     pub fn from_safetensors(name: &str) -> Option<Dtype> {
         use Dtype::*;
-        [Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, BF16, C64]
-            .into_iter()
-            .find(|d| d.safetensors_name() == name)
+        [
+            Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, BF16, C64,
+        ]
+        .into_iter()
+        .find(|d| d.safetensors_name() == name)
     }
 }
 

@@ -17,6 +17,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     #[track_caller]
     pub(crate) fn new(op: &'static str, message: impl Into<String>) -> Error {
-        Error { op, message: message.into(), location: Location::caller() }
+        Error {
+            op,
+            message: message.into(),
+            location: Location::caller(),
+        }
     }
 }

@@ -8,14 +8,27 @@ use std::ffi::CString;
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last axis, accumulated in f32.
 #[track_caller]
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
-    call("rms_norm", |out| unsafe { ffi::mlxs_fast_rms_norm(out, x.as_ptr(), Array::opt_ptr(weight), eps) })
+    call("rms_norm", |out| unsafe {
+        ffi::mlxs_fast_rms_norm(out, x.as_ptr(), Array::opt_ptr(weight), eps)
+    })
 }
 
 /// Layer norm over the last axis; weight and bias are optional (no affine when absent).
 #[track_caller]
-pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+pub fn layer_norm(
+    x: &Array,
+    weight: Option<&Array>,
+    bias: Option<&Array>,
+    eps: f32,
+) -> Result<Array> {
     call("layer_norm", |out| unsafe {
-        ffi::mlxs_fast_layer_norm(out, x.as_ptr(), Array::opt_ptr(weight), Array::opt_ptr(bias), eps)
+        ffi::mlxs_fast_layer_norm(
+            out,
+            x.as_ptr(),
+            Array::opt_ptr(weight),
+            Array::opt_ptr(bias),
+            eps,
+        )
     })
 }
 
@@ -57,7 +70,13 @@ pub enum Mask<'a> {
 
 /// `softmax(q·kᵀ·scale + mask)·v` for `[B, H, L, D]` inputs; k/v may have fewer heads (GQA).
 #[track_caller]
-pub fn scaled_dot_product_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask) -> Result<Array> {
+pub fn scaled_dot_product_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: Mask,
+) -> Result<Array> {
     let (mode, arr) = match mask {
         Mask::None => ("", None),
         Mask::Causal => ("causal", None),

@@ -17,11 +17,40 @@ macro_rules! reduce {
     ($($n:ident),*) => { extern "C" { $(pub fn $n(out: Out, a: Arr, axes: *const i32, n: usize, keepdims: c_int) -> c_int;)* } }
 }
 
-unary!(mlxs_negative, mlxs_exp, mlxs_log, mlxs_sin, mlxs_cos, mlxs_tanh, mlxs_sigmoid, mlxs_sqrt, mlxs_rsqrt,
-       mlxs_square, mlxs_abs, mlxs_erf, mlxs_logical_not, mlxs_silu);
-binary!(mlxs_add, mlxs_subtract, mlxs_multiply, mlxs_divide, mlxs_maximum, mlxs_minimum, mlxs_power,
-        mlxs_equal, mlxs_not_equal, mlxs_less, mlxs_less_equal, mlxs_greater, mlxs_greater_equal,
-        mlxs_logical_and, mlxs_logical_or, mlxs_matmul);
+unary!(
+    mlxs_negative,
+    mlxs_exp,
+    mlxs_log,
+    mlxs_sin,
+    mlxs_cos,
+    mlxs_tanh,
+    mlxs_sigmoid,
+    mlxs_sqrt,
+    mlxs_rsqrt,
+    mlxs_square,
+    mlxs_abs,
+    mlxs_erf,
+    mlxs_logical_not,
+    mlxs_silu
+);
+binary!(
+    mlxs_add,
+    mlxs_subtract,
+    mlxs_multiply,
+    mlxs_divide,
+    mlxs_maximum,
+    mlxs_minimum,
+    mlxs_power,
+    mlxs_equal,
+    mlxs_not_equal,
+    mlxs_less,
+    mlxs_less_equal,
+    mlxs_greater,
+    mlxs_greater_equal,
+    mlxs_logical_and,
+    mlxs_logical_or,
+    mlxs_matmul
+);
 reduce!(mlxs_sum, mlxs_mean, mlxs_max, mlxs_min, mlxs_argmax);
 
 extern "C" {
@@ -39,7 +68,13 @@ extern "C" {
     pub fn mlxs_array_size(a: Arr) -> usize;
     pub fn mlxs_array_nbytes(a: Arr) -> usize;
 
-    pub fn mlxs_array_from_bytes(out: Out, data: *const c_void, shape: *const i32, ndim: usize, dtype: c_int) -> c_int;
+    pub fn mlxs_array_from_bytes(
+        out: Out,
+        data: *const c_void,
+        shape: *const i32,
+        ndim: usize,
+        dtype: c_int,
+    ) -> c_int;
     pub fn mlxs_array_from_external(
         out: Out,
         data: *mut c_void,
@@ -68,7 +103,14 @@ extern "C" {
     pub fn mlxs_squeeze(out: Out, a: Arr, axis: c_int) -> c_int;
     pub fn mlxs_broadcast_to(out: Out, a: Arr, shape: *const i32, ndim: usize) -> c_int;
     pub fn mlxs_repeat(out: Out, a: Arr, repeats: c_int, axis: c_int) -> c_int;
-    pub fn mlxs_slice(out: Out, a: Arr, start: *const i32, stop: *const i32, strides: *const i32, ndim: usize) -> c_int;
+    pub fn mlxs_slice(
+        out: Out,
+        a: Arr,
+        start: *const i32,
+        stop: *const i32,
+        strides: *const i32,
+        ndim: usize,
+    ) -> c_int;
     pub fn mlxs_take(out: Out, a: Arr, indices: Arr, axis: c_int) -> c_int;
     pub fn mlxs_take_along_axis(out: Out, a: Arr, indices: Arr, axis: c_int) -> c_int;
     pub fn mlxs_concatenate(out: Out, xs: *const Arr, n: usize, axis: c_int) -> c_int;
@@ -83,9 +125,23 @@ extern "C" {
         n_indices: usize,
         axis: c_int,
     ) -> c_int;
-    pub fn mlxs_pad(out: Out, a: Arr, low: *const i32, high: *const i32, ndim: usize, value: f32) -> c_int;
+    pub fn mlxs_pad(
+        out: Out,
+        a: Arr,
+        low: *const i32,
+        high: *const i32,
+        ndim: usize,
+        value: f32,
+    ) -> c_int;
 
-    pub fn mlxs_var(out: Out, a: Arr, axes: *const i32, n: usize, keepdims: c_int, ddof: c_int) -> c_int;
+    pub fn mlxs_var(
+        out: Out,
+        a: Arr,
+        axes: *const i32,
+        n: usize,
+        keepdims: c_int,
+        ddof: c_int,
+    ) -> c_int;
     pub fn mlxs_softmax(out: Out, a: Arr, axes: *const i32, n: usize, precise: c_int) -> c_int;
 
     pub fn mlxs_conv2d(
@@ -101,8 +157,22 @@ extern "C" {
         groups: c_int,
     ) -> c_int;
 
-    pub fn mlxs_quantize(wq: Out, scales: Out, biases: Out, w: Arr, group_size: c_int, bits: c_int) -> c_int;
-    pub fn mlxs_dequantize(out: Out, wq: Arr, scales: Arr, biases: Arr, group_size: c_int, bits: c_int) -> c_int;
+    pub fn mlxs_quantize(
+        wq: Out,
+        scales: Out,
+        biases: Out,
+        w: Arr,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
+    pub fn mlxs_dequantize(
+        out: Out,
+        wq: Arr,
+        scales: Arr,
+        biases: Arr,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
     pub fn mlxs_quantized_matmul(
         out: Out,
         x: Arr,
@@ -138,7 +208,13 @@ extern "C" {
     ) -> c_int;
 
     pub fn mlxs_random_key(out: Out, seed: u64) -> c_int;
-    pub fn mlxs_random_normal(out: Out, shape: *const i32, ndim: usize, dtype: c_int, key: Arr) -> c_int;
+    pub fn mlxs_random_normal(
+        out: Out,
+        shape: *const i32,
+        ndim: usize,
+        dtype: c_int,
+        key: Arr,
+    ) -> c_int;
 
     pub fn mlxs_load_safetensors(
         path: *const c_char,
@@ -168,5 +244,12 @@ extern "C" {
     pub fn mlxs_clear_cache();
 
     pub fn mlxs_blas_description() -> *const c_char;
-    pub fn mlxs_blas_sgemm(m: c_int, n: c_int, k: c_int, a: *const f32, b: *const f32, c: *mut f32) -> c_int;
+    pub fn mlxs_blas_sgemm(
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+    ) -> c_int;
 }

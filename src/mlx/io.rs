@@ -30,15 +30,28 @@ pub fn load_safetensors(path: &Path) -> Result<Safetensors> {
     let (mut names, mut arrays, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0usize);
     let (mut mk, mut mv, mut nm) = (std::ptr::null_mut(), std::ptr::null_mut(), 0usize);
     let status = unsafe {
-        ffi::mlxs_load_safetensors(cpath.as_ptr(), &mut names, &mut arrays, &mut n, &mut mk, &mut mv, &mut nm)
+        ffi::mlxs_load_safetensors(
+            cpath.as_ptr(),
+            &mut names,
+            &mut arrays,
+            &mut n,
+            &mut mk,
+            &mut mv,
+            &mut nm,
+        )
     };
-    check("load_safetensors", status).map_err(|e| Error { message: format!("`{}`: {}", path.display(), e.message), ..e })?;
+    check("load_safetensors", status).map_err(|e| Error {
+        message: format!("`{}`: {}", path.display(), e.message),
+        ..e
+    })?;
     let take = |p: *mut c_char| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
     let mut tensors = HashMap::with_capacity(n);
     let mut metadata = HashMap::with_capacity(nm);
     unsafe {
         for i in 0..n {
-            let a = Array::from_raw(std::ptr::NonNull::new(*arrays.add(i)).expect("loader filled every slot"));
+            let a = Array::from_raw(
+                std::ptr::NonNull::new(*arrays.add(i)).expect("loader filled every slot"),
+            );
             tensors.insert(take(*names.add(i)), a);
         }
         for i in 0..nm {
@@ -53,12 +66,32 @@ pub fn load_safetensors(path: &Path) -> Result<Safetensors> {
 }
 
 #[track_caller]
-pub fn save_safetensors(path: &Path, tensors: &[(&str, &Array)], metadata: &[(&str, &str)]) -> Result<()> {
+pub fn save_safetensors(
+    path: &Path,
+    tensors: &[(&str, &Array)],
+    metadata: &[(&str, &str)],
+) -> Result<()> {
     let cpath = c_path("save_safetensors", path)?;
-    let cstr = |s: &str| CString::new(s).map_err(|_| Error::new("save_safetensors", format!("name `{s}` contains a NUL byte")));
-    let names = tensors.iter().map(|(n, _)| cstr(n)).collect::<Result<Vec<_>>>()?;
-    let keys = metadata.iter().map(|(k, _)| cstr(k)).collect::<Result<Vec<_>>>()?;
-    let values = metadata.iter().map(|(_, v)| cstr(v)).collect::<Result<Vec<_>>>()?;
+    let cstr = |s: &str| {
+        CString::new(s).map_err(|_| {
+            Error::new(
+                "save_safetensors",
+                format!("name `{s}` contains a NUL byte"),
+            )
+        })
+    };
+    let names = tensors
+        .iter()
+        .map(|(n, _)| cstr(n))
+        .collect::<Result<Vec<_>>>()?;
+    let keys = metadata
+        .iter()
+        .map(|(k, _)| cstr(k))
+        .collect::<Result<Vec<_>>>()?;
+    let values = metadata
+        .iter()
+        .map(|(_, v)| cstr(v))
+        .collect::<Result<Vec<_>>>()?;
     let name_ptrs: Vec<_> = names.iter().map(|c| c.as_ptr()).collect();
     let key_ptrs: Vec<_> = keys.iter().map(|c| c.as_ptr()).collect();
     let value_ptrs: Vec<_> = values.iter().map(|c| c.as_ptr()).collect();
@@ -74,5 +107,8 @@ pub fn save_safetensors(path: &Path, tensors: &[(&str, &Array)], metadata: &[(&s
             key_ptrs.len(),
         )
     };
-    check("save_safetensors", status).map_err(|e| Error { message: format!("`{}`: {}", path.display(), e.message), ..e })
+    check("save_safetensors", status).map_err(|e| Error {
+        message: format!("`{}`: {}", path.display(), e.message),
+        ..e
+    })
 }

@@ -29,7 +29,9 @@ pub enum Device {
 
 #[track_caller]
 pub fn set_default_device(device: Device) -> Result<()> {
-    array::check("set_default_device", unsafe { ffi::mlxs_set_default_device((device == Device::Gpu) as i32) })
+    array::check("set_default_device", unsafe {
+        ffi::mlxs_set_default_device((device == Device::Gpu) as i32)
+    })
 }
 
 pub fn default_device() -> Device {
@@ -47,13 +49,18 @@ pub fn gpu_available() -> bool {
 
 /// MLX's version string.
 pub fn version() -> String {
-    unsafe { CStr::from_ptr(ffi::mlxs_version()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ffi::mlxs_version()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Evaluates the graphs of `xs` together.
 #[track_caller]
 pub fn eval(xs: &[&Array]) -> Result<()> {
-    let ptrs: Vec<_> = xs.iter().map(|x| x.as_ptr() as *mut ffi::mlxs_array).collect();
+    let ptrs: Vec<_> = xs
+        .iter()
+        .map(|x| x.as_ptr() as *mut ffi::mlxs_array)
+        .collect();
     array::check("eval", unsafe { ffi::mlxs_eval(ptrs.as_ptr(), ptrs.len()) })
 }
 
@@ -78,16 +85,34 @@ pub fn build_info() -> BuildInfo {
 
 /// The BLAS library that serves MLX's CPU f32 matmuls, as the dynamic linker resolved it.
 pub fn blas_description() -> String {
-    unsafe { CStr::from_ptr(ffi::mlxs_blas_description()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ffi::mlxs_blas_description()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Calls that BLAS's `sgemm` directly: `c = a @ b` for row-major `a [m, k]`, `b [k, n]`.
 /// The baseline that matmul benchmarks compare MLX against.
-pub fn blas_sgemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) -> std::result::Result<(), String> {
+pub fn blas_sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) -> std::result::Result<(), String> {
     if a.len() != m * k || b.len() != k * n || c.len() != m * n {
         return Err(format!("sgemm operands do not match {m}×{k} @ {k}×{n}"));
     }
-    let status = unsafe { ffi::mlxs_blas_sgemm(m as i32, n as i32, k as i32, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
+    let status = unsafe {
+        ffi::mlxs_blas_sgemm(
+            m as i32,
+            n as i32,
+            k as i32,
+            a.as_ptr(),
+            b.as_ptr(),
+            c.as_mut_ptr(),
+        )
+    };
     if status == 0 {
         Ok(())
     } else {

@@ -65,49 +65,67 @@ impl Array {
 
     #[track_caller]
     pub fn astype(&self, dtype: Dtype) -> Result<Array> {
-        call("astype", |out| unsafe { ffi::mlxs_astype(out, self.as_ptr(), dtype.code()) })
+        call("astype", |out| unsafe {
+            ffi::mlxs_astype(out, self.as_ptr(), dtype.code())
+        })
     }
 
     /// Reinterprets the bytes as another dtype of the same or a dividing size.
     #[track_caller]
     pub fn view(&self, dtype: Dtype) -> Result<Array> {
-        call("view", |out| unsafe { ffi::mlxs_view(out, self.as_ptr(), dtype.code()) })
+        call("view", |out| unsafe {
+            ffi::mlxs_view(out, self.as_ptr(), dtype.code())
+        })
     }
 
     #[track_caller]
     pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
-        call("reshape", |out| unsafe { ffi::mlxs_reshape(out, self.as_ptr(), shape.as_ptr(), shape.len()) })
+        call("reshape", |out| unsafe {
+            ffi::mlxs_reshape(out, self.as_ptr(), shape.as_ptr(), shape.len())
+        })
     }
 
     #[track_caller]
     pub fn transpose(&self, axes: &[i32]) -> Result<Array> {
-        call("transpose", |out| unsafe { ffi::mlxs_transpose(out, self.as_ptr(), axes.as_ptr(), axes.len()) })
+        call("transpose", |out| unsafe {
+            ffi::mlxs_transpose(out, self.as_ptr(), axes.as_ptr(), axes.len())
+        })
     }
 
     #[track_caller]
     pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
-        call("swapaxes", |out| unsafe { ffi::mlxs_swapaxes(out, self.as_ptr(), a, b) })
+        call("swapaxes", |out| unsafe {
+            ffi::mlxs_swapaxes(out, self.as_ptr(), a, b)
+        })
     }
 
     #[track_caller]
     pub fn expand_dims(&self, axis: i32) -> Result<Array> {
-        call("expand_dims", |out| unsafe { ffi::mlxs_expand_dims(out, self.as_ptr(), axis) })
+        call("expand_dims", |out| unsafe {
+            ffi::mlxs_expand_dims(out, self.as_ptr(), axis)
+        })
     }
 
     #[track_caller]
     pub fn squeeze(&self, axis: i32) -> Result<Array> {
-        call("squeeze", |out| unsafe { ffi::mlxs_squeeze(out, self.as_ptr(), axis) })
+        call("squeeze", |out| unsafe {
+            ffi::mlxs_squeeze(out, self.as_ptr(), axis)
+        })
     }
 
     #[track_caller]
     pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
-        call("broadcast_to", |out| unsafe { ffi::mlxs_broadcast_to(out, self.as_ptr(), shape.as_ptr(), shape.len()) })
+        call("broadcast_to", |out| unsafe {
+            ffi::mlxs_broadcast_to(out, self.as_ptr(), shape.as_ptr(), shape.len())
+        })
     }
 
     /// Repeats each element `repeats` times along `axis` (`[a, b]` → `[a, a, b, b]`).
     #[track_caller]
     pub fn repeat(&self, repeats: i32, axis: i32) -> Result<Array> {
-        call("repeat", |out| unsafe { ffi::mlxs_repeat(out, self.as_ptr(), repeats, axis) })
+        call("repeat", |out| unsafe {
+            ffi::mlxs_repeat(out, self.as_ptr(), repeats, axis)
+        })
     }
 
     /// `self[start:stop:strides]`, one entry per axis.
@@ -115,10 +133,23 @@ impl Array {
     pub fn slice(&self, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
         let n = self.ndim();
         if start.len() != n || stop.len() != n || strides.len() != n {
-            return Err(Error::new("slice", format!("needs {n} start, stop and stride values for shape {:?}", self.shape())));
+            return Err(Error::new(
+                "slice",
+                format!(
+                    "needs {n} start, stop and stride values for shape {:?}",
+                    self.shape()
+                ),
+            ));
         }
         call("slice", |out| unsafe {
-            ffi::mlxs_slice(out, self.as_ptr(), start.as_ptr(), stop.as_ptr(), strides.as_ptr(), n)
+            ffi::mlxs_slice(
+                out,
+                self.as_ptr(),
+                start.as_ptr(),
+                stop.as_ptr(),
+                strides.as_ptr(),
+                n,
+            )
         })
     }
 
@@ -129,7 +160,10 @@ impl Array {
         let n = shape.len() as i32;
         let ax = if axis < 0 { axis + n } else { axis };
         if ax < 0 || ax >= n {
-            return Err(Error::new("slice_axis", format!("axis {axis} out of range for shape {shape:?}")));
+            return Err(Error::new(
+                "slice_axis",
+                format!("axis {axis} out of range for shape {shape:?}"),
+            ));
         }
         let mut lo = vec![0; shape.len()];
         let mut hi = shape.clone();
@@ -141,24 +175,45 @@ impl Array {
     /// Gathers along `axis` with integer `indices`.
     #[track_caller]
     pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
-        call("take", |out| unsafe { ffi::mlxs_take(out, self.as_ptr(), indices.as_ptr(), axis) })
+        call("take", |out| unsafe {
+            ffi::mlxs_take(out, self.as_ptr(), indices.as_ptr(), axis)
+        })
     }
 
     #[track_caller]
     pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
-        call("take_along_axis", |out| unsafe { ffi::mlxs_take_along_axis(out, self.as_ptr(), indices.as_ptr(), axis) })
+        call("take_along_axis", |out| unsafe {
+            ffi::mlxs_take_along_axis(out, self.as_ptr(), indices.as_ptr(), axis)
+        })
     }
 
     /// Variance over `axes` (all when empty) with `ddof` delta degrees of freedom.
     #[track_caller]
     pub fn var(&self, axes: &[i32], keepdims: bool, ddof: i32) -> Result<Array> {
-        call("var", |out| unsafe { ffi::mlxs_var(out, self.as_ptr(), axes.as_ptr(), axes.len(), keepdims as i32, ddof) })
+        call("var", |out| unsafe {
+            ffi::mlxs_var(
+                out,
+                self.as_ptr(),
+                axes.as_ptr(),
+                axes.len(),
+                keepdims as i32,
+                ddof,
+            )
+        })
     }
 
     /// Softmax over `axes` (all when empty); `precise` accumulates in f32 for half types.
     #[track_caller]
     pub fn softmax(&self, axes: &[i32], precise: bool) -> Result<Array> {
-        call("softmax", |out| unsafe { ffi::mlxs_softmax(out, self.as_ptr(), axes.as_ptr(), axes.len(), precise as i32) })
+        call("softmax", |out| unsafe {
+            ffi::mlxs_softmax(
+                out,
+                self.as_ptr(),
+                axes.as_ptr(),
+                axes.len(),
+                precise as i32,
+            )
+        })
     }
 
     #[track_caller]
@@ -205,32 +260,45 @@ pub fn clip(a: &Array, lo: Option<f32>, hi: Option<f32>) -> Result<Array> {
     let bound = |v: Option<f32>| v.map(|x| scalar_like(a, x)).transpose();
     let (lo, hi) = (bound(lo)?, bound(hi)?);
     call("clip", |out| unsafe {
-        ffi::mlxs_clip(out, a.as_ptr(), Array::opt_ptr(lo.as_ref()), Array::opt_ptr(hi.as_ref()))
+        ffi::mlxs_clip(
+            out,
+            a.as_ptr(),
+            Array::opt_ptr(lo.as_ref()),
+            Array::opt_ptr(hi.as_ref()),
+        )
     })
 }
 
 /// `cond ? a : b`, elementwise with broadcasting.
 #[track_caller]
 pub fn where_(cond: &Array, a: &Array, b: &Array) -> Result<Array> {
-    call("where", |out| unsafe { ffi::mlxs_where(out, cond.as_ptr(), a.as_ptr(), b.as_ptr()) })
+    call("where", |out| unsafe {
+        ffi::mlxs_where(out, cond.as_ptr(), a.as_ptr(), b.as_ptr())
+    })
 }
 
 /// `alpha · (a @ b) + beta · c`.
 #[track_caller]
 pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<Array> {
-    call("addmm", |out| unsafe { ffi::mlxs_addmm(out, c.as_ptr(), a.as_ptr(), b.as_ptr(), alpha, beta) })
+    call("addmm", |out| unsafe {
+        ffi::mlxs_addmm(out, c.as_ptr(), a.as_ptr(), b.as_ptr(), alpha, beta)
+    })
 }
 
 #[track_caller]
 pub fn concatenate(xs: &[&Array], axis: i32) -> Result<Array> {
     let ptrs: Vec<_> = xs.iter().map(|x| x.as_ptr()).collect();
-    call("concatenate", |out| unsafe { ffi::mlxs_concatenate(out, ptrs.as_ptr(), ptrs.len(), axis) })
+    call("concatenate", |out| unsafe {
+        ffi::mlxs_concatenate(out, ptrs.as_ptr(), ptrs.len(), axis)
+    })
 }
 
 #[track_caller]
 pub fn stack(xs: &[&Array], axis: i32) -> Result<Array> {
     let ptrs: Vec<_> = xs.iter().map(|x| x.as_ptr()).collect();
-    call("stack", |out| unsafe { ffi::mlxs_stack(out, ptrs.as_ptr(), ptrs.len(), axis) })
+    call("stack", |out| unsafe {
+        ffi::mlxs_stack(out, ptrs.as_ptr(), ptrs.len(), axis)
+    })
 }
 
 /// Splits into `parts` equal pieces along `axis`.
@@ -250,7 +318,16 @@ fn split_impl(a: &Array, parts: i32, indices: &[i32], axis: i32, max: usize) -> 
     let mut outs = vec![std::ptr::null_mut(); max];
     let mut count = 0usize;
     let status = unsafe {
-        ffi::mlxs_split(outs.as_mut_ptr(), max, &mut count, a.as_ptr(), parts, indices.as_ptr(), indices.len(), axis)
+        ffi::mlxs_split(
+            outs.as_mut_ptr(),
+            max,
+            &mut count,
+            a.as_ptr(),
+            parts,
+            indices.as_ptr(),
+            indices.len(),
+            axis,
+        )
     };
     check("split", status)?;
     Ok(outs[..count]
@@ -263,11 +340,28 @@ fn split_impl(a: &Array, parts: i32, indices: &[i32], axis: i32, max: usize) -> 
 #[track_caller]
 pub fn pad(a: &Array, widths: &[(i32, i32)], value: f32) -> Result<Array> {
     if widths.len() != a.ndim() {
-        return Err(Error::new("pad", format!("needs {} (low, high) pairs for shape {:?}, got {}", a.ndim(), a.shape(), widths.len())));
+        return Err(Error::new(
+            "pad",
+            format!(
+                "needs {} (low, high) pairs for shape {:?}, got {}",
+                a.ndim(),
+                a.shape(),
+                widths.len()
+            ),
+        ));
     }
     let low: Vec<i32> = widths.iter().map(|w| w.0).collect();
     let high: Vec<i32> = widths.iter().map(|w| w.1).collect();
-    call("pad", |out| unsafe { ffi::mlxs_pad(out, a.as_ptr(), low.as_ptr(), high.as_ptr(), low.len(), value) })
+    call("pad", |out| unsafe {
+        ffi::mlxs_pad(
+            out,
+            a.as_ptr(),
+            low.as_ptr(),
+            high.as_ptr(),
+            low.len(),
+            value,
+        )
+    })
 }
 
 /// 2-D convolution, channels last: `x` is NHWC, `w` is `[O, kh, kw, I/groups]`.
@@ -281,24 +375,53 @@ pub fn conv2d(
     groups: i32,
 ) -> Result<Array> {
     call("conv2d", |out| unsafe {
-        ffi::mlxs_conv2d(out, x.as_ptr(), w.as_ptr(), stride.0, stride.1, padding.0, padding.1, dilation.0, dilation.1, groups)
+        ffi::mlxs_conv2d(
+            out,
+            x.as_ptr(),
+            w.as_ptr(),
+            stride.0,
+            stride.1,
+            padding.0,
+            padding.1,
+            dilation.0,
+            dilation.1,
+            groups,
+        )
     })
 }
 
 /// Affine quantization along the last axis: `(packed u32 weights, scales, biases)`.
 #[track_caller]
 pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
-    let (mut q, mut s, mut b) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
-    let status = unsafe { ffi::mlxs_quantize(&mut q, &mut s, &mut b, w.as_ptr(), group_size, bits) };
+    let (mut q, mut s, mut b) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    let status =
+        unsafe { ffi::mlxs_quantize(&mut q, &mut s, &mut b, w.as_ptr(), group_size, bits) };
     check("quantize", status)?;
     let wrap = |p| Array::from_raw(std::ptr::NonNull::new(p).expect("quantize filled its outputs"));
     Ok((wrap(q), wrap(s), wrap(b)))
 }
 
 #[track_caller]
-pub fn dequantize(wq: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> Result<Array> {
+pub fn dequantize(
+    wq: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
     call("dequantize", |out| unsafe {
-        ffi::mlxs_dequantize(out, wq.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits)
+        ffi::mlxs_dequantize(
+            out,
+            wq.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            group_size,
+            bits,
+        )
     })
 }
 
@@ -314,7 +437,16 @@ pub fn quantized_matmul(
     bits: i32,
 ) -> Result<Array> {
     call("quantized_matmul", |out| unsafe {
-        ffi::mlxs_quantized_matmul(out, x.as_ptr(), wq.as_ptr(), scales.as_ptr(), biases.as_ptr(), transpose as i32, group_size, bits)
+        ffi::mlxs_quantized_matmul(
+            out,
+            x.as_ptr(),
+            wq.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            transpose as i32,
+            group_size,
+            bits,
+        )
     })
 }
 
@@ -322,7 +454,11 @@ pub fn quantized_matmul(
 /// arithmetic never promotes a bf16 activation to f32 behind the caller's back.
 #[track_caller]
 pub(crate) fn scalar_like(like: &Array, v: f32) -> Result<Array> {
-    let dt = if like.dtype().is_float() { like.dtype() } else { Dtype::F32 };
+    let dt = if like.dtype().is_float() {
+        like.dtype()
+    } else {
+        Dtype::F32
+    };
     Array::full(&[], v, dt)
 }
 

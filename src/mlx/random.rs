@@ -7,7 +7,9 @@ use super::ffi;
 
 #[track_caller]
 pub fn key(seed: u64) -> Result<Array> {
-    call("random::key", |out| unsafe { ffi::mlxs_random_key(out, seed) })
+    call("random::key", |out| unsafe {
+        ffi::mlxs_random_key(out, seed)
+    })
 }
 
 /// Standard normal samples of `shape`, drawn from `key`.

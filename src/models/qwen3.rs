@@ -47,7 +47,10 @@ fn default_act() -> String {
 impl Qwen3Config {
     pub fn validate(&self) -> Result<(), String> {
         if self.hidden_act != "silu" {
-            return Err(format!("text encoder `hidden_act` is `{}`; only `silu` is supported", self.hidden_act));
+            return Err(format!(
+                "text encoder `hidden_act` is `{}`; only `silu` is supported",
+                self.hidden_act
+            ));
         }
         if self.num_attention_heads % self.num_key_value_heads != 0 {
             return Err(format!(
@@ -58,23 +61,37 @@ impl Qwen3Config {
         if self.use_sliding_window {
             return Err("text encoder `use_sliding_window: true` is not supported".into());
         }
-        if let Some(t) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref()) {
+        if let Some(t) = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|r| r.rope_type.as_deref())
+        {
             if t != "default" {
-                return Err(format!("text encoder `rope_parameters.rope_type` `{t}` is not supported"));
+                return Err(format!(
+                    "text encoder `rope_parameters.rope_type` `{t}` is not supported"
+                ));
             }
         }
         if self.theta().is_none() {
-            return Err("text encoder config has neither `rope_theta` nor `rope_parameters.rope_theta`".into());
+            return Err(
+                "text encoder config has neither `rope_theta` nor `rope_parameters.rope_theta`"
+                    .into(),
+            );
         }
         if self.num_hidden_layers < 2 {
-            return Err("text encoder needs at least 2 layers (it returns the second-to-last)".into());
+            return Err(
+                "text encoder needs at least 2 layers (it returns the second-to-last)".into(),
+            );
         }
         Ok(())
     }
 
     /// The RoPE base, wherever the config keeps it.
     pub fn theta(&self) -> Option<f32> {
-        self.rope_parameters.as_ref().map(|r| r.rope_theta).or(self.rope_theta)
+        self.rope_parameters
+            .as_ref()
+            .map(|r| r.rope_theta)
+            .or(self.rope_theta)
     }
 
     /// Decoder layers that run: all but the last.
@@ -174,7 +191,9 @@ struct DecoderLayer {
 impl DecoderLayer {
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
         let x = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?)?)?;
-        &x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?
+        &x + self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&x)?)?
     }
 }
 
@@ -195,12 +214,18 @@ impl Qwen3Encoder {
         ckpt.allow_unused("norm.");
         ckpt.allow_unused("lm_head.");
         let w = ckpt.root();
-        let embed_tokens = w.pp("embed_tokens").get("weight", &[cfg.vocab_size, cfg.hidden_size])?;
+        let embed_tokens = w
+            .pp("embed_tokens")
+            .get("weight", &[cfg.vocab_size, cfg.hidden_size])?;
         let mut layers = Vec::new();
         for i in 0..cfg.layers_used() {
             let lw = w.pp("layers").pp(i);
             layers.push(DecoderLayer {
-                input_layernorm: RmsNorm::new(&lw.pp("input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps)?,
+                input_layernorm: RmsNorm::new(
+                    &lw.pp("input_layernorm"),
+                    cfg.hidden_size,
+                    cfg.rms_norm_eps,
+                )?,
                 self_attn: Attention::new(cfg, &lw.pp("self_attn"))?,
                 post_attention_layernorm: RmsNorm::new(
                     &lw.pp("post_attention_layernorm"),
@@ -211,7 +236,11 @@ impl Qwen3Encoder {
             });
         }
         ckpt.finish()?;
-        Ok(Qwen3Encoder { embed_tokens, layers, config: cfg.clone() })
+        Ok(Qwen3Encoder {
+            embed_tokens,
+            layers,
+            config: cfg.clone(),
+        })
     }
 
     /// `hidden_states[-2]` for the real tokens `ids`: `[L, hidden]`.

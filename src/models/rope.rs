@@ -17,11 +17,19 @@ impl RopeTables {
     pub fn new(theta: f64, axes_dims: &[i32], axes_lens: &[i32]) -> RopeTables {
         let mut angles = Vec::new();
         for (&d, &len) in axes_dims.iter().zip(axes_lens) {
-            let freqs: Vec<f64> = (0..d / 2).map(|j| 1.0 / theta.powf((2 * j) as f64 / d as f64)).collect();
-            let table = (0..len).flat_map(|p| freqs.iter().map(move |f| (p as f64 * f) as f32)).collect();
+            let freqs: Vec<f64> = (0..d / 2)
+                .map(|j| 1.0 / theta.powf((2 * j) as f64 / d as f64))
+                .collect();
+            let table = (0..len)
+                .flat_map(|p| freqs.iter().map(move |f| (p as f64 * f) as f32))
+                .collect();
             angles.push(table);
         }
-        RopeTables { angles, halves: axes_dims.iter().map(|&d| d as usize / 2).collect(), lens: axes_lens.to_vec() }
+        RopeTables {
+            angles,
+            halves: axes_dims.iter().map(|&d| d as usize / 2).collect(),
+            lens: axes_lens.to_vec(),
+        }
     }
 
     /// `(cos, sin)`, each `[S, 1, head_dim/2]` f32, for tokens at `positions`.
@@ -31,7 +39,11 @@ impl RopeTables {
         let mut sin = Vec::with_capacity(positions.len() * half);
         for pos in positions {
             for (axis, &p) in pos.iter().enumerate() {
-                assert!(p < self.lens[axis], "position {p} beyond the RoPE table of axis {axis} ({} long)", self.lens[axis]);
+                assert!(
+                    p < self.lens[axis],
+                    "position {p} beyond the RoPE table of axis {axis} ({} long)",
+                    self.lens[axis]
+                );
                 let h = self.halves[axis];
                 for &a in &self.angles[axis][p as usize * h..(p as usize + 1) * h] {
                     cos.push(a.cos());
@@ -40,6 +52,9 @@ impl RopeTables {
             }
         }
         let shape = [positions.len() as i32, 1, half as i32];
-        Ok((Array::from_slice(&cos, &shape)?, Array::from_slice(&sin, &shape)?))
+        Ok((
+            Array::from_slice(&cos, &shape)?,
+            Array::from_slice(&sin, &shape)?,
+        ))
     }
 }

@@ -45,10 +45,16 @@ impl DitConfig {
             ));
         }
         if self.dim % self.n_heads != 0 {
-            return Err(format!("transformer `dim` {} is not divisible by `n_heads` {}", self.dim, self.n_heads));
+            return Err(format!(
+                "transformer `dim` {} is not divisible by `n_heads` {}",
+                self.dim, self.n_heads
+            ));
         }
         let sum: i32 = self.axes_dims.iter().sum();
-        if sum != self.head_dim() || self.axes_dims.iter().any(|d| d % 2 != 0) || self.axes_dims.len() != 3 {
+        if sum != self.head_dim()
+            || self.axes_dims.iter().any(|d| d % 2 != 0)
+            || self.axes_dims.len() != 3
+        {
             return Err(format!(
                 "transformer `axes_dims` {:?} must be 3 even sizes summing to head_dim {}",
                 self.axes_dims,
@@ -141,7 +147,9 @@ fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
     let x1 = pairs.slice_axis(3, 1, 2)?.squeeze(3)?;
     let y0 = ((&x0 * cos)? - (&x1 * sin)?)?;
     let y1 = ((&x0 * sin)? + (&x1 * cos)?)?;
-    ops::stack(&[&y0, &y1], 3)?.reshape(&[s, h, hd])?.astype(dtype)
+    ops::stack(&[&y0, &y1], 3)?
+        .reshape(&[s, h, hd])?
+        .astype(dtype)
 }
 
 struct FeedForward {
@@ -161,7 +169,8 @@ impl FeedForward {
     }
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        self.w2.forward(&(self.w1.forward(x)?.silu()? * self.w3.forward(x)?)?)
+        self.w2
+            .forward(&(self.w1.forward(x)?.silu()? * self.w3.forward(x)?)?)
     }
 }
 
@@ -195,7 +204,12 @@ impl Block {
             ffn_norm1: norm("ffn_norm1")?,
             ffn_norm2: norm("ffn_norm2")?,
             ada_ln: if modulated {
-                Some(Linear::new(&w.pp("adaLN_modulation").pp(0), cfg.adaln_dim(), 4 * cfg.dim, true)?)
+                Some(Linear::new(
+                    &w.pp("adaLN_modulation").pp(0),
+                    cfg.adaln_dim(),
+                    4 * cfg.dim,
+                    true,
+                )?)
             } else {
                 None
             },
@@ -204,7 +218,9 @@ impl Block {
 
     /// `m = c·Wᵀ + b` split into (scale_msa, gate_msa, scale_mlp, gate_mlp); no SiLU on `c`.
     fn modulation(&self, c: &Array) -> mlx::Result<Option<Modulation>> {
-        let Some(ada) = &self.ada_ln else { return Ok(None) };
+        let Some(ada) = &self.ada_ln else {
+            return Ok(None);
+        };
         let parts = ops::split(&ada.forward(c)?, 4, 1)?;
         Ok(Some(Modulation {
             scale_msa: (&parts[0] + 1.0)?,
@@ -224,10 +240,18 @@ impl Block {
             Some(g) => h * g,
             None => Ok(h),
         };
-        let h = scaled(self.attention_norm1.forward(x)?, m.as_ref().map(|m| &m.scale_msa))?;
-        let h = self.attention_norm2.forward(&self.attention.forward(&h, rope)?)?;
+        let h = scaled(
+            self.attention_norm1.forward(x)?,
+            m.as_ref().map(|m| &m.scale_msa),
+        )?;
+        let h = self
+            .attention_norm2
+            .forward(&self.attention.forward(&h, rope)?)?;
         let x = (x + gated(h, m.as_ref().map(|m| &m.gate_msa))?)?;
-        let h = scaled(self.ffn_norm1.forward(&x)?, m.as_ref().map(|m| &m.scale_mlp))?;
+        let h = scaled(
+            self.ffn_norm1.forward(&x)?,
+            m.as_ref().map(|m| &m.scale_mlp),
+        )?;
         let h = self.ffn_norm2.forward(&self.feed_forward.forward(&h)?)?;
         &x + gated(h, m.as_ref().map(|m| &m.gate_mlp))?
     }
@@ -260,15 +284,27 @@ impl ZImageTransformer {
             let w = ckpt.root();
             let (d, a) = (cfg.dim, cfg.adaln_dim());
             let blocks = |name: &str, n: i32, modulated: bool| -> mlx::Result<Vec<Block>> {
-                (0..n).map(|i| Block::new(cfg, &w.pp(name).pp(i), modulated)).collect()
+                (0..n)
+                    .map(|i| Block::new(cfg, &w.pp(name).pp(i), modulated))
+                    .collect()
             };
             let fl = w.pp("all_final_layer").pp("2-1");
             ZImageTransformer {
-                t_mlp0: Linear::new(&w.pp("t_embedder.mlp.0"), FREQUENCY_EMBEDDING_SIZE, T_MLP_HIDDEN, true)?,
+                t_mlp0: Linear::new(
+                    &w.pp("t_embedder.mlp.0"),
+                    FREQUENCY_EMBEDDING_SIZE,
+                    T_MLP_HIDDEN,
+                    true,
+                )?,
                 t_mlp2: Linear::new(&w.pp("t_embedder.mlp.2"), T_MLP_HIDDEN, a, true)?,
                 cap_norm: RmsNorm::new(&w.pp("cap_embedder.0"), cfg.cap_feat_dim, cfg.norm_eps)?,
                 cap_proj: Linear::new(&w.pp("cap_embedder.1"), cfg.cap_feat_dim, d, true)?,
-                x_embedder: Linear::new(&w.pp("all_x_embedder").pp("2-1"), cfg.patch_features(), d, true)?,
+                x_embedder: Linear::new(
+                    &w.pp("all_x_embedder").pp("2-1"),
+                    cfg.patch_features(),
+                    d,
+                    true,
+                )?,
                 x_pad_token: w.get("x_pad_token", &[1, d])?,
                 cap_pad_token: w.get("cap_pad_token", &[1, d])?,
                 final_ada: Linear::new(&fl.pp("adaLN_modulation.1"), a, d, true)?,
@@ -290,8 +326,14 @@ impl ZImageTransformer {
         let s = t_model * self.config.t_scale;
         let half = FREQUENCY_EMBEDDING_SIZE / 2;
         let neg_ln = -(10000f64.ln() as f32);
-        let args: Vec<f32> = (0..half).map(|k| s * ((neg_ln * k as f32) / half as f32).exp()).collect();
-        let emb: Vec<f32> = args.iter().map(|a| a.cos()).chain(args.iter().map(|a| a.sin())).collect();
+        let args: Vec<f32> = (0..half)
+            .map(|k| s * ((neg_ln * k as f32) / half as f32).exp())
+            .collect();
+        let emb: Vec<f32> = args
+            .iter()
+            .map(|a| a.cos())
+            .chain(args.iter().map(|a| a.sin()))
+            .collect();
         let e = Array::from_slice(&emb, &[1, FREQUENCY_EMBEDDING_SIZE])?.astype(self.dtype)?;
         self.t_mlp2.forward(&self.t_mlp0.forward(&e)?.silu()?)
     }
@@ -328,7 +370,9 @@ impl ZImageTransformer {
         }
 
         // 4. Caption tokens: norm + project, learned pad rows, positions (1 + m, 0, 0).
-        let cap = self.cap_proj.forward(&self.cap_norm.forward(&caption.astype(self.dtype)?)?)?;
+        let cap = self
+            .cap_proj
+            .forward(&self.cap_norm.forward(&caption.astype(self.dtype)?)?)?;
         let cap = pad_rows(&cap, &self.cap_pad_token, lp - l)?;
         let cap_pos: Vec<[i32; 3]> = (0..lp).map(|m| [1 + m, 0, 0]).collect();
         let cap_rope = self.rope.lookup(&cap_pos)?;

@@ -40,13 +40,25 @@ fn default_act() -> String {
 impl VaeConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.act_fn != "silu" {
-            return Err(format!("VAE `act_fn` is `{}`; only `silu` is supported", self.act_fn));
+            return Err(format!(
+                "VAE `act_fn` is `{}`; only `silu` is supported",
+                self.act_fn
+            ));
         }
         if self.use_post_quant_conv {
-            return Err("VAE `use_post_quant_conv: true` is not supported (Z-Image's VAE has none)".into());
+            return Err(
+                "VAE `use_post_quant_conv: true` is not supported (Z-Image's VAE has none)".into(),
+            );
         }
-        if let Some(c) = self.block_out_channels.iter().find(|c| *c % self.norm_num_groups != 0) {
-            return Err(format!("VAE channels {c} are not divisible by `norm_num_groups` {}", self.norm_num_groups));
+        if let Some(c) = self
+            .block_out_channels
+            .iter()
+            .find(|c| *c % self.norm_num_groups != 0)
+        {
+            return Err(format!(
+                "VAE channels {c} are not divisible by `norm_num_groups` {}",
+                self.norm_num_groups
+            ));
         }
         if self.block_out_channels.is_empty() {
             return Err("VAE `block_out_channels` is empty".into());
@@ -72,8 +84,15 @@ struct Conv2d {
 
 impl Conv2d {
     fn new(w: &Weights, cin: i32, cout: i32, k: i32) -> mlx::Result<Conv2d> {
-        let weight = w.get("weight", &[cout, cin, k, k])?.transpose(&[0, 2, 3, 1])?;
-        Ok(Conv2d { taps: conv_taps(&weight)?, weight, bias: w.get("bias", &[cout])?, k })
+        let weight = w
+            .get("weight", &[cout, cin, k, k])?
+            .transpose(&[0, 2, 3, 1])?;
+        Ok(Conv2d {
+            taps: conv_taps(&weight)?,
+            weight,
+            bias: w.get("bias", &[cout])?,
+            k,
+        })
     }
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
@@ -114,7 +133,9 @@ pub fn conv2d_as_matmuls(x: &Array, taps: &[Array], cout: i32) -> mlx::Result<Ar
     let rows_per_image = (h + 2 * p + extra) * wp;
     let mut images = Vec::with_capacity(b as usize);
     for n in 0..b {
-        let flat = padded.slice_axis(0, n, n + 1)?.reshape(&[rows_per_image, c])?;
+        let flat = padded
+            .slice_axis(0, n, n + 1)?
+            .reshape(&[rows_per_image, c])?;
         let mut y: Option<Array> = None;
         for dy in 0..k {
             for dx in 0..k {
@@ -127,7 +148,11 @@ pub fn conv2d_as_matmuls(x: &Array, taps: &[Array], cout: i32) -> mlx::Result<Ar
                 });
             }
         }
-        images.push(y.expect("a kernel has at least one tap").reshape(&[1, h, wp, cout])?.slice_axis(2, 0, w)?);
+        images.push(
+            y.expect("a kernel has at least one tap")
+                .reshape(&[1, h, wp, cout])?
+                .slice_axis(2, 0, w)?,
+        );
     }
     match images.len() {
         1 => Ok(images.pop().expect("one image")),
@@ -140,8 +165,12 @@ pub fn conv2d_as_matmuls(x: &Array, taps: &[Array], cout: i32) -> mlx::Result<Ar
 pub fn conv_taps(weight: &Array) -> mlx::Result<Vec<Array>> {
     let s = weight.shape();
     let (cout, k, cin) = (s[0], s[1], s[3]);
-    let taps = weight.transpose(&[1, 2, 3, 0])?.reshape(&[k * k, cin, cout])?;
-    (0..k * k).map(|i| taps.slice_axis(0, i, i + 1)?.squeeze(0)).collect()
+    let taps = weight
+        .transpose(&[1, 2, 3, 0])?
+        .reshape(&[k * k, cin, cout])?;
+    (0..k * k)
+        .map(|i| taps.slice_axis(0, i, i + 1)?.squeeze(0))
+        .collect()
 }
 
 /// GroupNorm with PyTorch's grouping (consecutive channels), statistics in f32.
@@ -154,7 +183,12 @@ struct GroupNorm {
 
 impl GroupNorm {
     fn new(w: &Weights, channels: i32, groups: i32) -> mlx::Result<GroupNorm> {
-        Ok(GroupNorm { weight: w.get("weight", &[channels])?, bias: w.get("bias", &[channels])?, groups, eps: 1e-6 })
+        Ok(GroupNorm {
+            weight: w.get("weight", &[channels])?,
+            bias: w.get("bias", &[channels])?,
+            groups,
+            eps: 1e-6,
+        })
     }
 
     /// `x`: [B, H, W, C].
@@ -170,13 +204,19 @@ impl GroupNorm {
         let x32 = x.astype(Dtype::F32)?.reshape(&[b, h * w, c])?;
         // [B, 1, C] → the mean over each group's channels, broadcast back to every channel.
         let group_mean = |per_channel: &Array| -> mlx::Result<Array> {
-            per_channel.reshape(&[b, 1, g, per_group])?.mean(&[3], true)?.broadcast_to(&[b, 1, g, per_group])?.reshape(&[b, 1, c])
+            per_channel
+                .reshape(&[b, 1, g, per_group])?
+                .mean(&[3], true)?
+                .broadcast_to(&[b, 1, g, per_group])?
+                .reshape(&[b, 1, c])
         };
         let mean = group_mean(&x32.mean(&[1], true)?)?;
         let var = group_mean(&(&x32 - &mean)?.square()?.mean(&[1], true)?)?;
         let scale = ((var + self.eps)?.rsqrt()? * &self.weight)?;
         let shift = (&self.bias - (&mean * &scale)?)?;
-        ((x32 * scale)? + shift)?.reshape(&[b, h, w, c])?.astype(x.dtype())
+        ((x32 * scale)? + shift)?
+            .reshape(&[b, h, w, c])?
+            .astype(x.dtype())
     }
 }
 
@@ -195,7 +235,11 @@ impl ResnetBlock {
             conv1: Conv2d::new(&w.pp("conv1"), cin, cout, 3)?,
             norm2: GroupNorm::new(&w.pp("norm2"), cout, groups)?,
             conv2: Conv2d::new(&w.pp("conv2"), cout, cout, 3)?,
-            shortcut: if cin != cout { Some(Conv2d::new(&w.pp("conv_shortcut"), cin, cout, 1)?) } else { None },
+            shortcut: if cin != cout {
+                Some(Conv2d::new(&w.pp("conv_shortcut"), cin, cout, 1)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -251,7 +295,11 @@ impl MidAttention {
             chunks.push(ops::matmul(&scores, &v)?);
         }
         let refs: Vec<&Array> = chunks.iter().collect();
-        let o = if refs.len() == 1 { chunks[0].clone() } else { ops::concatenate(&refs, 1)? };
+        let o = if refs.len() == 1 {
+            chunks[0].clone()
+        } else {
+            ops::concatenate(&refs, 1)?
+        };
         let o = self.to_out.forward(&o)?.reshape(&[b, h, w, c])?;
         o + x
     }
@@ -292,7 +340,12 @@ impl VaeDecoder {
                 let bw = w.pp("up_blocks").pp(i);
                 let mut resnets = Vec::new();
                 for r in 0..=cfg.layers_per_block {
-                    resnets.push(ResnetBlock::new(&bw.pp("resnets").pp(r), if r == 0 { cin } else { cout }, cout, g)?);
+                    resnets.push(ResnetBlock::new(
+                        &bw.pp("resnets").pp(r),
+                        if r == 0 { cin } else { cout },
+                        cout,
+                        g,
+                    )?);
                 }
                 let upsample = if i + 1 < chans.len() {
                     Some(Conv2d::new(&bw.pp("upsamplers.0.conv"), cout, cout, 3)?)
@@ -328,7 +381,10 @@ impl VaeDecoder {
     /// Decodes the denoised latents `[C, h, w]` (f32) into an image `[H, W, 3]` in [-1, 1],
     /// in the VAE's dtype. Un-scaling happens in that dtype, as in the reference.
     pub fn decode(&self, latents: &Array) -> mlx::Result<Array> {
-        let z = latents.astype(self.dtype)?.transpose(&[1, 2, 0])?.expand_dims(0)?;
+        let z = latents
+            .astype(self.dtype)?
+            .transpose(&[1, 2, 0])?
+            .expand_dims(0)?;
         let z = (z / self.config.scaling_factor)?;
         let z = match self.config.shift_factor {
             Some(s) => (z + s)?,
@@ -359,5 +415,7 @@ impl VaeDecoder {
 pub fn to_rgb8(image: &Array) -> mlx::Result<Vec<u8>> {
     let x = ops::clip(&((image * 0.5)? + 0.5)?, Some(0.0), Some(1.0))?;
     let v = x.astype(Dtype::F32)?.to_vec::<f32>()?;
-    Ok(v.into_iter().map(|p| (p * 255.0).round_ties_even() as u8).collect())
+    Ok(v.into_iter()
+        .map(|p| (p * 255.0).round_ties_even() as u8)
+        .collect())
 }

@@ -58,7 +58,10 @@ impl Checkpoint {
     }
 
     pub fn root(&self) -> Weights<'_> {
-        Weights { ckpt: self, prefix: String::new() }
+        Weights {
+            ckpt: self,
+            prefix: String::new(),
+        }
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -72,14 +75,19 @@ impl Checkpoint {
         let mut unused: Vec<&String> = self
             .tensors
             .keys()
-            .filter(|k| !used.contains(*k) && !self.unused_ok.iter().any(|p| k.starts_with(p.as_str())))
+            .filter(|k| {
+                !used.contains(*k) && !self.unused_ok.iter().any(|p| k.starts_with(p.as_str()))
+            })
             .collect();
         unused.sort();
         problems.extend(unused.into_iter().map(|k| format!("  unused tensor `{k}`")));
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(LoadError { component: self.component, problems })
+            Err(LoadError {
+                component: self.component,
+                problems,
+            })
         }
     }
 }
@@ -94,8 +102,15 @@ pub struct Weights<'a> {
 impl<'a> Weights<'a> {
     /// Narrows to `prefix.name`.
     pub fn pp(&self, name: impl std::fmt::Display) -> Weights<'a> {
-        let prefix = if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) };
-        Weights { ckpt: self.ckpt, prefix }
+        let prefix = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        };
+        Weights {
+            ckpt: self.ckpt,
+            prefix,
+        }
     }
 
     fn full_name(&self, name: &str) -> String {
@@ -120,14 +135,17 @@ impl<'a> Weights<'a> {
             }
             Some(t) => {
                 self.ckpt.used.borrow_mut().insert(full.clone());
-                self.ckpt
-                    .problems
-                    .borrow_mut()
-                    .push(format!("  `{full}`: expected shape {shape:?}, got {:?}", t.shape()));
+                self.ckpt.problems.borrow_mut().push(format!(
+                    "  `{full}`: expected shape {shape:?}, got {:?}",
+                    t.shape()
+                ));
                 Array::zeros(shape, self.ckpt.dtype)
             }
             None => {
-                self.ckpt.problems.borrow_mut().push(format!("  missing tensor `{full}` (shape {shape:?})"));
+                self.ckpt
+                    .problems
+                    .borrow_mut()
+                    .push(format!("  missing tensor `{full}` (shape {shape:?})"));
                 Array::zeros(shape, self.ckpt.dtype)
             }
         }
@@ -148,7 +166,11 @@ pub struct Linear {
 impl Linear {
     pub fn new(w: &Weights, in_dim: i32, out_dim: i32, bias: bool) -> mlx::Result<Linear> {
         let weight = w.get("weight", &[out_dim, in_dim])?;
-        let bias = if bias { Some(w.get("bias", &[out_dim])?) } else { None };
+        let bias = if bias {
+            Some(w.get("bias", &[out_dim])?)
+        } else {
+            None
+        };
         Ok(Linear { weight, bias })
     }
 
@@ -171,7 +193,10 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(w: &Weights, dim: i32, eps: f32) -> mlx::Result<RmsNorm> {
-        Ok(RmsNorm { weight: w.get("weight", &[dim])?, eps })
+        Ok(RmsNorm {
+            weight: w.get("weight", &[dim])?,
+            eps,
+        })
     }
 
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {

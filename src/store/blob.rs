@@ -22,11 +22,17 @@ pub enum BlobError {
     #[error("blob `{digest}` is missing from `{}`", dir.display())]
     Missing { digest: String, dir: PathBuf },
     #[error("blob `{digest}`: {source}")]
-    Header { digest: String, source: safetensors::Error },
+    Header {
+        digest: String,
+        source: safetensors::Error,
+    },
     #[error("blob `{digest}`: {reason}")]
     Layout { digest: String, reason: String },
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The hex part of a `sha256:<hex>` (or `sha256-<hex>`) digest, validated.
@@ -41,7 +47,10 @@ pub fn digest_hex(digest: &str) -> Result<&str, BlobError> {
 
 /// `blobs/sha256-<hex>` under `root`; rejects anything but a well-formed digest.
 pub fn blob_path(root: &Path, digest: &str) -> Result<PathBuf, BlobError> {
-    Ok(root.join("blobs").join(format!("sha256-{}", digest_hex(digest)?.to_ascii_lowercase())))
+    Ok(root.join("blobs").join(format!(
+        "sha256-{}",
+        digest_hex(digest)?.to_ascii_lowercase()
+    )))
 }
 
 /// A blob being written: bytes go to a temporary file while they are hashed.
@@ -60,25 +69,44 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 impl BlobWriter {
     pub fn new(root: &Path) -> Result<BlobWriter, BlobError> {
         let dir = root.join("blobs");
-        std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io { path: dir.clone(), source })?;
+        std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io {
+            path: dir.clone(),
+            source,
+        })?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{PARTIAL_PREFIX}{}-{n}", std::process::id()));
-        let file = File::create(&tmp).map_err(|source| BlobError::Io { path: tmp.clone(), source })?;
-        Ok(BlobWriter { root: root.to_path_buf(), tmp, out: Some(BufWriter::with_capacity(1 << 20, file)), hasher: Sha256::new(), size: 0, done: false })
+        let file = File::create(&tmp).map_err(|source| BlobError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+        Ok(BlobWriter {
+            root: root.to_path_buf(),
+            tmp,
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            hasher: Sha256::new(),
+            size: 0,
+            done: false,
+        })
     }
 
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), BlobError> {
         self.hasher.update(bytes);
         self.size += bytes.len() as u64;
         let out = self.out.as_mut().expect("writer open until finish");
-        out.write_all(bytes).map_err(|source| BlobError::Io { path: self.tmp.clone(), source })
+        out.write_all(bytes).map_err(|source| BlobError::Io {
+            path: self.tmp.clone(),
+            source,
+        })
     }
 
     /// Syncs and renames into place. Returns the digest, the size and whether the blob was
     /// new (an identical blob already present is kept, and the copy discarded).
     pub fn finish(mut self) -> Result<(String, u64, bool), BlobError> {
         let tmp = self.tmp.clone();
-        let io = |source| BlobError::Io { path: tmp.clone(), source };
+        let io = |source| BlobError::Io {
+            path: tmp.clone(),
+            source,
+        };
         let out = self.out.take().expect("finish runs once");
         let file = out.into_inner().map_err(|e| io(e.into_error()))?;
         let digest = format!("sha256:{:x}", self.hasher.finalize_reset());
@@ -89,7 +117,10 @@ impl BlobWriter {
         }
         file.sync_all().map_err(io)?;
         drop(file);
-        std::fs::rename(&self.tmp, &dest).map_err(|source| BlobError::Io { path: dest.clone(), source })?;
+        std::fs::rename(&self.tmp, &dest).map_err(|source| BlobError::Io {
+            path: dest.clone(),
+            source,
+        })?;
         self.done = true;
         Ok((digest, self.size, true))
     }
@@ -114,23 +145,44 @@ pub fn write_blob(root: &Path, bytes: &[u8]) -> Result<(String, u64, bool), Blob
 
 /// The header of a seed-format tensor blob: one tensor keyed `"data"`, data starting at a
 /// multiple of `align`.
-pub fn tensor_blob_header(dtype: Dtype, shape: &[u64], align: u64) -> Result<Vec<u8>, safetensors::Error> {
-    safetensors::header_bytes(&[TensorSpec { name: "data".into(), dtype, shape: shape.to_vec() }], None, align)
+pub fn tensor_blob_header(
+    dtype: Dtype,
+    shape: &[u64],
+    align: u64,
+) -> Result<Vec<u8>, safetensors::Error> {
+    safetensors::header_bytes(
+        &[TensorSpec {
+            name: "data".into(),
+            dtype,
+            shape: shape.to_vec(),
+        }],
+        None,
+        align,
+    )
 }
 
 /// Reads and validates a blob's safetensors header.
 pub fn read_blob_header(root: &Path, digest: &str) -> Result<(PathBuf, Header), BlobError> {
     let path = blob_path(root, digest)?;
     if !path.is_file() {
-        return Err(BlobError::Missing { digest: digest.to_string(), dir: root.join("blobs") });
+        return Err(BlobError::Missing {
+            digest: digest.to_string(),
+            dir: root.join("blobs"),
+        });
     }
-    let header = safetensors::read_header_file(&path).map_err(|source| BlobError::Header { digest: digest.into(), source })?;
+    let header = safetensors::read_header_file(&path).map_err(|source| BlobError::Header {
+        digest: digest.into(),
+        source,
+    })?;
     Ok((path, header))
 }
 
 /// sha256 of a file, streamed.
 pub fn hash_file(path: &Path) -> Result<(String, u64), BlobError> {
-    let io = |source| BlobError::Io { path: path.to_path_buf(), source };
+    let io = |source| BlobError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut f = File::open(path).map_err(io)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

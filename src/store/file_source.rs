@@ -20,12 +20,27 @@ pub struct SafetensorsFile {
 
 impl SafetensorsFile {
     /// Reads and validates the header of the safetensors bytes at `offset..offset + len`.
-    pub fn open(path: &Path, offset: u64, len: u64, component: &str) -> Result<SafetensorsFile, StoreError> {
-        let io = |source| StoreError::Io { path: path.to_path_buf(), source };
+    pub fn open(
+        path: &Path,
+        offset: u64,
+        len: u64,
+        component: &str,
+    ) -> Result<SafetensorsFile, StoreError> {
+        let io = |source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let mut file = std::fs::File::open(path).map_err(io)?;
         file.seek(SeekFrom::Start(offset)).map_err(io)?;
-        let header = safetensors::read_header(&mut Read::by_ref(&mut file).take(len), len).map_err(|e| e.in_file(path))?;
-        Ok(SafetensorsFile { path: path.to_path_buf(), component: component.to_string(), offset, header, extra_metadata: None })
+        let header = safetensors::read_header(&mut Read::by_ref(&mut file).take(len), len)
+            .map_err(|e| e.in_file(path))?;
+        Ok(SafetensorsFile {
+            path: path.to_path_buf(),
+            component: component.to_string(),
+            offset,
+            header,
+            extra_metadata: None,
+        })
     }
 }
 
@@ -52,7 +67,10 @@ impl TensorSource for SafetensorsFile {
     fn config_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let mut meta = serde_json::Map::new();
         if let Some(m) = &self.header.metadata {
-            meta.insert("__metadata__".into(), serde_json::to_value(m).expect("string maps serialize"));
+            meta.insert(
+                "__metadata__".into(),
+                serde_json::to_value(m).expect("string maps serialize"),
+            );
         }
         if let Some(extra) = &self.extra_metadata {
             meta.insert("container".into(), extra.clone());

@@ -7,7 +7,9 @@
 //! no manifest and no partial blob, and a rerun completes it.
 
 use super::blob::{self, BlobError, BlobWriter};
-use super::manifest::{config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, TENSOR_MEDIA_TYPE};
+use super::manifest::{
+    config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, TENSOR_MEDIA_TYPE,
+};
 use super::{Store, StoreError};
 use crate::diffusers_dir::DiffusersDir;
 use crate::mlx;
@@ -61,7 +63,10 @@ impl TensorSource for DiffusersDir {
             .map(|(rel, path)| {
                 std::fs::read(path)
                     .map(|b| (rel.clone(), b))
-                    .map_err(|source| StoreError::Io { path: path.clone(), source })
+                    .map_err(|source| StoreError::Io {
+                        path: path.clone(),
+                        source,
+                    })
             })
             .collect()
     }
@@ -101,7 +106,11 @@ pub struct ImportOptions {
 
 impl Default for ImportOptions {
     fn default() -> Self {
-        ImportOptions { dtype: None, quantize: None, align: 8 }
+        ImportOptions {
+            dtype: None,
+            quantize: None,
+            align: 8,
+        }
     }
 }
 
@@ -123,7 +132,9 @@ pub fn should_quantize(t: &SourceTensor) -> bool {
         && !n.contains("ln_")
         && n.ends_with(".weight")
         && t.shape.len() >= 2
-        && t.shape.last().is_some_and(|&c| c % Quantization::GROUP_SIZE as u64 == 0)
+        && t.shape
+            .last()
+            .is_some_and(|&c| c % Quantization::GROUP_SIZE as u64 == 0)
         && matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
 }
 
@@ -143,11 +154,16 @@ impl Store {
         let name = super::ModelName::parse(name)?;
         if let Some(d) = opts.dtype {
             if !convertible(d) {
-                return Err(StoreError::Invalid(format!("`--dtype {d}` is not supported; use bf16, f16 or f32")));
+                return Err(StoreError::Invalid(format!(
+                    "`--dtype {d}` is not supported; use bf16, f16 or f32"
+                )));
             }
         }
         if !opts.align.is_power_of_two() || opts.align < 8 {
-            return Err(StoreError::Invalid(format!("alignment {} must be a power of two ≥ 8", opts.align)));
+            return Err(StoreError::Invalid(format!(
+                "alignment {} must be a power of two ≥ 8",
+                opts.align
+            )));
         }
         self.remove_stale_partials();
         let tensors = source.tensors();
@@ -164,7 +180,10 @@ impl Store {
                 Ok(out)
             })
             .collect::<Result<_, StoreError>>()?;
-        let mut summary = ImportSummary { tensors: tensors.len(), ..Default::default() };
+        let mut summary = ImportSummary {
+            tensors: tensors.len(),
+            ..Default::default()
+        };
         let mut all = Vec::new();
         for (layer, new) in layers.into_iter().flatten() {
             if new {
@@ -195,13 +214,25 @@ impl Store {
         }
         let file_type = opts.quantize.map(|q| q.name()).unwrap_or("");
         let (digest, size, _) = blob::write_blob(&self.root, &config_blob(file_type))?;
-        let config = Layer { media_type: CONFIG_MEDIA_TYPE.into(), digest, size, from: None, name: None, dtype: None, shape: None };
+        let config = Layer {
+            media_type: CONFIG_MEDIA_TYPE.into(),
+            digest,
+            size,
+            from: None,
+            name: None,
+            dtype: None,
+            shape: None,
+        };
         self.write_manifest(&name, &Manifest::new(config, all))?;
         Ok(summary)
     }
 
     /// One tensor as a seed-format blob, converting the dtype on the way if asked.
-    fn write_tensor(&self, t: &SourceTensor, opts: &ImportOptions) -> Result<Vec<(Layer, bool)>, StoreError> {
+    fn write_tensor(
+        &self,
+        t: &SourceTensor,
+        opts: &ImportOptions,
+    ) -> Result<Vec<(Layer, bool)>, StoreError> {
         let target = match opts.dtype {
             Some(d) if convertible(t.dtype) => d,
             _ => t.dtype,
@@ -215,7 +246,12 @@ impl Store {
         let mut left = t.nbytes;
         while left > 0 {
             let n = (buf.len() as u64).min(left) as usize;
-            reader.read_exact(&mut buf[..n]).map_err(|source| StoreError::Io { path: t.file.clone(), source })?;
+            reader
+                .read_exact(&mut buf[..n])
+                .map_err(|source| StoreError::Io {
+                    path: t.file.clone(),
+                    source,
+                })?;
             if target == t.dtype {
                 w.write(&buf[..n])?;
             } else {
@@ -225,29 +261,58 @@ impl Store {
             left -= n as u64;
         }
         let (digest, size, new) = w.finish()?;
-        Ok(vec![(tensor_layer(t, digest, size, target, t.shape.clone()), new)])
+        Ok(vec![(
+            tensor_layer(t, digest, size, target, t.shape.clone()),
+            new,
+        )])
     }
 
     /// One tensor quantized with MLX into Ollama's v2 quantized blob (one blob holding the
     /// packed weight, `.scale` and `.bias`, written by MLX, keyed by the full path-style name).
-    fn write_quantized(&self, t: &SourceTensor, q: Quantization) -> Result<Vec<(Layer, bool)>, StoreError> {
+    fn write_quantized(
+        &self,
+        t: &SourceTensor,
+        q: Quantization,
+    ) -> Result<Vec<(Layer, bool)>, StoreError> {
         let mut bytes = vec![0u8; t.nbytes as usize];
-        open_range(t)?.read_exact(&mut bytes).map_err(|source| StoreError::Io { path: t.file.clone(), source })?;
+        open_range(t)?
+            .read_exact(&mut bytes)
+            .map_err(|source| StoreError::Io {
+                path: t.file.clone(),
+                source,
+            })?;
         let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-        let mlx_dtype = crate::mlx::Dtype::from_safetensors(t.dtype.name()).expect("float dtypes map to MLX");
+        let mlx_dtype =
+            crate::mlx::Dtype::from_safetensors(t.dtype.name()).expect("float dtypes map to MLX");
         let full = format!("{}/{}", t.component, t.name);
         let blobs = self.root.join("blobs");
-        std::fs::create_dir_all(&blobs).map_err(|source| StoreError::Io { path: blobs.clone(), source })?;
+        std::fs::create_dir_all(&blobs).map_err(|source| StoreError::Io {
+            path: blobs.clone(),
+            source,
+        })?;
         // MLX's writer insists on the `.safetensors` extension.
-        let tmp = blobs.join(format!("{}q-{}-{}.safetensors", blob::PARTIAL_PREFIX, std::process::id(), next_id()));
+        let tmp = blobs.join(format!(
+            "{}q-{}-{}.safetensors",
+            blob::PARTIAL_PREFIX,
+            std::process::id(),
+            next_id()
+        ));
         let result = (|| -> Result<(), mlx::Error> {
             let w = mlx::Array::from_bytes(&bytes, &shape, mlx_dtype)?;
-            let w = if mlx_dtype == mlx::Dtype::F32 { w } else { w.astype(mlx::Dtype::BF16)? };
+            let w = if mlx_dtype == mlx::Dtype::F32 {
+                w
+            } else {
+                w.astype(mlx::Dtype::BF16)?
+            };
             let (wq, scales, biases) = mlx::ops::quantize(&w, Quantization::GROUP_SIZE, q.bits())?;
             let group = Quantization::GROUP_SIZE.to_string();
             mlx::io::save_safetensors(
                 &tmp,
-                &[(full.as_str(), &wq), (&format!("{full}.scale"), &scales), (&format!("{full}.bias"), &biases)],
+                &[
+                    (full.as_str(), &wq),
+                    (&format!("{full}.scale"), &scales),
+                    (&format!("{full}.bias"), &biases),
+                ],
                 &[("quant_type", q.name()), ("group_size", group.as_str())],
             )
         })();
@@ -255,10 +320,16 @@ impl Store {
             let _ = std::fs::remove_file(&tmp);
             return Err(StoreError::Mlx(e));
         }
-        let data = std::fs::read(&tmp).map_err(|source| StoreError::Io { path: tmp.clone(), source });
+        let data = std::fs::read(&tmp).map_err(|source| StoreError::Io {
+            path: tmp.clone(),
+            source,
+        });
         let _ = std::fs::remove_file(&tmp);
         let (digest, size, new) = blob::write_blob(&self.root, &data?)?;
-        Ok(vec![(tensor_layer(t, digest, size, t.dtype, t.shape.clone()), new)])
+        Ok(vec![(
+            tensor_layer(t, digest, size, t.dtype, t.shape.clone()),
+            new,
+        )])
     }
 }
 
@@ -266,7 +337,13 @@ impl Store {
 pub trait TensorSourceSync: TensorSource + Sync {}
 impl<T: TensorSource + Sync> TensorSourceSync for T {}
 
-fn tensor_layer(t: &SourceTensor, digest: String, size: u64, dtype: Dtype, shape: Vec<u64>) -> Layer {
+fn tensor_layer(
+    t: &SourceTensor,
+    digest: String,
+    size: u64,
+    dtype: Dtype,
+    shape: Vec<u64>,
+) -> Layer {
     Layer {
         media_type: TENSOR_MEDIA_TYPE.into(),
         digest,
@@ -279,7 +356,10 @@ fn tensor_layer(t: &SourceTensor, digest: String, size: u64, dtype: Dtype, shape
 }
 
 fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
-    let io = |source| StoreError::Io { path: t.file.clone(), source };
+    let io = |source| StoreError::Io {
+        path: t.file.clone(),
+        source,
+    };
     let mut f = std::fs::File::open(&t.file).map_err(io)?;
     f.seek(SeekFrom::Start(t.offset)).map_err(io)?;
     Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
@@ -293,15 +373,30 @@ fn next_id() -> u64 {
 /// Little-endian float conversion between F32, F16 and BF16 (round to nearest even).
 fn convert(bytes: &[u8], from: Dtype, to: Dtype) -> Vec<u8> {
     let values: Vec<f32> = match from {
-        Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(),
-        Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
         _ => unreachable!("only float types convert"),
     };
     match to {
         Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Dtype::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-        Dtype::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
         _ => unreachable!("only float types convert"),
     }
 }

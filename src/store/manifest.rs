@@ -57,7 +57,12 @@ pub struct Manifest {
 
 impl Manifest {
     pub fn new(config: Layer, layers: Vec<Layer>) -> Manifest {
-        Manifest { schema_version: 2, media_type: MANIFEST_MEDIA_TYPE.into(), config, layers }
+        Manifest {
+            schema_version: 2,
+            media_type: MANIFEST_MEDIA_TYPE.into(),
+            config,
+            layers,
+        }
     }
 
     /// The bytes written to disk: compact JSON and a newline, as Go's encoder writes.
@@ -72,14 +77,23 @@ impl Manifest {
     }
 
     /// Tensor layers of one component (`name` starting with `component/`).
-    pub fn component_layers<'a>(&'a self, component: &'a str) -> impl Iterator<Item = &'a Layer> + 'a {
-        self.tensor_layers().filter(move |l| l.component_and_tensor().is_some_and(|(c, _)| c == component))
+    pub fn component_layers<'a>(
+        &'a self,
+        component: &'a str,
+    ) -> impl Iterator<Item = &'a Layer> + 'a {
+        self.tensor_layers().filter(move |l| {
+            l.component_and_tensor()
+                .is_some_and(|(c, _)| c == component)
+        })
     }
 
     /// Components with tensors, in first-appearance order.
     pub fn components(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for (c, _) in self.tensor_layers().filter_map(|l| l.component_and_tensor()) {
+        for (c, _) in self
+            .tensor_layers()
+            .filter_map(|l| l.component_and_tensor())
+        {
             if !out.iter().any(|x| x == c) {
                 out.push(c.to_string());
             }
@@ -88,20 +102,25 @@ impl Manifest {
     }
 
     pub fn config_file(&self, path: &str) -> Option<&Layer> {
-        self.layers.iter().find(|l| l.is_config_file() && l.name.as_deref() == Some(path))
+        self.layers
+            .iter()
+            .find(|l| l.is_config_file() && l.name.as_deref() == Some(path))
     }
 
     /// Every digest the manifest references (config blob included).
     pub fn digests(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.config.digest.as_str()).chain(self.layers.iter().map(|l| l.digest.as_str()))
+        std::iter::once(self.config.digest.as_str())
+            .chain(self.layers.iter().map(|l| l.digest.as_str()))
     }
 
     /// The model's identity: it changes when any tensor changes and not when metadata or
     /// config layers do. sha256 over the tensor layers sorted by name, each contributing
     /// `name`, a NUL byte, the digest string (`sha256:<hex>`) and a newline.
     pub fn model_identity(&self) -> String {
-        let mut pairs: Vec<(&str, &str)> =
-            self.tensor_layers().map(|l| (l.name.as_deref().unwrap_or(""), l.digest.as_str())).collect();
+        let mut pairs: Vec<(&str, &str)> = self
+            .tensor_layers()
+            .map(|l| (l.name.as_deref().unwrap_or(""), l.digest.as_str()))
+            .collect();
         pairs.sort();
         let mut h = Sha256::new();
         for (name, digest) in pairs {
@@ -142,10 +161,19 @@ mod tests {
     #[test]
     fn identity_ignores_config_layers_and_order() {
         let cfg = layer("config", "sha256:00");
-        let mut a = Manifest::new(cfg.clone(), vec![layer("vae/b", "sha256:2"), layer("vae/a", "sha256:1")]);
-        let b = Manifest::new(cfg.clone(), vec![layer("vae/a", "sha256:1"), layer("vae/b", "sha256:2")]);
+        let mut a = Manifest::new(
+            cfg.clone(),
+            vec![layer("vae/b", "sha256:2"), layer("vae/a", "sha256:1")],
+        );
+        let b = Manifest::new(
+            cfg.clone(),
+            vec![layer("vae/a", "sha256:1"), layer("vae/b", "sha256:2")],
+        );
         assert_eq!(a.model_identity(), b.model_identity());
-        a.layers.push(Layer { media_type: JSON_MEDIA_TYPE.into(), ..layer("vae/config.json", "sha256:9") });
+        a.layers.push(Layer {
+            media_type: JSON_MEDIA_TYPE.into(),
+            ..layer("vae/config.json", "sha256:9")
+        });
         assert_eq!(a.model_identity(), b.model_identity());
         a.layers[0].digest = "sha256:3".into();
         assert_ne!(a.model_identity(), b.model_identity());

@@ -37,7 +37,10 @@ pub enum StoreError {
     #[error(transparent)]
     Mlx(#[from] crate::mlx::Error),
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -78,11 +81,16 @@ impl Store {
     pub fn locate(explicit: Option<&Path>) -> Result<Store, StoreError> {
         let root = match explicit {
             Some(p) => p.to_path_buf(),
-            None => match ["ZIMAGE_MODELS", "OLLAMA_MODELS"].iter().find_map(|v| std::env::var_os(v)) {
+            None => match ["ZIMAGE_MODELS", "OLLAMA_MODELS"]
+                .iter()
+                .find_map(|v| std::env::var_os(v))
+            {
                 Some(p) => PathBuf::from(p),
                 None => {
                     let home = std::env::var_os("HOME").ok_or_else(|| {
-                        StoreError::Invalid("cannot find the store: set --store, ZIMAGE_MODELS or HOME".into())
+                        StoreError::Invalid(
+                            "cannot find the store: set --store, ZIMAGE_MODELS or HOME".into(),
+                        )
                     })?;
                     PathBuf::from(home).join(".ollama/models")
                 }
@@ -92,11 +100,16 @@ impl Store {
     }
 
     pub fn at(root: &Path) -> Store {
-        Store { root: root.to_path_buf() }
+        Store {
+            root: root.to_path_buf(),
+        }
     }
 
     fn io(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
-        move |source| StoreError::Io { path: path.to_path_buf(), source }
+        move |source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf, StoreError> {
@@ -115,20 +128,36 @@ impl Store {
 
     fn read_manifest(&self, name: ModelName, path: &Path) -> Result<StoredModel, StoreError> {
         let bytes = std::fs::read(path).map_err(Self::io(path))?;
-        let bad = |reason: String| StoreError::BadManifest { path: path.to_path_buf(), reason };
+        let bad = |reason: String| StoreError::BadManifest {
+            path: path.to_path_buf(),
+            reason,
+        };
         if bytes.len() > 64 << 20 {
             return Err(bad("larger than 64 MiB".into()));
         }
         let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         if manifest.schema_version != 2 {
-            return Err(bad(format!("`schemaVersion` is {}, expected 2", manifest.schema_version)));
+            return Err(bad(format!(
+                "`schemaVersion` is {}, expected 2",
+                manifest.schema_version
+            )));
         }
         for digest in manifest.digests() {
             blob::digest_hex(digest).map_err(|e| bad(e.to_string()))?;
         }
-        let modified = std::fs::metadata(path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
-        let manifest_digest = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        Ok(StoredModel { name, manifest, manifest_digest, modified })
+        let modified = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let manifest_digest = format!(
+            "sha256:{:x}",
+            <sha2::Sha256 as sha2::Digest>::digest(&bytes)
+        );
+        Ok(StoredModel {
+            name,
+            manifest,
+            manifest_digest,
+            modified,
+        })
     }
 
     /// Writes a manifest atomically (temp file, fsync, rename).
@@ -154,9 +183,21 @@ impl Store {
                         if !tag.is_file() {
                             continue;
                         }
-                        let part = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                        let spelled = format!("{}/{}/{}:{}", part(&host), part(&ns), part(&model), part(&tag));
-                        let Ok(name) = ModelName::parse(&spelled) else { continue };
+                        let part = |p: &Path| {
+                            p.file_name()
+                                .map(|n| n.to_string_lossy().into_owned())
+                                .unwrap_or_default()
+                        };
+                        let spelled = format!(
+                            "{}/{}/{}:{}",
+                            part(&host),
+                            part(&ns),
+                            part(&model),
+                            part(&tag)
+                        );
+                        let Ok(name) = ModelName::parse(&spelled) else {
+                            continue;
+                        };
                         out.push(self.read_manifest(name, &tag)?);
                     }
                 }
@@ -189,7 +230,12 @@ impl Store {
         let referenced: HashSet<String> = self
             .list()?
             .iter()
-            .flat_map(|m| m.manifest.digests().map(|d| blob::digest_hex(d).map(|h| h.to_ascii_lowercase())).collect::<Vec<_>>())
+            .flat_map(|m| {
+                m.manifest
+                    .digests()
+                    .map(|d| blob::digest_hex(d).map(|h| h.to_ascii_lowercase()))
+                    .collect::<Vec<_>>()
+            })
             .collect::<Result<_, _>>()?;
         self.remove_stale_partials();
         let dir = self.root.join("blobs");
@@ -199,10 +245,16 @@ impl Store {
         }
         for entry in std::fs::read_dir(&dir).map_err(Self::io(&dir))? {
             let path = entry.map_err(Self::io(&dir))?.path();
-            let Some(hex) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("sha256-")) else {
+            let Some(hex) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("sha256-"))
+            else {
                 continue;
             };
-            if blob::digest_hex(&format!("sha256:{hex}")).is_err() || referenced.contains(&hex.to_ascii_lowercase()) {
+            if blob::digest_hex(&format!("sha256:{hex}")).is_err()
+                || referenced.contains(&hex.to_ascii_lowercase())
+            {
                 continue;
             }
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -215,12 +267,23 @@ impl Store {
 
     /// Removes temporary blob files whose writing process is gone.
     pub fn remove_stale_partials(&self) {
-        let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else { return };
+        let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else {
+            return;
+        };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix(blob::PARTIAL_PREFIX) else { continue };
-            let pid = rest.trim_start_matches('q').trim_start_matches('-').split('-').next().and_then(|p| p.parse::<u32>().ok());
-            let alive = pid.is_some_and(|p| p == std::process::id() || Path::new(&format!("/proc/{p}")).exists());
+            let Some(rest) = name.strip_prefix(blob::PARTIAL_PREFIX) else {
+                continue;
+            };
+            let pid = rest
+                .trim_start_matches('q')
+                .trim_start_matches('-')
+                .split('-')
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| {
+                p == std::process::id() || Path::new(&format!("/proc/{p}")).exists()
+            });
             if !alive || !Path::new("/proc").is_dir() && pid != Some(std::process::id()) {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -236,17 +299,25 @@ impl Store {
             let label = layer.name.clone().unwrap_or_else(|| "config".into());
             let path = self.blob_path(&layer.digest)?;
             if !path.is_file() {
-                report.problems.push(format!("`{label}`: blob `{}` is missing", layer.digest));
+                report
+                    .problems
+                    .push(format!("`{label}`: blob `{}` is missing", layer.digest));
                 continue;
             }
             let (digest, size) = blob::hash_file(&path)?;
             report.blobs_checked += 1;
             report.bytes_checked += size;
             if size != layer.size {
-                report.problems.push(format!("`{label}`: blob `{}` is {size} bytes, the manifest says {}", layer.digest, layer.size));
+                report.problems.push(format!(
+                    "`{label}`: blob `{}` is {size} bytes, the manifest says {}",
+                    layer.digest, layer.size
+                ));
             }
             if !digest.eq_ignore_ascii_case(&layer.digest) {
-                report.problems.push(format!("`{label}`: blob `{}` hashes to `{digest}`", layer.digest));
+                report.problems.push(format!(
+                    "`{label}`: blob `{}` hashes to `{digest}`",
+                    layer.digest
+                ));
                 continue;
             }
             if layer.is_tensor() {
@@ -278,8 +349,14 @@ impl Store {
     }
 
     /// The bytes of a config layer (`transformer/config.json`) of a model.
-    pub fn config_file(&self, model: &StoredModel, path: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(layer) = model.manifest.config_file(path) else { return Ok(None) };
+    pub fn config_file(
+        &self,
+        model: &StoredModel,
+        path: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(layer) = model.manifest.config_file(path) else {
+            return Ok(None);
+        };
         let p = self.blob_path(&layer.digest)?;
         Ok(Some(std::fs::read(&p).map_err(Self::io(&p))?))
     }
@@ -300,7 +377,10 @@ fn check_layer_header(layer: &Layer, header: &crate::safetensors::Header) -> Res
     }
     if let Some(s) = &layer.shape {
         if header.tensors.len() == 1 && s != &main.shape {
-            return Err(format!("layer says shape {s:?}, blob holds {:?}", main.shape));
+            return Err(format!(
+                "layer says shape {s:?}, blob holds {:?}",
+                main.shape
+            ));
         }
     }
     Ok(())
@@ -337,10 +417,15 @@ pub struct ComponentSummary {
 }
 
 /// Tensors, parameters, dtypes and bytes per component, from the manifest and blob headers.
-pub fn summarize(store: &Store, model: &StoredModel) -> Result<BTreeMap<String, ComponentSummary>, StoreError> {
+pub fn summarize(
+    store: &Store,
+    model: &StoredModel,
+) -> Result<BTreeMap<String, ComponentSummary>, StoreError> {
     let mut out: BTreeMap<String, ComponentSummary> = BTreeMap::new();
     for layer in model.manifest.tensor_layers() {
-        let Some((component, _)) = layer.component_and_tensor() else { continue };
+        let Some((component, _)) = layer.component_and_tensor() else {
+            continue;
+        };
         let s = out.entry(component.to_string()).or_default();
         s.tensors += 1;
         s.bytes += layer.size;
@@ -355,12 +440,19 @@ pub fn summarize(store: &Store, model: &StoredModel) -> Result<BTreeMap<String, 
                 // plain bias tensor (`x.bias`) is a main tensor in a blob of its own.
                 let is_companion = |name: &str| {
                     [".scale", ".bias"].iter().any(|sfx| {
-                        name.strip_suffix(sfx).is_some_and(|stem| h.tensors.iter().any(|o| o.name == stem))
+                        name.strip_suffix(sfx)
+                            .is_some_and(|stem| h.tensors.iter().any(|o| o.name == stem))
                     })
                 };
                 let main = h.tensors.iter().find(|t| !is_companion(&t.name));
-                let main = main.ok_or_else(|| StoreError::Invalid(format!("blob `{}` holds no tensor", layer.digest)))?;
-                (main.dtype.name().to_string(), main.shape.clone(), h.tensors.len() > 1 || h.metadata.is_some())
+                let main = main.ok_or_else(|| {
+                    StoreError::Invalid(format!("blob `{}` holds no tensor", layer.digest))
+                })?;
+                (
+                    main.dtype.name().to_string(),
+                    main.shape.clone(),
+                    h.tensors.len() > 1 || h.metadata.is_some(),
+                )
             }
         };
         s.parameters += shape.iter().product::<u64>();

@@ -29,7 +29,10 @@ pub struct NameError {
 
 impl ModelName {
     pub fn parse(name: &str) -> Result<ModelName, NameError> {
-        let err = |reason: &str| NameError { name: name.to_string(), reason: reason.to_string() };
+        let err = |reason: &str| NameError {
+            name: name.to_string(),
+            reason: reason.to_string(),
+        };
         let (path, tag) = match (name.rfind(':'), name.rfind('/')) {
             (Some(c), slash) if slash.is_none_or(|s| c > s) => (&name[..c], &name[c + 1..]),
             _ => (name, DEFAULT_TAG),
@@ -48,12 +51,25 @@ impl ModelName {
         }
         check_part(model, 80, false).map_err(|r| err(&format!("model {r}")))?;
         check_part(tag, 80, false).map_err(|r| err(&format!("tag {r}")))?;
-        Ok(ModelName { host: host.into(), namespace: namespace.into(), model: model.into(), tag: tag.into() })
+        Ok(ModelName {
+            host: host.into(),
+            namespace: namespace.into(),
+            model: model.into(),
+            tag: tag.into(),
+        })
     }
 
     /// `manifests/<host>/<namespace>/<model>/<tag>`, relative to the store root.
     pub fn manifest_path(&self) -> PathBuf {
-        ["manifests", &self.host, &self.namespace, &self.model, &self.tag].iter().collect()
+        [
+            "manifests",
+            &self.host,
+            &self.namespace,
+            &self.model,
+            &self.tag,
+        ]
+        .iter()
+        .collect()
     }
 
     /// The shortest spelling that parses back to this name (`z-image`, `x/z-image:tiny`).
@@ -74,7 +90,11 @@ impl ModelName {
 
 impl fmt::Display for ModelName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}:{}", self.host, self.namespace, self.model, self.tag)
+        write!(
+            f,
+            "{}/{}/{}:{}",
+            self.host, self.namespace, self.model, self.tag
+        )
     }
 }
 
@@ -86,7 +106,9 @@ fn check_part(part: &str, max: usize, is_host: bool) -> Result<(), String> {
     if !(first.is_ascii_alphanumeric() || first == '_') {
         return Err(format!("`{part}` must start with a letter, digit or `_`"));
     }
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') || (is_host && c == ':');
+    let ok = |c: char| {
+        c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') || (is_host && c == ':')
+    };
     if let Some(c) = part.chars().find(|&c| !ok(c)) {
         return Err(format!("`{part}` contains `{c}`"));
     }
@@ -104,17 +126,26 @@ mod tests {
     fn defaults_and_parts() {
         let n = ModelName::parse("z-image").unwrap();
         assert_eq!(n.to_string(), "registry.ollama.ai/library/z-image:latest");
-        assert_eq!(n.manifest_path(), PathBuf::from("manifests/registry.ollama.ai/library/z-image/latest"));
+        assert_eq!(
+            n.manifest_path(),
+            PathBuf::from("manifests/registry.ollama.ai/library/z-image/latest")
+        );
         assert_eq!(ModelName::parse("x/z-image-turbo").unwrap().namespace, "x");
         let n = ModelName::parse("localhost:5000/me/tiny:v1").unwrap();
         assert_eq!((n.host.as_str(), n.tag.as_str()), ("localhost:5000", "v1"));
         assert_eq!(n.short(), "localhost:5000/me/tiny:v1");
-        assert_eq!(ModelName::parse("me/tiny:fp8").unwrap().short(), "me/tiny:fp8");
+        assert_eq!(
+            ModelName::parse("me/tiny:fp8").unwrap().short(),
+            "me/tiny:fp8"
+        );
     }
 
     #[test]
     fn nothing_reaches_outside_the_store() {
-        for bad in ["..", "../etc", "a/../b", "a/b/c/d", "", "x:..", ".hidden", "a b", "ns.x/m", "/abs", "m:"] {
+        for bad in [
+            "..", "../etc", "a/../b", "a/b/c/d", "", "x:..", ".hidden", "a b", "ns.x/m", "/abs",
+            "m:",
+        ] {
             assert!(ModelName::parse(bad).is_err(), "{bad} should be rejected");
         }
     }

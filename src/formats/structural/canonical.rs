@@ -119,7 +119,10 @@ mod tests {
         assert_eq!(canon(json!(1.5)), 1.5f64.to_bits().to_string());
         assert_eq!(canon(json!(1.5)), "4609434218613702656");
         // Above i64::MAX a u64 is no longer an Int: it is taken as an f64.
-        assert_eq!(canon(json!(u64::MAX)), (u64::MAX as f64).to_bits().to_string());
+        assert_eq!(
+            canon(json!(u64::MAX)),
+            (u64::MAX as f64).to_bits().to_string()
+        );
         assert_eq!(canon(json!(u64::MAX)), "4895412794951729152");
     }
 
@@ -128,24 +131,37 @@ mod tests {
         assert_eq!(canon(json!("pt")), "\"pt\"");
         assert_eq!(canon(json!("a\"b\\c")), r#""a\"b\\c""#);
         assert_eq!(canon(json!("l1\nl2\r\t")), r#""l1\nl2\r\t""#);
-        assert_eq!(canon(json!("\u{0}\u{1}\u{8}\u{c}\u{1f}\u{7f}")), r#""\u0000\u0001\u0008\u000c\u001f\u007f""#);
+        assert_eq!(
+            canon(json!("\u{0}\u{1}\u{8}\u{c}\u{1f}\u{7f}")),
+            r#""\u0000\u0001\u0008\u000c\u001f\u007f""#
+        );
         assert_eq!(canon(json!("é ✓ \u{80}")), "\"é ✓ \u{80}\"");
     }
 
     #[test]
     fn arrays_and_objects_are_sorted_compact_json() {
-        let v: Value = serde_json::from_str(r#"{"z": [1, 2.5, "s"], "a": {"y": null, "b": true}}"#).unwrap();
-        assert_eq!(canon(v), r#""{\"a\":{\"b\":true,\"y\":null},\"z\":[1,2.5,\"s\"]}""#);
+        let v: Value =
+            serde_json::from_str(r#"{"z": [1, 2.5, "s"], "a": {"y": null, "b": true}}"#).unwrap();
+        assert_eq!(
+            canon(v),
+            r#""{\"a\":{\"b\":true,\"y\":null},\"z\":[1,2.5,\"s\"]}""#
+        );
         assert_eq!(canon(json!([])), r#""[]""#);
     }
 
     #[test]
     fn floats_compare_by_bits() {
-        assert_eq!(CanonicalValue::Float(f64::NAN), CanonicalValue::Float(f64::NAN));
+        assert_eq!(
+            CanonicalValue::Float(f64::NAN),
+            CanonicalValue::Float(f64::NAN)
+        );
         assert_ne!(CanonicalValue::Float(0.0), CanonicalValue::Float(-0.0));
         // Same canonical text, different kinds: weight-inspect tells them apart.
         let bits = 1.0f64.to_bits() as i64;
         assert_ne!(CanonicalValue::Int(bits), CanonicalValue::Float(1.0));
-        assert_eq!(CanonicalValue::Int(bits).canonical(), CanonicalValue::Float(1.0).canonical());
+        assert_eq!(
+            CanonicalValue::Int(bits).canonical(),
+            CanonicalValue::Float(1.0).canonical()
+        );
     }
 }

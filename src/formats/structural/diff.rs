@@ -63,7 +63,11 @@ impl StructuralDiff {
 /// `a` is the old side, `b` the new one.
 pub fn diff(a: &Artifact, b: &Artifact) -> StructuralDiff {
     let meta = |x: &Artifact| -> BTreeMap<String, CanonicalValue> {
-        x.listing.metadata.iter().map(|(k, v)| (k.clone(), CanonicalValue::from_json(v))).collect()
+        x.listing
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), CanonicalValue::from_json(v)))
+            .collect()
     };
     let (meta_a, meta_b) = (meta(a), meta(b));
     // Later entries win for a repeated name, as in the canonical JSON.
@@ -73,17 +77,26 @@ pub fn diff(a: &Artifact, b: &Artifact) -> StructuralDiff {
         .iter()
         .filter_map(|(k, old)| {
             let new = meta_b.get(k)?;
-            (old != new).then(|| MetadataChange { key: k.clone(), old_value: old.canonical(), new_value: new.canonical() })
+            (old != new).then(|| MetadataChange {
+                key: k.clone(),
+                old_value: old.canonical(),
+                new_value: new.canonical(),
+            })
         })
         .collect();
     let tensor_changes = tensors_a
         .iter()
         .filter_map(|(name, old)| {
             let new = tensors_b.get(name)?;
-            let (dtype_old, dtype_new) = pair(old.dtype != new.dtype, old.dtype.clone(), new.dtype.clone());
-            let (shape_old, shape_new) = pair(old.shape != new.shape, old.shape.clone(), new.shape.clone());
-            let (byte_length_old, byte_length_new) =
-                pair(old.byte_length != new.byte_length, old.byte_length, new.byte_length);
+            let (dtype_old, dtype_new) =
+                pair(old.dtype != new.dtype, old.dtype.clone(), new.dtype.clone());
+            let (shape_old, shape_new) =
+                pair(old.shape != new.shape, old.shape.clone(), new.shape.clone());
+            let (byte_length_old, byte_length_new) = pair(
+                old.byte_length != new.byte_length,
+                old.byte_length,
+                new.byte_length,
+            );
             let changed = dtype_old.is_some() || shape_old.is_some() || byte_length_old.is_some();
             changed.then(|| TensorChange {
                 name: name.to_string(),
@@ -103,17 +116,37 @@ pub fn diff(a: &Artifact, b: &Artifact) -> StructuralDiff {
         hash_equal: a.hash() == b.hash(),
         tensor_count_equal: tensors_a.len() == tensors_b.len(),
         metadata_count_equal: meta_a.len() == meta_b.len(),
-        metadata_added: meta_b.keys().filter(|k| !meta_a.contains_key(*k)).cloned().collect(),
-        metadata_removed: meta_a.keys().filter(|k| !meta_b.contains_key(*k)).cloned().collect(),
+        metadata_added: meta_b
+            .keys()
+            .filter(|k| !meta_a.contains_key(*k))
+            .cloned()
+            .collect(),
+        metadata_removed: meta_a
+            .keys()
+            .filter(|k| !meta_b.contains_key(*k))
+            .cloned()
+            .collect(),
         metadata_changed,
-        tensors_added: tensors_b.keys().filter(|k| !tensors_a.contains_key(*k)).map(|k| k.to_string()).collect(),
-        tensors_removed: tensors_a.keys().filter(|k| !tensors_b.contains_key(*k)).map(|k| k.to_string()).collect(),
+        tensors_added: tensors_b
+            .keys()
+            .filter(|k| !tensors_a.contains_key(*k))
+            .map(|k| k.to_string())
+            .collect(),
+        tensors_removed: tensors_a
+            .keys()
+            .filter(|k| !tensors_b.contains_key(*k))
+            .map(|k| k.to_string())
+            .collect(),
         tensor_changes,
     }
 }
 
 fn tensors_by_name(a: &Artifact) -> BTreeMap<&str, &TensorEntry> {
-    a.listing.tensors.iter().map(|t| (t.name.as_str(), t)).collect()
+    a.listing
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect()
 }
 
 fn pair<T>(differ: bool, old: T, new: T) -> (Option<T>, Option<T>) {
@@ -130,22 +163,38 @@ mod tests {
     use crate::formats::Listing;
     use serde_json::json;
 
-    fn artifact(format: &str, tensors: &[(&str, &str, &[u64], u64)], meta: &[(&str, serde_json::Value)]) -> Artifact {
+    fn artifact(
+        format: &str,
+        tensors: &[(&str, &str, &[u64], u64)],
+        meta: &[(&str, serde_json::Value)],
+    ) -> Artifact {
         Artifact {
             listing: Listing {
                 format: format.into(),
                 tensors: tensors
                     .iter()
-                    .map(|(n, d, s, b)| TensorEntry { name: n.to_string(), dtype: d.to_string(), shape: s.to_vec(), byte_length: *b })
+                    .map(|(n, d, s, b)| TensorEntry {
+                        name: n.to_string(),
+                        dtype: d.to_string(),
+                        shape: s.to_vec(),
+                        byte_length: *b,
+                    })
                     .collect(),
-                metadata: meta.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+                metadata: meta
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect(),
             },
         }
     }
 
     #[test]
     fn identical() {
-        let a = artifact("safetensors", &[("w", "f32", &[2], 8)], &[("k", json!("v"))]);
+        let a = artifact(
+            "safetensors",
+            &[("w", "f32", &[2], 8)],
+            &[("k", json!("v"))],
+        );
         let d = diff(&a, &a);
         assert!(!d.has_changes());
         assert!(d.format_equal && d.hash_equal && d.tensor_count_equal && d.metadata_count_equal);
@@ -155,21 +204,53 @@ mod tests {
     fn added_removed_changed() {
         let a = artifact(
             "safetensors",
-            &[("keep", "f32", &[2], 8), ("gone", "f16", &[1], 2), ("mod", "f32", &[2, 3], 24)],
-            &[("same", json!(1)), ("old", json!(true)), ("chg", json!("x"))],
+            &[
+                ("keep", "f32", &[2], 8),
+                ("gone", "f16", &[1], 2),
+                ("mod", "f32", &[2, 3], 24),
+            ],
+            &[
+                ("same", json!(1)),
+                ("old", json!(true)),
+                ("chg", json!("x")),
+            ],
         );
         let b = artifact(
             "safetensors",
-            &[("keep", "f32", &[2], 8), ("new", "u8", &[4], 4), ("mod", "f16", &[2, 3], 12)],
-            &[("same", json!(1)), ("chg", json!("y")), ("add", json!(null))],
+            &[
+                ("keep", "f32", &[2], 8),
+                ("new", "u8", &[4], 4),
+                ("mod", "f16", &[2, 3], 12),
+            ],
+            &[
+                ("same", json!(1)),
+                ("chg", json!("y")),
+                ("add", json!(null)),
+            ],
         );
         let d = diff(&a, &b);
-        assert!(d.has_changes() && !d.hash_equal && d.format_equal && d.tensor_count_equal && d.metadata_count_equal);
-        assert_eq!((d.tensors_added.clone(), d.tensors_removed.clone()), (vec!["new".to_string()], vec!["gone".to_string()]));
-        assert_eq!((d.metadata_added.clone(), d.metadata_removed.clone()), (vec!["add".to_string()], vec!["old".to_string()]));
+        assert!(
+            d.has_changes()
+                && !d.hash_equal
+                && d.format_equal
+                && d.tensor_count_equal
+                && d.metadata_count_equal
+        );
+        assert_eq!(
+            (d.tensors_added.clone(), d.tensors_removed.clone()),
+            (vec!["new".to_string()], vec!["gone".to_string()])
+        );
+        assert_eq!(
+            (d.metadata_added.clone(), d.metadata_removed.clone()),
+            (vec!["add".to_string()], vec!["old".to_string()])
+        );
         assert_eq!(
             d.metadata_changed,
-            vec![MetadataChange { key: "chg".into(), old_value: "\"x\"".into(), new_value: "\"y\"".into() }]
+            vec![MetadataChange {
+                key: "chg".into(),
+                old_value: "\"x\"".into(),
+                new_value: "\"y\"".into()
+            }]
         );
         assert_eq!(
             d.tensor_changes,
@@ -200,6 +281,9 @@ mod tests {
         let b = artifact("safetensors", &[], &[("k", json!(1.0))]);
         let d = diff(&a, &b);
         assert_eq!(d.metadata_changed.len(), 1);
-        assert!(d.hash_equal, "the canonical strings, and so the hashes, are equal");
+        assert!(
+            d.hash_equal,
+            "the canonical strings, and so the hashes, are equal"
+        );
     }
 }

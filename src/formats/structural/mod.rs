@@ -16,7 +16,9 @@ pub mod render;
 pub use canonical::CanonicalValue;
 pub use diff::{diff, MetadataChange, StructuralDiff, TensorChange};
 pub use read::{read_safetensors_listing, MAX_HEADER_LEN};
-pub use render::{render_diff_json, render_diff_markdown, render_diff_text, render_id_json, render_id_text};
+pub use render::{
+    render_diff_json, render_diff_markdown, render_diff_text, render_id_json, render_id_text,
+};
 
 use super::Listing;
 use sha2::{Digest, Sha256};
@@ -28,19 +30,37 @@ pub enum Error {
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("`{}`: file is {len} bytes, too small for the 8-byte header length", path.display())]
     TooSmall { path: PathBuf, len: u64 },
     #[error("`{}`: header length {header_len} exceeds the {MAX_HEADER_LEN}-byte limit", path.display())]
     HeaderTooLarge { path: PathBuf, header_len: u64 },
     #[error("`{}`: header length {header_len} runs past the end of the {file_len}-byte file", path.display())]
-    HeaderPastEnd { path: PathBuf, header_len: u64, file_len: u64 },
+    HeaderPastEnd {
+        path: PathBuf,
+        header_len: u64,
+        file_len: u64,
+    },
     #[error("`{}`: header is not valid UTF-8: {source}", path.display())]
-    NotUtf8 { path: PathBuf, source: std::str::Utf8Error },
+    NotUtf8 {
+        path: PathBuf,
+        source: std::str::Utf8Error,
+    },
     #[error("`{}`: header is not JSON: {source}", path.display())]
-    NotJson { path: PathBuf, source: serde_json::Error },
+    NotJson {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("`{}`: tensor `{tensor}`: field `{field}` {reason}", path.display())]
-    BadTensor { path: PathBuf, tensor: String, field: String, reason: String },
+    BadTensor {
+        path: PathBuf,
+        tensor: String,
+        field: String,
+        reason: String,
+    },
 }
 
 /// weight-inspect's `Artifact`: what the structural hash covers.
@@ -68,23 +88,38 @@ struct CanonicalTensor<'a> {
 
 impl Artifact {
     pub fn from_listing(listing: &Listing) -> Artifact {
-        Artifact { listing: listing.clone() }
+        Artifact {
+            listing: listing.clone(),
+        }
     }
 
     /// The compact JSON the hash is taken over.
     pub fn canonical_json(&self) -> String {
         let l = &self.listing;
-        let metadata = l.metadata.iter().map(|(k, v)| (k.as_str(), CanonicalValue::from_json(v).canonical())).collect();
+        let metadata = l
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), CanonicalValue::from_json(v).canonical()))
+            .collect();
         // A name listed twice keeps its last entry, as a JSON object read into a map would.
         let tensors = l
             .tensors
             .iter()
             .map(|t| {
-                let c = CanonicalTensor { name: &t.name, dtype: &t.dtype, shape: &t.shape, byte_length: t.byte_length };
+                let c = CanonicalTensor {
+                    name: &t.name,
+                    dtype: &t.dtype,
+                    shape: &t.shape,
+                    byte_length: t.byte_length,
+                };
                 (t.name.as_str(), c)
             })
             .collect();
-        let c = CanonicalArtifact { format: &l.format, metadata, tensors };
+        let c = CanonicalArtifact {
+            format: &l.format,
+            metadata,
+            tensors,
+        };
         serde_json::to_string(&c).expect("maps of strings and integers always serialise")
     }
 
@@ -97,7 +132,12 @@ impl Artifact {
     /// `wi:<format>:<version>:<first 8 hex of the hash>`.
     pub fn id(&self) -> String {
         let hash = self.hash();
-        format!("wi:{}:{}:{}", self.listing.format, self.version(), &hash[..8])
+        format!(
+            "wi:{}:{}:{}",
+            self.listing.format,
+            self.version(),
+            &hash[..8]
+        )
     }
 
     /// The GGUF version in weight-inspect's id; no format read here has one, so always 0.
@@ -107,7 +147,12 @@ impl Artifact {
 
     /// Distinct tensor names, as weight-inspect counts them.
     pub fn tensor_count(&self) -> usize {
-        let names: BTreeSet<&str> = self.listing.tensors.iter().map(|t| t.name.as_str()).collect();
+        let names: BTreeSet<&str> = self
+            .listing
+            .tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
         names.len()
     }
 
@@ -123,7 +168,12 @@ mod tests {
     use serde_json::json;
 
     fn tensor(name: &str, dtype: &str, shape: &[u64], byte_length: u64) -> TensorEntry {
-        TensorEntry { name: name.into(), dtype: dtype.into(), shape: shape.to_vec(), byte_length }
+        TensorEntry {
+            name: name.into(),
+            dtype: dtype.into(),
+            shape: shape.to_vec(),
+            byte_length,
+        }
     }
 
     fn golden() -> Listing {
@@ -132,7 +182,10 @@ mod tests {
         metadata.insert("format".to_string(), json!("pt"));
         Listing {
             format: "safetensors".into(),
-            tensors: vec![tensor("b.bias", "f16", &[3], 6), tensor("a.weight", "f32", &[2, 3], 24)],
+            tensors: vec![
+                tensor("b.bias", "f16", &[3], 6),
+                tensor("a.weight", "f32", &[2, 3], 24),
+            ],
             metadata,
         }
     }
@@ -144,15 +197,25 @@ mod tests {
             a.canonical_json(),
             r#"{"format":"safetensors","metadata":{"format":"\"pt\"","note":"\"x\""},"tensors":{"a.weight":{"name":"a.weight","dtype":"f32","shape":[2,3],"byte_length":24},"b.bias":{"name":"b.bias","dtype":"f16","shape":[3],"byte_length":6}}}"#
         );
-        assert_eq!(a.hash(), "7d22ce7f2e131b433e24684d4ff9592bf08a0e5e27ff92381d67f309e3f13378");
+        assert_eq!(
+            a.hash(),
+            "7d22ce7f2e131b433e24684d4ff9592bf08a0e5e27ff92381d67f309e3f13378"
+        );
         assert_eq!(a.id(), "wi:safetensors:0:7d22ce7f");
         assert_eq!((a.tensor_count(), a.metadata_count()), (2, 2));
     }
 
     #[test]
     fn empty_listing() {
-        let a = Artifact::from_listing(&Listing { format: "ztensor".into(), tensors: vec![], metadata: BTreeMap::new() });
-        assert_eq!(a.canonical_json(), r#"{"format":"ztensor","metadata":{},"tensors":{}}"#);
+        let a = Artifact::from_listing(&Listing {
+            format: "ztensor".into(),
+            tensors: vec![],
+            metadata: BTreeMap::new(),
+        });
+        assert_eq!(
+            a.canonical_json(),
+            r#"{"format":"ztensor","metadata":{},"tensors":{}}"#
+        );
         assert!(a.id().starts_with("wi:ztensor:0:"));
         assert_eq!(a.id().len(), "wi:ztensor:0:".len() + 8);
     }
@@ -169,7 +232,10 @@ mod tests {
     fn zero_size_and_scalar_tensors() {
         let l = Listing {
             format: "safetensors".into(),
-            tensors: vec![tensor("empty", "f32", &[0, 4], 0), tensor("scalar", "bf16", &[], 2)],
+            tensors: vec![
+                tensor("empty", "f32", &[0, 4], 0),
+                tensor("scalar", "bf16", &[], 2),
+            ],
             metadata: BTreeMap::new(),
         };
         assert_eq!(

@@ -16,34 +16,70 @@ pub const MAX_HEADER_LEN: u64 = 100 * 1024 * 1024;
 
 /// The structural view of a safetensors file read from `reader` (positioned at its first byte),
 /// `len` bytes long, as weight-inspect reads it. `path` names it in errors.
-pub fn read_safetensors_listing<R: Read>(reader: &mut R, len: u64, path: &Path) -> Result<Listing, Error> {
+pub fn read_safetensors_listing<R: Read>(
+    reader: &mut R,
+    len: u64,
+    path: &Path,
+) -> Result<Listing, Error> {
     let path_buf = || path.to_path_buf();
     if len < 8 {
-        return Err(Error::TooSmall { path: path_buf(), len });
+        return Err(Error::TooSmall {
+            path: path_buf(),
+            len,
+        });
     }
     let mut prefix = [0u8; 8];
-    reader.read_exact(&mut prefix).map_err(|source| Error::Io { path: path_buf(), source })?;
+    reader.read_exact(&mut prefix).map_err(|source| Error::Io {
+        path: path_buf(),
+        source,
+    })?;
     let header_len = u64::from_le_bytes(prefix);
     if header_len > MAX_HEADER_LEN {
-        return Err(Error::HeaderTooLarge { path: path_buf(), header_len });
+        return Err(Error::HeaderTooLarge {
+            path: path_buf(),
+            header_len,
+        });
     }
     if header_len > len - 8 {
-        return Err(Error::HeaderPastEnd { path: path_buf(), header_len, file_len: len });
+        return Err(Error::HeaderPastEnd {
+            path: path_buf(),
+            header_len,
+            file_len: len,
+        });
     }
     let mut header = Vec::with_capacity(header_len as usize);
-    reader.take(header_len).read_to_end(&mut header).map_err(|source| Error::Io { path: path_buf(), source })?;
+    reader
+        .take(header_len)
+        .read_to_end(&mut header)
+        .map_err(|source| Error::Io {
+            path: path_buf(),
+            source,
+        })?;
     if (header.len() as u64) < header_len {
-        return Err(Error::HeaderPastEnd { path: path_buf(), header_len, file_len: 8 + header.len() as u64 });
+        return Err(Error::HeaderPastEnd {
+            path: path_buf(),
+            header_len,
+            file_len: 8 + header.len() as u64,
+        });
     }
-    let text = std::str::from_utf8(&header).map_err(|source| Error::NotUtf8 { path: path_buf(), source })?;
+    let text = std::str::from_utf8(&header).map_err(|source| Error::NotUtf8 {
+        path: path_buf(),
+        source,
+    })?;
     listing_from_header(text, path)
 }
 
 /// The listing of a header's JSON text.
 pub fn listing_from_header(text: &str, path: &Path) -> Result<Listing, Error> {
-    let json: Value = serde_json::from_str(text).map_err(|source| Error::NotJson { path: path.to_path_buf(), source })?;
+    let json: Value = serde_json::from_str(text).map_err(|source| Error::NotJson {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let Value::Object(entries) = json else {
-        return Err(Error::Invalid { path: path.to_path_buf(), reason: "header is not a JSON object".into() });
+        return Err(Error::Invalid {
+            path: path.to_path_buf(),
+            reason: "header is not a JSON object".into(),
+        });
     };
     let mut metadata = BTreeMap::new();
     let mut tensors = BTreeMap::new();
@@ -58,10 +94,18 @@ pub fn listing_from_header(text: &str, path: &Path) -> Result<Listing, Error> {
         }
         // Other non-object entries are skipped, as weight-inspect skips them.
     }
-    Ok(Listing { format: "safetensors".into(), tensors: tensors.into_values().collect(), metadata })
+    Ok(Listing {
+        format: "safetensors".into(),
+        tensors: tensors.into_values().collect(),
+        metadata,
+    })
 }
 
-fn tensor_entry(name: &str, fields: &Map<String, Value>, path: &Path) -> Result<TensorEntry, Error> {
+fn tensor_entry(
+    name: &str,
+    fields: &Map<String, Value>,
+    path: &Path,
+) -> Result<TensorEntry, Error> {
     let bad = |field: &str, reason: String| Error::BadTensor {
         path: path.to_path_buf(),
         tensor: name.to_string(),
@@ -77,7 +121,14 @@ fn tensor_entry(name: &str, fields: &Map<String, Value>, path: &Path) -> Result<
         Some(Value::Array(dims)) => dims
             .iter()
             .enumerate()
-            .map(|(i, d)| d.as_u64().ok_or_else(|| bad("shape", format!("has {d} at index {i}, not an unsigned integer"))))
+            .map(|(i, d)| {
+                d.as_u64().ok_or_else(|| {
+                    bad(
+                        "shape",
+                        format!("has {d} at index {i}, not an unsigned integer"),
+                    )
+                })
+            })
             .collect::<Result<Vec<u64>, Error>>()?,
         Some(other) => return Err(bad("shape", format!("is not an array: {other}"))),
         None => return Err(bad("shape", "is missing".into())),
@@ -86,19 +137,35 @@ fn tensor_entry(name: &str, fields: &Map<String, Value>, path: &Path) -> Result<
     let (begin, end) = match fields.get("data_offsets") {
         Some(Value::Array(offsets)) if offsets.len() >= 2 => {
             let offset = |i: usize| {
-                offsets[i]
-                    .as_u64()
-                    .ok_or_else(|| bad("data_offsets", format!("has {} at index {i}, not an unsigned integer", offsets[i])))
+                offsets[i].as_u64().ok_or_else(|| {
+                    bad(
+                        "data_offsets",
+                        format!("has {} at index {i}, not an unsigned integer", offsets[i]),
+                    )
+                })
             };
             (offset(0)?, offset(1)?)
         }
-        Some(other) => return Err(bad("data_offsets", format!("is not an array of two offsets: {other}"))),
+        Some(other) => {
+            return Err(bad(
+                "data_offsets",
+                format!("is not an array of two offsets: {other}"),
+            ))
+        }
         None => return Err(bad("data_offsets", "is missing".into())),
     };
     if end < begin {
-        return Err(bad("data_offsets", format!("ends at {end}, before its start {begin}")));
+        return Err(bad(
+            "data_offsets",
+            format!("ends at {end}, before its start {begin}"),
+        ));
     }
-    Ok(TensorEntry { name: name.to_string(), dtype, shape, byte_length: end - begin })
+    Ok(TensorEntry {
+        name: name.to_string(),
+        dtype,
+        shape,
+        byte_length: end - begin,
+    })
 }
 
 #[cfg(test)]
@@ -113,7 +180,11 @@ mod tests {
     }
 
     fn read(bytes: &[u8]) -> Result<Listing, Error> {
-        read_safetensors_listing(&mut &bytes[..], bytes.len() as u64, Path::new("m.safetensors"))
+        read_safetensors_listing(
+            &mut &bytes[..],
+            bytes.len() as u64,
+            Path::new("m.safetensors"),
+        )
     }
 
     #[test]
@@ -123,13 +194,30 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(l.format, "safetensors");
-        let got: Vec<_> = l.tensors.iter().map(|t| (t.name.as_str(), t.dtype.as_str(), t.shape.clone(), t.byte_length)).collect();
-        assert_eq!(got, vec![("a", "whatever", vec![], 4), ("z", "f8_e4m3", vec![2], 2)]);
+        let got: Vec<_> = l
+            .tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.dtype.as_str(),
+                    t.shape.clone(),
+                    t.byte_length,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![("a", "whatever", vec![], 4), ("z", "f8_e4m3", vec![2], 2)]
+        );
     }
 
     #[test]
     fn zero_size_tensors_are_read() {
-        let l = read(&file(r#"{"e":{"dtype":"F32","shape":[0,4],"data_offsets":[8,8]}}"#)).unwrap();
+        let l = read(&file(
+            r#"{"e":{"dtype":"F32","shape":[0,4],"data_offsets":[8,8]}}"#,
+        ))
+        .unwrap();
         assert_eq!(l.tensors[0].byte_length, 0);
         assert_eq!(l.tensors[0].shape, vec![0, 4]);
     }
@@ -157,13 +245,19 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(l.tensors.len(), 1);
-        assert_eq!((l.tensors[0].dtype.as_str(), l.tensors[0].byte_length), ("f16", 4));
+        assert_eq!(
+            (l.tensors[0].dtype.as_str(), l.tensors[0].byte_length),
+            ("f16", 4)
+        );
         assert_eq!(l.metadata["a"], json!("2"));
     }
 
     #[test]
     fn leading_and_trailing_whitespace_is_accepted() {
-        let l = read(&file(" \t{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}   ")).unwrap();
+        let l = read(&file(
+            " \t{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}   ",
+        ))
+        .unwrap();
         assert_eq!(l.tensors.len(), 1);
     }
 
@@ -186,12 +280,21 @@ mod tests {
         assert!(err(&bad_utf8).contains("UTF-8"));
         assert!(err(&file("[1]")).contains("not a JSON object"));
         let e = err(&file(r#"{"w":{"shape":[1],"data_offsets":[0,1]}}"#));
-        assert!(e.contains("tensor `w`") && e.contains("`dtype` is missing"), "{e}");
-        let e = err(&file(r#"{"w":{"dtype":"F32","shape":[1,-2],"data_offsets":[0,1]}}"#));
+        assert!(
+            e.contains("tensor `w`") && e.contains("`dtype` is missing"),
+            "{e}"
+        );
+        let e = err(&file(
+            r#"{"w":{"dtype":"F32","shape":[1,-2],"data_offsets":[0,1]}}"#,
+        ));
         assert!(e.contains("`shape`") && e.contains("index 1"), "{e}");
-        let e = err(&file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}}"#));
+        let e = err(&file(
+            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}}"#,
+        ));
         assert!(e.contains("`data_offsets`"), "{e}");
-        let e = err(&file(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}}"#));
+        let e = err(&file(
+            r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}}"#,
+        ));
         assert!(e.contains("before its start"), "{e}");
     }
 }

@@ -63,7 +63,11 @@ fn format_display_name(format: &str) -> String {
 pub fn render_diff_text(d: &StructuralDiff, verbose: bool) -> String {
     let changed = d.has_changes();
     let mut s = String::new();
-    s.push_str(if changed { "DIFFERENT\n" } else { "IDENTICAL\n" });
+    s.push_str(if changed {
+        "DIFFERENT\n"
+    } else {
+        "IDENTICAL\n"
+    });
     let _ = writeln!(s, "{}", "-".repeat(20));
     if changed {
         let _ = writeln!(s, "Added tensors:    {}", d.tensors_added.len());
@@ -77,7 +81,11 @@ pub fn render_diff_text(d: &StructuralDiff, verbose: bool) -> String {
     if !d.format_equal {
         s.push_str("Format:           differs\n");
     }
-    let _ = writeln!(s, "Structural ID:    {}", if d.hash_equal { "unchanged" } else { "changed" });
+    let _ = writeln!(
+        s,
+        "Structural ID:    {}",
+        if d.hash_equal { "unchanged" } else { "changed" }
+    );
     if !verbose || d.tensor_changes.is_empty() {
         return s;
     }
@@ -93,7 +101,11 @@ pub fn render_diff_text(d: &StructuralDiff, verbose: bool) -> String {
 /// modified tensors.
 pub fn render_diff_markdown(d: &StructuralDiff) -> String {
     let mut s = String::new();
-    let status = if d.has_changes() { "[DIFFERENT]" } else { "[IDENTICAL]" };
+    let status = if d.has_changes() {
+        "[DIFFERENT]"
+    } else {
+        "[IDENTICAL]"
+    };
     let _ = writeln!(s, "## Structural Diff\n\n**Status:** {status}\n");
     s.push_str("| Change Type | Count |\n|-------------|-------|\n");
     let _ = writeln!(s, "| Added tensors | {} |", d.tensors_added.len());

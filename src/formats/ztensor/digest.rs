@@ -28,20 +28,29 @@ impl Digest {
         };
         match algo {
             "crc32c" => {
-                let hex = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X")).unwrap_or(value);
+                let hex = value
+                    .strip_prefix("0x")
+                    .or_else(|| value.strip_prefix("0X"))
+                    .unwrap_or(value);
                 if hex.is_empty() || hex.len() > 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("digest `{text}` is not `crc32c:0x` and up to 8 hex digits"));
+                    return Err(format!(
+                        "digest `{text}` is not `crc32c:0x` and up to 8 hex digits"
+                    ));
                 }
-                let v = u32::from_str_radix(hex, 16).map_err(|e| format!("digest `{text}`: {e}"))?;
+                let v =
+                    u32::from_str_radix(hex, 16).map_err(|e| format!("digest `{text}`: {e}"))?;
                 Ok(Parsed::Known(Digest::Crc32c(v)))
             }
             "sha256" => {
                 if value.len() != 64 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("digest `{text}` is not `sha256:` and 64 hex digits"));
+                    return Err(format!(
+                        "digest `{text}` is not `sha256:` and 64 hex digits"
+                    ));
                 }
                 let mut out = [0u8; 32];
                 for (i, byte) in out.iter_mut().enumerate() {
-                    *byte = u8::from_str_radix(&value[2 * i..2 * i + 2], 16).map_err(|e| format!("digest `{text}`: {e}"))?;
+                    *byte = u8::from_str_radix(&value[2 * i..2 * i + 2], 16)
+                        .map_err(|e| format!("digest `{text}`: {e}"))?;
                 }
                 Ok(Parsed::Known(Digest::Sha256(out)))
             }
@@ -97,16 +106,31 @@ mod tests {
 
     #[test]
     fn parses_what_writers_write_and_what_the_reference_reader_accepts() {
-        assert_eq!(Digest::parse("crc32c:0x805104B9"), Ok(Parsed::Known(Digest::Crc32c(0x805104B9))));
-        assert_eq!(Digest::parse("crc32c:0x805104b9"), Ok(Parsed::Known(Digest::Crc32c(0x805104B9))));
-        assert_eq!(Digest::parse("crc32c:805104b9"), Ok(Parsed::Known(Digest::Crc32c(0x805104B9))));
+        assert_eq!(
+            Digest::parse("crc32c:0x805104B9"),
+            Ok(Parsed::Known(Digest::Crc32c(0x805104B9)))
+        );
+        assert_eq!(
+            Digest::parse("crc32c:0x805104b9"),
+            Ok(Parsed::Known(Digest::Crc32c(0x805104B9)))
+        );
+        assert_eq!(
+            Digest::parse("crc32c:805104b9"),
+            Ok(Parsed::Known(Digest::Crc32c(0x805104B9)))
+        );
         assert!(Digest::parse("crc32c:0xZZ").is_err());
         assert!(Digest::parse("crc32c:0x123456789").is_err());
         assert!(Digest::parse("sha256:00").is_err());
         assert!(Digest::parse("nocolon").is_err());
-        assert_eq!(Digest::parse("blake3:abcd"), Ok(Parsed::Unknown("blake3".into())));
+        assert_eq!(
+            Digest::parse("blake3:abcd"),
+            Ok(Parsed::Unknown("blake3".into()))
+        );
         let sha = format!("sha256:{}", "AB".repeat(32));
-        assert_eq!(Digest::parse(&sha), Ok(Parsed::Known(Digest::Sha256([0xab; 32]))));
+        assert_eq!(
+            Digest::parse(&sha),
+            Ok(Parsed::Known(Digest::Sha256([0xab; 32])))
+        );
         assert_eq!(Digest::Sha256([0xab; 32]).text(), sha.to_lowercase());
         assert_eq!(Digest::Crc32c(0xb9).text(), "crc32c:0x000000B9");
     }

@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 impl ZtFile {
     pub(super) fn parse_manifest(&mut self, cbor: &[u8], manifest_start: u64) -> Result<(), Error> {
         let path = self.path.clone();
-        let bad = |reason: String| Error::Invalid { path: path.clone(), reason };
+        let bad = |reason: String| Error::Invalid {
+            path: path.clone(),
+            reason,
+        };
         let mut rest = cbor;
         let root: Value = ciborium::de::from_reader(&mut rest).map_err(|e| {
             let why = match e {
@@ -18,24 +21,33 @@ impl ZtFile {
                 ciborium::de::Error::Semantic(_, msg) => msg,
                 ciborium::de::Error::RecursionLimitExceeded => "it nests too deep".to_string(),
             };
-            bad(format!("manifest is not valid CBOR ({why}); the file is damaged or not zTensor v1.0"))
+            bad(format!(
+                "manifest is not valid CBOR ({why}); the file is damaged or not zTensor v1.0"
+            ))
         })?;
         if !rest.is_empty() {
-            return Err(bad(format!("{} stray bytes after the CBOR manifest", rest.len())));
+            return Err(bad(format!(
+                "{} stray bytes after the CBOR manifest",
+                rest.len()
+            )));
         }
         let root = entries(root, "manifest").map_err(bad)?;
         let mut tensors = None;
         for (key, value) in root {
             match key.as_str() {
                 "version" => self.version = text(value, "manifest field `version`").map_err(bad)?,
-                "generator" => self.generator = text(value, "manifest field `generator`").map_err(bad)?,
+                "generator" => {
+                    self.generator = text(value, "manifest field `generator`").map_err(bad)?
+                }
                 "attributes" => {
                     for (k, v) in entries(value, "manifest field `attributes`").map_err(bad)? {
                         let v = text(v, &format!("attribute `{k}`")).map_err(bad)?;
                         self.attributes.insert(k, v);
                     }
                 }
-                "tensors" => tensors = Some(entries(value, "manifest field `tensors`").map_err(bad)?),
+                "tensors" => {
+                    tensors = Some(entries(value, "manifest field `tensors`").map_err(bad)?)
+                }
                 // Later minor versions may add keys; crate 1.0.0 ignores them too.
                 _ => {}
             }
@@ -51,14 +63,20 @@ impl ZtFile {
 
     /// §6.1: another major version fails, a newer minor one warns.
     fn check_version(&mut self) -> Result<(), Error> {
-        let bad = |reason: String| Error::Invalid { path: self.path.clone(), reason };
+        let bad = |reason: String| Error::Invalid {
+            path: self.path.clone(),
+            reason,
+        };
         if self.version.is_empty() {
             return Err(bad("manifest has no `version`".into()));
         }
         let mut parts = self.version.split('.');
         let number = |p: Option<&str>| p.and_then(|s| s.parse::<u64>().ok());
         let (Some(major), minor) = (number(parts.next()), number(parts.next())) else {
-            return Err(bad(format!("manifest version `{}` is not MAJOR.MINOR", self.version)));
+            return Err(bad(format!(
+                "manifest version `{}` is not MAJOR.MINOR",
+                self.version
+            )));
         };
         if major != 1 {
             return Err(bad(format!(
@@ -67,21 +85,38 @@ impl ZtFile {
             )));
         }
         if minor.is_some_and(|m| m > 0) {
-            self.warnings.push(format!("file is zTensor {}, newer than 1.0: features it adds are ignored", self.version));
+            self.warnings.push(format!(
+                "file is zTensor {}, newer than 1.0: features it adds are ignored",
+                self.version
+            ));
         }
         Ok(())
     }
 
-    fn parse_tensor(&mut self, name: &str, value: Value, manifest_start: u64) -> Result<TensorMeta, Error> {
+    fn parse_tensor(
+        &mut self,
+        name: &str,
+        value: Value,
+        manifest_start: u64,
+    ) -> Result<TensorMeta, Error> {
         let path = self.path.clone();
-        let bad = |reason: String| Error::Tensor { path: path.clone(), tensor: name.to_string(), reason };
+        let bad = |reason: String| Error::Tensor {
+            path: path.clone(),
+            tensor: name.to_string(),
+            reason,
+        };
         let (mut dtype, mut shape, mut format, mut comps) = (None, None, None, None);
         for (key, v) in entries(value, "the tensor").map_err(bad)? {
             match key.as_str() {
                 "dtype" => dtype = Some(text(v, "field `dtype`").map_err(bad)?),
                 "shape" => {
-                    let Value::Array(dims) = v else { return Err(bad("field `shape` is not an array".into())) };
-                    let dims = dims.into_iter().map(|d| uint(d, "a `shape` entry")).collect::<Result<Vec<_>, _>>();
+                    let Value::Array(dims) = v else {
+                        return Err(bad("field `shape` is not an array".into()));
+                    };
+                    let dims = dims
+                        .into_iter()
+                        .map(|d| uint(d, "a `shape` entry"))
+                        .collect::<Result<Vec<_>, _>>();
                     shape = Some(dims.map_err(bad)?);
                 }
                 "format" => format = Some(text(v, "field `format`").map_err(bad)?),
@@ -96,8 +131,17 @@ impl ZtFile {
         })?;
         let shape = shape.ok_or_else(|| missing("shape"))?;
         let format = format.ok_or_else(|| missing("format"))?;
-        let n = numel(&shape).ok_or_else(|| bad(format!("shape {shape:?} has more elements than fit in 64 bits")))?;
-        let dense_len = n.checked_mul(dtype.size()).ok_or_else(|| bad(format!("shape {shape:?} of {} overflows 64 bits of bytes", dtype.name())))?;
+        let n = numel(&shape).ok_or_else(|| {
+            bad(format!(
+                "shape {shape:?} has more elements than fit in 64 bits"
+            ))
+        })?;
+        let dense_len = n.checked_mul(dtype.size()).ok_or_else(|| {
+            bad(format!(
+                "shape {shape:?} of {} overflows 64 bits of bytes",
+                dtype.name()
+            ))
+        })?;
 
         let mut components = BTreeMap::new();
         for (role, v) in comps.ok_or_else(|| missing("components"))? {
@@ -105,7 +149,9 @@ impl ZtFile {
             components.insert(role, c);
         }
         let layout = match format.as_str() {
-            "dense" => Layout::Dense { data: take(&mut components, "data").map_err(bad)? },
+            "dense" => Layout::Dense {
+                data: take(&mut components, "data").map_err(bad)?,
+            },
             "sparse_csr" => Layout::Csr {
                 values: take(&mut components, "values").map_err(bad)?,
                 indices: take(&mut components, "indices").map_err(bad)?,
@@ -116,19 +162,37 @@ impl ZtFile {
                 coords: take(&mut components, "coords").map_err(bad)?,
             },
             _ => {
-                self.warnings.push(format!("tensor `{name}` has format `{format}`, which zimage lists but cannot decode"));
-                Layout::Other { format: format.clone(), components: std::mem::take(&mut components) }
+                self.warnings.push(format!(
+                    "tensor `{name}` has format `{format}`, which zimage lists but cannot decode"
+                ));
+                Layout::Other {
+                    format: format.clone(),
+                    components: std::mem::take(&mut components),
+                }
             }
         };
         if let Some(role) = components.keys().next() {
             return Err(bad(format!("format `{format}` has no component `{role}`")));
         }
-        let t = TensorMeta { name: name.to_string(), dtype, shape, numel: n, dense_len, layout };
+        let t = TensorMeta {
+            name: name.to_string(),
+            dtype,
+            shape,
+            numel: n,
+            dense_len,
+            layout,
+        };
         self.check_sizes(&t)?;
         Ok(t)
     }
 
-    fn parse_component(&mut self, tensor: &str, role: &str, value: Value, manifest_start: u64) -> Result<Component, Error> {
+    fn parse_component(
+        &mut self,
+        tensor: &str,
+        role: &str,
+        value: Value,
+        manifest_start: u64,
+    ) -> Result<Component, Error> {
         let path = self.path.clone();
         let bad = |reason: String| Error::Component {
             path: path.clone(),
@@ -146,7 +210,11 @@ impl ZtFile {
                     encoding = match text(v, "field `encoding`").map_err(bad)?.as_str() {
                         "raw" => Encoding::Raw,
                         "zstd" => Encoding::Zstd,
-                        other => return Err(bad(format!("unknown encoding `{other}` (expected `raw` or `zstd`)"))),
+                        other => {
+                            return Err(bad(format!(
+                                "unknown encoding `{other}` (expected `raw` or `zstd`)"
+                            )))
+                        }
                     }
                 }
                 "digest" if v.is_null() => {}
@@ -179,7 +247,12 @@ impl ZtFile {
                 )))
             }
         }
-        Ok(Component { offset, length, encoding, digest })
+        Ok(Component {
+            offset,
+            length,
+            encoding,
+            digest,
+        })
     }
 
     /// Sizes that can be checked without decoding: raw components have their exact size.
@@ -195,11 +268,23 @@ impl ZtFile {
             Layout::Dense { data } => {
                 if let Some(len) = raw(data) {
                     if len != t.dense_len {
-                        return Err(bad("data", format!("holds {len} bytes, but shape {:?} of {} needs {}", t.shape, t.dtype.name(), t.dense_len)));
+                        return Err(bad(
+                            "data",
+                            format!(
+                                "holds {len} bytes, but shape {:?} of {} needs {}",
+                                t.shape,
+                                t.dtype.name(),
+                                t.dense_len
+                            ),
+                        ));
                     }
                 }
             }
-            Layout::Csr { values, indices, indptr } => {
+            Layout::Csr {
+                values,
+                indices,
+                indptr,
+            } => {
                 if t.shape.len() != 2 {
                     return Err(Error::Tensor {
                         path: self.path.clone(),
@@ -210,7 +295,10 @@ impl ZtFile {
                 let want = t.shape[0].checked_add(1).and_then(|r| r.checked_mul(8));
                 if let (Some(len), Some(want)) = (raw(indptr), want) {
                     if len != want {
-                        return Err(bad("indptr", format!("holds {len} bytes, but {} rows need {want}", t.shape[0])));
+                        return Err(bad(
+                            "indptr",
+                            format!("holds {len} bytes, but {} rows need {want}", t.shape[0]),
+                        ));
                     }
                 }
                 self.check_nnz(t, values, &[("indices", indices, 1)])?;
@@ -225,7 +313,12 @@ impl ZtFile {
 
     /// For raw sparse components: whole elements, at most `numel` values, and index arrays of
     /// `per_value` u64s per value.
-    fn check_nnz(&self, t: &TensorMeta, values: &Component, index: &[(&str, &Component, u64)]) -> Result<(), Error> {
+    fn check_nnz(
+        &self,
+        t: &TensorMeta,
+        values: &Component,
+        index: &[(&str, &Component, u64)],
+    ) -> Result<(), Error> {
         let bad = |role: &str, reason: String| Error::Component {
             path: self.path.clone(),
             tensor: t.name.clone(),
@@ -241,11 +334,23 @@ impl ZtFile {
                 continue;
             }
             if c.length % 8 != 0 {
-                return Err(bad(role, format!("holds {} bytes, not a whole number of u64 indices", c.length)));
+                return Err(bad(
+                    role,
+                    format!(
+                        "holds {} bytes, not a whole number of u64 indices",
+                        c.length
+                    ),
+                ));
             }
             if let Some(nnz) = nnz {
                 if nnz.checked_mul(*per_value).and_then(|n| n.checked_mul(8)) != Some(c.length) {
-                    return Err(bad(role, format!("holds {} bytes, but {nnz} values need {} u64 indices each", c.length, per_value)));
+                    return Err(bad(
+                        role,
+                        format!(
+                            "holds {} bytes, but {nnz} values need {} u64 indices each",
+                            c.length, per_value
+                        ),
+                    ));
                 }
             }
         }
@@ -254,12 +359,16 @@ impl ZtFile {
 
     /// Components of different tensors must not share bytes (empty ones take none).
     pub(super) fn check_overlap(&self) -> Result<(), Error> {
-        let mut ranges: Vec<(u64, u64, &str, &str)> = self
-            .tensors
-            .values()
-            .flat_map(|t| t.layout.components().into_iter().map(move |(role, c)| (c.offset, c.offset + c.length, t.name.as_str(), role)))
-            .filter(|r| r.1 > r.0)
-            .collect();
+        let mut ranges: Vec<(u64, u64, &str, &str)> =
+            self.tensors
+                .values()
+                .flat_map(|t| {
+                    t.layout.components().into_iter().map(move |(role, c)| {
+                        (c.offset, c.offset + c.length, t.name.as_str(), role)
+                    })
+                })
+                .filter(|r| r.1 > r.0)
+                .collect();
         ranges.sort();
         for w in ranges.windows(2) {
             if w[1].0 < w[0].1 {
@@ -280,11 +389,15 @@ impl ZtFile {
 
 /// A CBOR map with text keys, each key once.
 fn entries(v: Value, what: &str) -> Result<Vec<(String, Value)>, String> {
-    let Value::Map(pairs) = v else { return Err(format!("{what} is not a CBOR map")) };
+    let Value::Map(pairs) = v else {
+        return Err(format!("{what} is not a CBOR map"));
+    };
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(pairs.len());
     for (k, v) in pairs {
-        let Value::Text(k) = k else { return Err(format!("{what} has a key that is not text")) };
+        let Value::Text(k) = k else {
+            return Err(format!("{what} has a key that is not text"));
+        };
         if !seen.insert(k.clone()) {
             return Err(format!("{what} has the key `{k}` twice"));
         }
@@ -302,11 +415,15 @@ fn text(v: Value, what: &str) -> Result<String, String> {
 
 fn uint(v: Value, what: &str) -> Result<u64, String> {
     match v {
-        Value::Integer(i) => u64::try_from(i).map_err(|_| format!("{what} is not an unsigned 64-bit integer")),
+        Value::Integer(i) => {
+            u64::try_from(i).map_err(|_| format!("{what} is not an unsigned 64-bit integer"))
+        }
         _ => Err(format!("{what} is not an unsigned integer")),
     }
 }
 
 fn take(components: &mut BTreeMap<String, Component>, role: &str) -> Result<Component, String> {
-    components.remove(role).ok_or_else(|| format!("has no `{role}` component"))
+    components
+        .remove(role)
+        .ok_or_else(|| format!("has no `{role}` component"))
 }

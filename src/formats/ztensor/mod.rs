@@ -56,22 +56,47 @@ pub enum Error {
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
     #[error("`{}`: tensor `{tensor}`: {reason}", path.display())]
-    Tensor { path: PathBuf, tensor: String, reason: String },
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
     #[error("`{}`: tensor `{tensor}`, component `{component}`: {reason}", path.display())]
-    Component { path: PathBuf, tensor: String, component: String, reason: String },
+    Component {
+        path: PathBuf,
+        tensor: String,
+        component: String,
+        reason: String,
+    },
     #[error("`{}`: tensor `{tensor}`, component `{component}`: digest mismatch (the manifest says `{expected}`, the data hashes to `{actual}`); the file is damaged, copy or write it again", path.display())]
-    DigestMismatch { path: PathBuf, tensor: String, component: String, expected: String, actual: String },
+    DigestMismatch {
+        path: PathBuf,
+        tensor: String,
+        component: String,
+        expected: String,
+        actual: String,
+    },
     #[error("`{}`: tensor `{tensor}` has dtype {dtype}, which zTensor v1.0 cannot hold (it has float64/32/16, bfloat16, int8–64, uint8–64 and bool); keep this model as safetensors", path.display())]
-    UnsupportedDtype { path: PathBuf, tensor: String, dtype: StDtype },
+    UnsupportedDtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: StDtype,
+    },
     #[error("`{}`: no tensor `{tensor}` in the file (see `zimage inspect`)", path.display())]
     NotFound { path: PathBuf, tensor: String },
     #[error("`{}`: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
     pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-        move |source| Error::Io { path: path.to_path_buf(), source }
+        move |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
@@ -180,9 +205,16 @@ pub fn listing(path: &Path) -> Result<Listing, Error> {
             byte_length: t.dense_len,
         })
         .collect();
-    let metadata =
-        file.attributes().iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-    Ok(Listing { format: "ztensor".into(), tensors, metadata })
+    let metadata = file
+        .attributes()
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    Ok(Listing {
+        format: "ztensor".into(),
+        tensors,
+        metadata,
+    })
 }
 
 #[cfg(test)]

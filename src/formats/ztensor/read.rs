@@ -38,14 +38,26 @@ pub struct Component {
 /// How a tensor's components make up its values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
-    Dense { data: Component },
+    Dense {
+        data: Component,
+    },
     /// Rows of a 2-D tensor; `indices` and `indptr` are u64 LE.
-    Csr { values: Component, indices: Component, indptr: Component },
+    Csr {
+        values: Component,
+        indices: Component,
+        indptr: Component,
+    },
     /// `coords` is u64 LE, all dim-0 indices first, then dim 1, …
-    Coo { values: Component, coords: Component },
+    Coo {
+        values: Component,
+        coords: Component,
+    },
     /// A format later writers may add (the spec allows it without a version change): listed,
     /// but not decoded.
-    Other { format: String, components: BTreeMap<String, Component> },
+    Other {
+        format: String,
+        components: BTreeMap<String, Component>,
+    },
 }
 
 impl Layout {
@@ -62,9 +74,15 @@ impl Layout {
     pub fn components(&self) -> Vec<(&str, &Component)> {
         match self {
             Layout::Dense { data } => vec![("data", data)],
-            Layout::Csr { values, indices, indptr } => vec![("values", values), ("indices", indices), ("indptr", indptr)],
+            Layout::Csr {
+                values,
+                indices,
+                indptr,
+            } => vec![("values", values), ("indices", indices), ("indptr", indptr)],
             Layout::Coo { values, coords } => vec![("values", values), ("coords", coords)],
-            Layout::Other { components, .. } => components.iter().map(|(r, c)| (r.as_str(), c)).collect(),
+            Layout::Other { components, .. } => {
+                components.iter().map(|(r, c)| (r.as_str(), c)).collect()
+            }
         }
     }
 }
@@ -100,10 +118,15 @@ impl ZtFile {
         let io = Error::io(path);
         let file = File::open(path).map_err(&io)?;
         let file_len = file.metadata().map_err(&io)?.len();
-        let bad = |reason: String| Error::Invalid { path: path.to_path_buf(), reason };
+        let bad = |reason: String| Error::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
         // Magic (8) + manifest size (8) is the least a file can be.
         if file_len < 16 {
-            return Err(bad(format!("file is {file_len} bytes, too short for a zTensor file (truncated?)")));
+            return Err(bad(format!(
+                "file is {file_len} bytes, too short for a zTensor file (truncated?)"
+            )));
         }
         let mut magic = [0u8; 8];
         file.read_exact_at(&mut magic, 0).map_err(&io)?;
@@ -124,7 +147,9 @@ impl ZtFile {
             )));
         }
         if manifest_size > MAX_MANIFEST_SIZE {
-            return Err(bad(format!("manifest size {manifest_size} exceeds the {MAX_MANIFEST_SIZE}-byte limit")));
+            return Err(bad(format!(
+                "manifest size {manifest_size} exceeds the {MAX_MANIFEST_SIZE}-byte limit"
+            )));
         }
         let manifest_start = file_len - 8 - manifest_size;
         let mut cbor = vec![0u8; manifest_size as usize];
@@ -167,7 +192,10 @@ impl ZtFile {
         self.tensors.is_empty()
     }
     pub fn tensor(&self, name: &str) -> Result<&TensorMeta, Error> {
-        self.tensors.get(name).ok_or_else(|| Error::NotFound { path: self.path.clone(), tensor: name.to_string() })
+        self.tensors.get(name).ok_or_else(|| Error::NotFound {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+        })
     }
     /// Things a reader should hear about but that do not stop it: a newer minor version, a
     /// digest of an unknown algorithm (its component is read unverified).
@@ -178,7 +206,9 @@ impl ZtFile {
     /// A raw dense tensor's `(offset, length)` in the file: its bytes can be used in place.
     pub fn raw_dense_range(&self, t: &TensorMeta) -> Option<(u64, u64)> {
         match &t.layout {
-            Layout::Dense { data } if data.encoding == Encoding::Raw => Some((data.offset, data.length)),
+            Layout::Dense { data } if data.encoding == Encoding::Raw => {
+                Some((data.offset, data.length))
+            }
             _ => None,
         }
     }
@@ -191,13 +221,17 @@ impl ZtFile {
             let bytes = self.read_dense(name)?;
             return out.write_all(&bytes).map_err(Error::io(&self.path));
         };
-        let Layout::Dense { data } = &t.layout else { unreachable!("raw_dense_range is dense only") };
+        let Layout::Dense { data } = &t.layout else {
+            unreachable!("raw_dense_range is dense only")
+        };
         let mut hasher = Hasher::like(data.digest.as_ref());
         let mut buf = vec![0u8; CHUNK.min(length as usize)];
         let mut at = offset;
         while at < offset + length {
             let n = (offset + length - at).min(buf.len() as u64) as usize;
-            self.file.read_exact_at(&mut buf[..n], at).map_err(Error::io(&self.path))?;
+            self.file
+                .read_exact_at(&mut buf[..n], at)
+                .map_err(Error::io(&self.path))?;
             hasher.update(&buf[..n]);
             out.write_all(&buf[..n]).map_err(Error::io(&self.path))?;
             at += n as u64;
@@ -222,26 +256,50 @@ impl ZtFile {
     pub fn read_dense(&self, name: &str) -> Result<Vec<u8>, Error> {
         let t = self.tensor(name)?;
         let size = t.dtype.size();
-        let bad = |reason: String| Error::Tensor { path: self.path.clone(), tensor: t.name.clone(), reason };
-        let dense_len = usize::try_from(t.dense_len).map_err(|_| bad("too large for this machine's memory".into()))?;
+        let bad = |reason: String| Error::Tensor {
+            path: self.path.clone(),
+            tensor: t.name.clone(),
+            reason,
+        };
+        let dense_len = usize::try_from(t.dense_len)
+            .map_err(|_| bad("too large for this machine's memory".into()))?;
         match &t.layout {
             Layout::Dense { data } => self.decoded(t, "data", data, t.dense_len, Some(t.dense_len)),
-            Layout::Csr { values, indices, indptr } => {
+            Layout::Csr {
+                values,
+                indices,
+                indptr,
+            } => {
                 let (rows, cols) = (t.shape[0], t.shape[1]);
                 let vals = self.decoded(t, "values", values, t.dense_len, None)?;
-                check_values_len(t, vals.len() as u64).map_err(|r| self.component_error(t, "values", r))?;
+                check_values_len(t, vals.len() as u64)
+                    .map_err(|r| self.component_error(t, "values", r))?;
                 let nnz = vals.len() as u64 / size;
-                let idx_len = nnz.checked_mul(8).ok_or_else(|| bad(format!("{nnz} values overflow the indices size")))?;
+                let idx_len = nnz
+                    .checked_mul(8)
+                    .ok_or_else(|| bad(format!("{nnz} values overflow the indices size")))?;
                 let idx = u64s(self.decoded(t, "indices", indices, idx_len, Some(idx_len))?);
-                let ptr_len = rows.checked_add(1).and_then(|r| r.checked_mul(8)).ok_or_else(|| bad(format!("{rows} rows overflow the indptr size")))?;
+                let ptr_len = rows
+                    .checked_add(1)
+                    .and_then(|r| r.checked_mul(8))
+                    .ok_or_else(|| bad(format!("{rows} rows overflow the indptr size")))?;
                 let ptr = u64s(self.decoded(t, "indptr", indptr, ptr_len, Some(ptr_len))?);
                 let cerr = |role: &str, r: String| self.component_error(t, role, r);
                 if ptr[0] != 0 || ptr[rows as usize] != nnz {
-                    return Err(cerr("indptr", format!("must run from 0 to the {nnz} values, runs from {} to {}", ptr[0], ptr[rows as usize])));
+                    return Err(cerr(
+                        "indptr",
+                        format!(
+                            "must run from 0 to the {nnz} values, runs from {} to {}",
+                            ptr[0], ptr[rows as usize]
+                        ),
+                    ));
                 }
                 // Rising from 0 to nnz keeps every row's range inside `indices`.
                 if let Some(r) = ptr.windows(2).position(|w| w[1] < w[0]) {
-                    return Err(cerr("indptr", format!("decreases at row {r} ({} then {})", ptr[r], ptr[r + 1])));
+                    return Err(cerr(
+                        "indptr",
+                        format!("decreases at row {r} ({} then {})", ptr[r], ptr[r + 1]),
+                    ));
                 }
                 let mut out = vec![0u8; dense_len];
                 let mut seen = Seen::new(t.numel);
@@ -249,11 +307,19 @@ impl ZtFile {
                     for k in ptr[r]..ptr[r + 1] {
                         let col = idx[k as usize];
                         if col >= cols {
-                            return Err(cerr("indices", format!("column {col} at position {k} is outside the {cols} columns")));
+                            return Err(cerr(
+                                "indices",
+                                format!(
+                                    "column {col} at position {k} is outside the {cols} columns"
+                                ),
+                            ));
                         }
                         let at = r as u64 * cols + col;
                         if !seen.insert(at) {
-                            return Err(cerr("indices", format!("row {r} lists column {col} twice")));
+                            return Err(cerr(
+                                "indices",
+                                format!("row {r} lists column {col} twice"),
+                            ));
                         }
                         scatter(&mut out, &vals, k, at, size);
                     }
@@ -263,12 +329,17 @@ impl ZtFile {
             Layout::Coo { values, coords } => {
                 let ndim = t.shape.len() as u64;
                 let vals = self.decoded(t, "values", values, t.dense_len, None)?;
-                check_values_len(t, vals.len() as u64).map_err(|r| self.component_error(t, "values", r))?;
+                check_values_len(t, vals.len() as u64)
+                    .map_err(|r| self.component_error(t, "values", r))?;
                 let nnz = vals.len() as u64 / size;
                 let want = nnz
                     .checked_mul(ndim)
                     .and_then(|n| n.checked_mul(8))
-                    .ok_or_else(|| bad(format!("{nnz} values × {ndim} dimensions overflow the coords size")))?;
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{nnz} values × {ndim} dimensions overflow the coords size"
+                        ))
+                    })?;
                 let coords = u64s(self.decoded(t, "coords", coords, want, Some(want))?);
                 let mut out = vec![0u8; dense_len];
                 let mut seen = Seen::new(t.numel);
@@ -277,37 +348,64 @@ impl ZtFile {
                     for (d, &dim) in t.shape.iter().enumerate() {
                         let i = coords[(d as u64 * nnz + k) as usize];
                         if i >= dim {
-                            return Err(self.component_error(t, "coords", format!("index {i} of value {k} is outside dimension {d} of size {dim}")));
+                            return Err(self.component_error(
+                                t,
+                                "coords",
+                                format!(
+                                    "index {i} of value {k} is outside dimension {d} of size {dim}"
+                                ),
+                            ));
                         }
                         at = at * dim + i;
                     }
                     if !seen.insert(at) {
-                        return Err(self.component_error(t, "coords", format!("value {k} repeats an earlier coordinate")));
+                        return Err(self.component_error(
+                            t,
+                            "coords",
+                            format!("value {k} repeats an earlier coordinate"),
+                        ));
                     }
                     scatter(&mut out, &vals, k, at, size);
                 }
                 Ok(out)
             }
-            Layout::Other { format, .. } => Err(bad(format!("format `{format}` is not one zimage can decode (dense, sparse_csr, sparse_coo)"))),
+            Layout::Other { format, .. } => Err(bad(format!(
+                "format `{format}` is not one zimage can decode (dense, sparse_csr, sparse_coo)"
+            ))),
         }
     }
 
     fn component_error(&self, t: &TensorMeta, role: &str, reason: String) -> Error {
-        Error::Component { path: self.path.clone(), tensor: t.name.clone(), component: role.to_string(), reason }
+        Error::Component {
+            path: self.path.clone(),
+            tensor: t.name.clone(),
+            component: role.to_string(),
+            reason,
+        }
     }
 
     /// The stored bytes of a component, digest checked.
     fn stored_bytes(&self, t: &TensorMeta, role: &str, c: &Component) -> Result<Vec<u8>, Error> {
-        let len = usize::try_from(c.length).map_err(|_| self.component_error(t, role, "too large for this machine's memory".into()))?;
+        let len = usize::try_from(c.length).map_err(|_| {
+            self.component_error(t, role, "too large for this machine's memory".into())
+        })?;
         let mut buf = vec![0u8; len];
-        self.file.read_exact_at(&mut buf, c.offset).map_err(Error::io(&self.path))?;
+        self.file
+            .read_exact_at(&mut buf, c.offset)
+            .map_err(Error::io(&self.path))?;
         let mut hasher = Hasher::like(c.digest.as_ref());
         hasher.update(&buf);
         self.check_digest(t, role, c.digest.as_ref(), hasher)?;
         Ok(buf)
     }
 
-    fn check_digest(&self, t: &TensorMeta, role: &str, want: Option<&Digest>, hasher: Hasher) -> Result<(), Error> {
+    fn check_digest(
+        &self,
+        t: &TensorMeta,
+        role: &str,
+        want: Option<&Digest>,
+        hasher: Hasher,
+    ) -> Result<(), Error> {
         match (want, hasher.finish()) {
             (Some(want), Some(got)) if *want != got => Err(Error::DigestMismatch {
                 path: self.path.clone(),
@@ -322,20 +420,34 @@ impl ZtFile {
 
     /// A component's decoded bytes: at most `limit` (so that a small compressed blob cannot
     /// expand without bound), exactly `exact` when given.
-    fn decoded(&self, t: &TensorMeta, role: &str, c: &Component, limit: u64, exact: Option<u64>) -> Result<Vec<u8>, Error> {
+    fn decoded(
+        &self,
+        t: &TensorMeta,
+        role: &str,
+        c: &Component,
+        limit: u64,
+        exact: Option<u64>,
+    ) -> Result<Vec<u8>, Error> {
         let stored = self.stored_bytes(t, role, c)?;
         let bytes = match c.encoding {
             Encoding::Raw => stored,
             Encoding::Zstd => {
-                let decoder = zstd::stream::read::Decoder::new(&stored[..])
-                    .map_err(|e| self.component_error(t, role, format!("cannot start zstd decoding: {e}")))?;
+                let decoder = zstd::stream::read::Decoder::new(&stored[..]).map_err(|e| {
+                    self.component_error(t, role, format!("cannot start zstd decoding: {e}"))
+                })?;
                 let mut out = Vec::new();
                 decoder
                     .take(limit.saturating_add(1))
                     .read_to_end(&mut out)
-                    .map_err(|e| self.component_error(t, role, format!("zstd data is damaged ({e})")))?;
+                    .map_err(|e| {
+                        self.component_error(t, role, format!("zstd data is damaged ({e})"))
+                    })?;
                 if out.len() as u64 > limit {
-                    return Err(self.component_error(t, role, format!("decompresses to more than the {limit} bytes the tensor can hold")));
+                    return Err(self.component_error(
+                        t,
+                        role,
+                        format!("decompresses to more than the {limit} bytes the tensor can hold"),
+                    ));
                 }
                 out
             }
@@ -344,7 +456,12 @@ impl ZtFile {
             Some(n) if bytes.len() as u64 != n => Err(self.component_error(
                 t,
                 role,
-                format!("decodes to {} bytes, but {n} are needed (shape {:?} of {})", bytes.len(), t.shape, t.dtype.name()),
+                format!(
+                    "decodes to {} bytes, but {n} are needed (shape {:?} of {})",
+                    bytes.len(),
+                    t.shape,
+                    t.dtype.name()
+                ),
             )),
             _ => Ok(bytes),
         }
@@ -353,10 +470,18 @@ impl ZtFile {
 
 pub(super) fn check_values_len(t: &TensorMeta, len: u64) -> Result<(), String> {
     if len % t.dtype.size() != 0 {
-        return Err(format!("holds {len} bytes, not a whole number of {} values", t.dtype.name()));
+        return Err(format!(
+            "holds {len} bytes, not a whole number of {} values",
+            t.dtype.name()
+        ));
     }
     if len > t.dense_len {
-        return Err(format!("holds {} values, more than the {} elements of shape {:?}", len / t.dtype.size(), t.numel, t.shape));
+        return Err(format!(
+            "holds {} values, more than the {} elements of shape {:?}",
+            len / t.dtype.size(),
+            t.numel,
+            t.shape
+        ));
     }
     Ok(())
 }
@@ -367,7 +492,10 @@ fn scatter(out: &mut [u8], vals: &[u8], k: u64, at: u64, size: u64) {
 }
 
 fn u64s(bytes: Vec<u8>) -> Vec<u64> {
-    bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks"))).collect()
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks")))
+        .collect()
 }
 
 /// Which dense positions a sparse tensor has filled: a repeated position would leave it unclear

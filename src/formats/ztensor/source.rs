@@ -61,7 +61,11 @@ impl ZtSource {
             let json = serde_json::to_vec_pretty(zt.attributes()).expect("string maps serialize");
             configs.push((format!("{component}/metadata.json"), json));
         }
-        Ok(ZtSource { tensors, configs, _decoded: decoded.map(|(f, _)| f) })
+        Ok(ZtSource {
+            tensors,
+            configs,
+            _decoded: decoded.map(|(f, _)| f),
+        })
     }
 }
 

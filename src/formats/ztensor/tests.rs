@@ -54,7 +54,13 @@ fn writer_reproduces_the_reference_manifest_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("w.zt");
     let mut w = Writer::create(&p, WriteOptions::default()).unwrap();
-    w.add_dense("weight", ZDtype::Float32, &[2, 3], &f32s(&[1., 2., 3., 4., 5., 6.])).unwrap();
+    w.add_dense(
+        "weight",
+        ZDtype::Float32,
+        &[2, 3],
+        &f32s(&[1., 2., 3., 4., 5., 6.]),
+    )
+    .unwrap();
     let size = w.finish().unwrap();
     let bytes = std::fs::read(&p).unwrap();
     assert_eq!(size, bytes.len() as u64);
@@ -62,14 +68,21 @@ fn writer_reproduces_the_reference_manifest_byte_for_byte() {
     assert!(bytes[8..64].iter().all(|&b| b == 0), "padding is zero");
     assert_eq!(&bytes[64..88], &f32s(&[1., 2., 3., 4., 5., 6.])[..]);
     assert_eq!(manifest_of(&bytes), &golden_manifest()[..]);
-    assert_eq!(bytes.len(), 88 + golden_manifest().len() + 8, "manifest right after the last blob");
+    assert_eq!(
+        bytes.len(),
+        88 + golden_manifest().len() + 8,
+        "manifest right after the last blob"
+    );
 }
 
 #[test]
 fn empty_file_is_magic_manifest_size() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("e.zt");
-    Writer::create(&p, WriteOptions::default()).unwrap().finish().unwrap();
+    Writer::create(&p, WriteOptions::default())
+        .unwrap()
+        .finish()
+        .unwrap();
     let bytes = std::fs::read(&p).unwrap();
     let m = manifest_of(&bytes);
     assert_eq!(bytes.len(), 8 + m.len() + 8);
@@ -81,17 +94,49 @@ fn empty_file_is_magic_manifest_size() {
 #[test]
 fn every_layout_round_trips() {
     let dir = tempfile::tempdir().unwrap();
-    for (compress, checksum) in [(false, Checksum::None), (true, Checksum::Crc32c), (false, Checksum::Sha256), (true, Checksum::Sha256)] {
-        let p = dir.path().join(format!("r-{compress}-{}.zt", checksum.name()));
+    for (compress, checksum) in [
+        (false, Checksum::None),
+        (true, Checksum::Crc32c),
+        (false, Checksum::Sha256),
+        (true, Checksum::Sha256),
+    ] {
+        let p = dir
+            .path()
+            .join(format!("r-{compress}-{}.zt", checksum.name()));
         let attributes: BTreeMap<_, _> = [("license".to_string(), "MIT".to_string())].into();
-        let mut w = Writer::create(&p, WriteOptions { compress, checksum, attributes }).unwrap();
+        let mut w = Writer::create(
+            &p,
+            WriteOptions {
+                compress,
+                checksum,
+                attributes,
+            },
+        )
+        .unwrap();
         let dense = f32s(&(0..300).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
-        w.add_dense("dense", ZDtype::Float32, &[10, 30], &dense).unwrap();
-        w.add_dense("scalar", ZDtype::BFloat16, &[], &[0x80, 0x3f]).unwrap();
+        w.add_dense("dense", ZDtype::Float32, &[10, 30], &dense)
+            .unwrap();
+        w.add_dense("scalar", ZDtype::BFloat16, &[], &[0x80, 0x3f])
+            .unwrap();
         w.add_dense("empty", ZDtype::Int64, &[0, 7], &[]).unwrap();
         // [[0, 5, 0], [0, 0, 0], [7, 0, 9]]
-        w.add_csr("csr", ZDtype::Int32, &[3, 3], &[5, 0, 0, 0, 7, 0, 0, 0, 9, 0, 0, 0], &[1, 0, 2], &[0, 1, 1, 3]).unwrap();
-        w.add_coo("coo", ZDtype::Uint8, &[2, 2, 2], &[1, 2], &[0, 1, 1, 0, 1, 1]).unwrap();
+        w.add_csr(
+            "csr",
+            ZDtype::Int32,
+            &[3, 3],
+            &[5, 0, 0, 0, 7, 0, 0, 0, 9, 0, 0, 0],
+            &[1, 0, 2],
+            &[0, 1, 1, 3],
+        )
+        .unwrap();
+        w.add_coo(
+            "coo",
+            ZDtype::Uint8,
+            &[2, 2, 2],
+            &[1, 2],
+            &[0, 1, 1, 0, 1, 1],
+        )
+        .unwrap();
         w.finish().unwrap();
 
         let f = ZtFile::open(&p).unwrap();
@@ -100,7 +145,10 @@ fn every_layout_round_trips() {
         assert_eq!(f.read_dense("dense").unwrap(), dense);
         assert_eq!(f.read_dense("scalar").unwrap(), vec![0x80, 0x3f]);
         assert_eq!(f.read_dense("empty").unwrap(), Vec::<u8>::new());
-        let csr: Vec<u8> = [0i32, 5, 0, 0, 0, 0, 7, 0, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let csr: Vec<u8> = [0i32, 5, 0, 0, 0, 0, 7, 0, 9]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         assert_eq!(f.read_dense("csr").unwrap(), csr);
         // (0,1,1) = 1, (1,0,1) = 2
         assert_eq!(f.read_dense("coo").unwrap(), vec![0, 0, 0, 1, 0, 2, 0, 0]);
@@ -116,8 +164,21 @@ fn every_layout_round_trips() {
             }
         }
         let l = listing(&p).unwrap();
-        let names: Vec<_> = l.tensors.iter().map(|t| (t.name.as_str(), t.dtype.as_str(), t.byte_length)).collect();
-        assert_eq!(names, [("coo", "u8", 8), ("csr", "i32", 36), ("dense", "f32", 1200), ("empty", "i64", 0), ("scalar", "bf16", 2)]);
+        let names: Vec<_> = l
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.dtype.as_str(), t.byte_length))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("coo", "u8", 8),
+                ("csr", "i32", 36),
+                ("dense", "f32", 1200),
+                ("empty", "i64", 0),
+                ("scalar", "bf16", 2)
+            ]
+        );
         assert_eq!(l.metadata["license"], serde_json::json!("MIT"));
     }
 }
@@ -126,16 +187,45 @@ fn every_layout_round_trips() {
 fn writer_refuses_what_the_reader_would_reject() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = Writer::create(&dir.path().join("x.zt"), WriteOptions::default()).unwrap();
-    assert!(w.add_dense("a", ZDtype::Float32, &[2], &[0; 4]).is_err(), "short data");
+    assert!(
+        w.add_dense("a", ZDtype::Float32, &[2], &[0; 4]).is_err(),
+        "short data"
+    );
     w.add_dense("a", ZDtype::Uint8, &[1], &[0]).unwrap();
-    assert!(w.add_dense("a", ZDtype::Uint8, &[1], &[0]).is_err(), "duplicate");
-    assert!(w.add_csr("c", ZDtype::Uint8, &[2, 2], &[1], &[2], &[0, 1, 1]).is_err(), "column out of range");
-    assert!(w.add_csr("c", ZDtype::Uint8, &[2, 2], &[1, 1], &[0, 0], &[0, 2, 2]).is_err(), "repeated column");
-    assert!(w.add_coo("o", ZDtype::Uint8, &[2], &[1, 1], &[1, 1]).is_err(), "repeated coordinate");
-    assert!(w.add_dense("big", ZDtype::Float64, &[1 << 32, 1 << 32], &[]).is_err(), "overflow");
+    assert!(
+        w.add_dense("a", ZDtype::Uint8, &[1], &[0]).is_err(),
+        "duplicate"
+    );
+    assert!(
+        w.add_csr("c", ZDtype::Uint8, &[2, 2], &[1], &[2], &[0, 1, 1])
+            .is_err(),
+        "column out of range"
+    );
+    assert!(
+        w.add_csr("c", ZDtype::Uint8, &[2, 2], &[1, 1], &[0, 0], &[0, 2, 2])
+            .is_err(),
+        "repeated column"
+    );
+    assert!(
+        w.add_coo("o", ZDtype::Uint8, &[2], &[1, 1], &[1, 1])
+            .is_err(),
+        "repeated coordinate"
+    );
+    assert!(
+        w.add_dense("big", ZDtype::Float64, &[1 << 32, 1 << 32], &[])
+            .is_err(),
+        "overflow"
+    );
     drop(w);
-    assert!(!dir.path().join("x.zt").exists(), "an unfinished writer leaves nothing");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nor its temporary file");
+    assert!(
+        !dir.path().join("x.zt").exists(),
+        "an unfinished writer leaves nothing"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nor its temporary file"
+    );
 }
 
 /// A file with the given manifest value after `blob` (placed at offset 64).
@@ -182,7 +272,10 @@ fn dense_manifest(version: &str, dtype: &str, shape: &[u64], comp: Vec<(&str, Va
 }
 
 fn at(offset: u64, length: u64) -> Vec<(&'static str, Value)> {
-    vec![("offset", Value::Integer(offset.into())), ("length", Value::Integer(length.into()))]
+    vec![
+        ("offset", Value::Integer(offset.into())),
+        ("length", Value::Integer(length.into())),
+    ]
 }
 
 #[test]
@@ -193,12 +286,22 @@ fn accepts_what_the_reference_reader_accepts() {
     comp.push(("encoding", text("raw")));
     comp.push(("digest", text("crc32c:0x78743a5d")));
     comp.push(("extra", text("ignored")));
-    let p = craft(dir.path(), "ok.zt", &blob, &dense_manifest("1.0", "float32", &[2, 3], comp));
+    let p = craft(
+        dir.path(),
+        "ok.zt",
+        &blob,
+        &dense_manifest("1.0", "float32", &[2, 3], comp),
+    );
     assert_eq!(ZtFile::open(&p).unwrap().read_dense("t").unwrap(), blob);
 
     let mut comp = at(64, 24);
     comp.push(("digest", text("xxh3:1234")));
-    let p = craft(dir.path(), "unknown-digest.zt", &blob, &dense_manifest("1.3", "float32", &[2, 3], comp));
+    let p = craft(
+        dir.path(),
+        "unknown-digest.zt",
+        &blob,
+        &dense_manifest("1.3", "float32", &[2, 3], comp),
+    );
     let f = ZtFile::open(&p).unwrap();
     assert_eq!(f.warnings().len(), 2, "{:?}", f.warnings());
     assert_eq!(f.read_dense("t").unwrap(), blob);
@@ -210,7 +313,10 @@ fn rejects_each_malformation_naming_file_and_field() {
     let blob = f32s(&[0., 1., 2., 3., 4., 5.]);
     let err = |name: &str, m: Value| {
         let p = craft(dir.path(), name, &blob, &m);
-        let e = ZtFile::open(&p).and_then(|f| f.read_dense("t").map(|_| ())).unwrap_err().to_string();
+        let e = ZtFile::open(&p)
+            .and_then(|f| f.read_dense("t").map(|_| ()))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(name), "{e}");
         e
     };
@@ -219,24 +325,92 @@ fn rejects_each_malformation_naming_file_and_field() {
         c.extend(extra);
         c
     };
-    assert!(err("v2.zt", dense_manifest("2.0", "float32", &[2, 3], ok(vec![]))).contains("version 2.0"));
-    assert!(err("dtype.zt", dense_manifest("1.0", "f32", &[2, 3], ok(vec![]))).contains("unknown dtype `f32`"));
-    assert!(err("size.zt", dense_manifest("1.0", "float32", &[2, 4], ok(vec![]))).contains("needs 32"));
-    assert!(err("overflow.zt", dense_manifest("1.0", "float64", &[1 << 40, 1 << 40], ok(vec![]))).contains("64 bits"));
-    let e = err("crc.zt", dense_manifest("1.0", "float32", &[2, 3], ok(vec![("digest", text("crc32c:0x78743A5C"))])));
-    assert!(e.contains("digest mismatch") && e.contains("tensor `t`") && e.contains("component `data`"), "{e}");
+    assert!(err(
+        "v2.zt",
+        dense_manifest("2.0", "float32", &[2, 3], ok(vec![]))
+    )
+    .contains("version 2.0"));
+    assert!(err(
+        "dtype.zt",
+        dense_manifest("1.0", "f32", &[2, 3], ok(vec![]))
+    )
+    .contains("unknown dtype `f32`"));
+    assert!(err(
+        "size.zt",
+        dense_manifest("1.0", "float32", &[2, 4], ok(vec![]))
+    )
+    .contains("needs 32"));
+    assert!(err(
+        "overflow.zt",
+        dense_manifest("1.0", "float64", &[1 << 40, 1 << 40], ok(vec![]))
+    )
+    .contains("64 bits"));
+    let e = err(
+        "crc.zt",
+        dense_manifest(
+            "1.0",
+            "float32",
+            &[2, 3],
+            ok(vec![("digest", text("crc32c:0x78743A5C"))]),
+        ),
+    );
+    assert!(
+        e.contains("digest mismatch") && e.contains("tensor `t`") && e.contains("component `data`"),
+        "{e}"
+    );
     let sha = format!("sha256:{}", "0".repeat(64));
-    assert!(err("sha.zt", dense_manifest("1.0", "float32", &[2, 3], ok(vec![("digest", text(&sha))]))).contains("digest mismatch"));
-    assert!(err("enc.zt", dense_manifest("1.0", "float32", &[2, 3], ok(vec![("encoding", text("lz4"))]))).contains("unknown encoding"));
-    let e = err("align.zt", dense_manifest("1.0", "float32", &[2, 3], at(60, 24)));
-    assert!(e.contains("component `data`") && e.contains("multiple of 64"), "{e}");
-    assert!(err("past.zt", dense_manifest("1.0", "float32", &[2, 3], at(128, 24))).contains("run past"));
-    assert!(err("zstd.zt", dense_manifest("1.0", "float32", &[2, 3], ok(vec![("encoding", text("zstd"))]))).contains("zstd"));
+    assert!(err(
+        "sha.zt",
+        dense_manifest("1.0", "float32", &[2, 3], ok(vec![("digest", text(&sha))]))
+    )
+    .contains("digest mismatch"));
+    assert!(err(
+        "enc.zt",
+        dense_manifest(
+            "1.0",
+            "float32",
+            &[2, 3],
+            ok(vec![("encoding", text("lz4"))])
+        )
+    )
+    .contains("unknown encoding"));
+    let e = err(
+        "align.zt",
+        dense_manifest("1.0", "float32", &[2, 3], at(60, 24)),
+    );
+    assert!(
+        e.contains("component `data`") && e.contains("multiple of 64"),
+        "{e}"
+    );
+    assert!(err(
+        "past.zt",
+        dense_manifest("1.0", "float32", &[2, 3], at(128, 24))
+    )
+    .contains("run past"));
+    assert!(err(
+        "zstd.zt",
+        dense_manifest(
+            "1.0",
+            "float32",
+            &[2, 3],
+            ok(vec![("encoding", text("zstd"))])
+        )
+    )
+    .contains("zstd"));
     let no_tensors = map(vec![("version", text("1.0"))]);
     assert!(err("notensors.zt", no_tensors).contains("no `tensors`"));
     let shape_neg = map(vec![
         ("version", text("1.0")),
-        ("tensors", map(vec![("t", map(vec![("dtype", text("uint8")), ("shape", Value::Array(vec![Value::Integer((-1).into())]))]))])),
+        (
+            "tensors",
+            map(vec![(
+                "t",
+                map(vec![
+                    ("dtype", text("uint8")),
+                    ("shape", Value::Array(vec![Value::Integer((-1).into())])),
+                ]),
+            )]),
+        ),
     ]);
     assert!(err("neg.zt", shape_neg).contains("unsigned"));
 }
@@ -246,13 +420,22 @@ fn rejects_broken_containers() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("w.zt");
     let mut w = Writer::create(&p, WriteOptions::default()).unwrap();
-    w.add_dense("weight", ZDtype::Float32, &[2, 3], &f32s(&[1., 2., 3., 4., 5., 6.])).unwrap();
+    w.add_dense(
+        "weight",
+        ZDtype::Float32,
+        &[2, 3],
+        &f32s(&[1., 2., 3., 4., 5., 6.]),
+    )
+    .unwrap();
     w.finish().unwrap();
     let good = std::fs::read(&p).unwrap();
     let check = |name: &str, bytes: &[u8], want: &str| {
         let q = dir.path().join(name);
         std::fs::write(&q, bytes).unwrap();
-        let e = ZtFile::open(&q).and_then(|f| f.read_dense("weight").map(|_| ())).unwrap_err().to_string();
+        let e = ZtFile::open(&q)
+            .and_then(|f| f.read_dense("weight").map(|_| ()))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(name) && e.contains(want), "{name}: {e}");
     };
     let mut b = good.clone();
@@ -285,7 +468,10 @@ fn overlapping_components_are_refused() {
             ("components", map(vec![("data", map(at(64, 4)))])),
         ])
     };
-    let m = map(vec![("version", text("1.0")), ("tensors", map(vec![("a", tensor()), ("b", tensor())]))]);
+    let m = map(vec![
+        ("version", text("1.0")),
+        ("tensors", map(vec![("a", tensor()), ("b", tensor())])),
+    ]);
     let p = craft(dir.path(), "overlap.zt", &[1, 2, 3, 4], &m);
     let e = ZtFile::open(&p).unwrap_err().to_string();
     assert!(e.contains("overlap") && e.contains("overlap.zt"), "{e}");
@@ -301,18 +487,30 @@ fn sparse_indices_are_checked_when_decoded() {
     // Point the single coordinate past the end, keeping the digest honest.
     let mut bytes = std::fs::read(&p).unwrap();
     let f = ZtFile::open(&p).unwrap();
-    let Layout::Coo { coords, .. } = &f.tensor("coo").unwrap().layout else { panic!() };
+    let Layout::Coo { coords, .. } = &f.tensor("coo").unwrap().layout else {
+        panic!()
+    };
     let at = coords.offset as usize;
     bytes[at] = 9;
     let m = manifest_of(&bytes).to_vec();
     let old = Digest::Crc32c(crc32c::crc32c(&[3, 0, 0, 0, 0, 0, 0, 0])).text();
     let new = Digest::Crc32c(crc32c::crc32c(&bytes[at..at + 8])).text();
-    let pos = m.windows(old.len()).position(|w| w == old.as_bytes()).unwrap();
+    let pos = m
+        .windows(old.len())
+        .position(|w| w == old.as_bytes())
+        .unwrap();
     let start = bytes.len() - 8 - m.len() + pos;
     bytes[start..start + new.len()].copy_from_slice(new.as_bytes());
     std::fs::write(&p, &bytes).unwrap();
-    let e = ZtFile::open(&p).unwrap().read_dense("coo").unwrap_err().to_string();
-    assert!(e.contains("component `coords`") && e.contains("outside dimension 0"), "{e}");
+    let e = ZtFile::open(&p)
+        .unwrap()
+        .read_dense("coo")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("component `coords`") && e.contains("outside dimension 0"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -323,15 +521,32 @@ fn cut_zstd_frames_are_refused() {
     let cut = &z[..z.len() - 4];
     let mut comp = at(64, cut.len() as u64);
     comp.push(("encoding", text("zstd")));
-    let p = craft(dir.path(), "cut.zt", cut, &dense_manifest("1.0", "float32", &[256], comp));
-    let e = ZtFile::open(&p).unwrap().read_dense("t").unwrap_err().to_string();
-    assert!(e.contains("cut.zt") && e.contains("component `data`"), "{e}");
+    let p = craft(
+        dir.path(),
+        "cut.zt",
+        cut,
+        &dense_manifest("1.0", "float32", &[256], comp),
+    );
+    let e = ZtFile::open(&p)
+        .unwrap()
+        .read_dense("t")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cut.zt") && e.contains("component `data`"),
+        "{e}"
+    );
     // Two frames back to back are one stream of data.
     let mut two = zstd::encode_all(&data[..512], 3).unwrap();
     two.extend(zstd::encode_all(&data[512..], 19).unwrap());
     let mut comp = at(64, two.len() as u64);
     comp.push(("encoding", text("zstd")));
-    let p = craft(dir.path(), "two.zt", &two, &dense_manifest("1.0", "float32", &[256], comp));
+    let p = craft(
+        dir.path(),
+        "two.zt",
+        &two,
+        &dense_manifest("1.0", "float32", &[256], comp),
+    );
     assert_eq!(ZtFile::open(&p).unwrap().read_dense("t").unwrap(), data);
 }
 
@@ -352,14 +567,31 @@ fn csr_row_pointers_that_fall_back_are_refused() {
                 "t",
                 map(vec![
                     ("dtype", text("uint8")),
-                    ("shape", Value::Array(vec![Value::Integer(2.into()), Value::Integer(4.into())])),
+                    (
+                        "shape",
+                        Value::Array(vec![Value::Integer(2.into()), Value::Integer(4.into())]),
+                    ),
                     ("format", text("sparse_csr")),
-                    ("components", map(vec![("values", map(at(64, 3))), ("indices", map(at(128, 24))), ("indptr", map(at(192, 24)))])),
+                    (
+                        "components",
+                        map(vec![
+                            ("values", map(at(64, 3))),
+                            ("indices", map(at(128, 24))),
+                            ("indptr", map(at(192, 24))),
+                        ]),
+                    ),
                 ]),
             )]),
         ),
     ]);
     let p = craft(dir.path(), "csr.zt", &blob, &m);
-    let e = ZtFile::open(&p).unwrap().read_dense("t").unwrap_err().to_string();
-    assert!(e.contains("component `indptr`") && e.contains("decreases at row 1"), "{e}");
+    let e = ZtFile::open(&p)
+        .unwrap()
+        .read_dense("t")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("component `indptr`") && e.contains("decreases at row 1"),
+        "{e}"
+    );
 }

@@ -60,7 +60,11 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { compress: false, checksum: Checksum::Crc32c, attributes: BTreeMap::new() }
+        WriteOptions {
+            compress: false,
+            checksum: Checksum::Crc32c,
+            attributes: BTreeMap::new(),
+        }
     }
 }
 
@@ -93,14 +97,25 @@ pub struct Writer {
 impl Writer {
     /// Starts a file that will appear at `path` when [`Writer::finish`] succeeds.
     pub fn create(path: &Path, opts: WriteOptions) -> Result<Writer, Error> {
-        let tmp = crate::platform::temp_file_beside(path, ".zimage-zt-").map_err(Error::io(path))?;
+        let tmp =
+            crate::platform::temp_file_beside(path, ".zimage-zt-").map_err(Error::io(path))?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(MAGIC).map_err(Error::io(path))?;
-        Ok(Writer { path: path.to_path_buf(), out, pos: MAGIC.len() as u64, opts, tensors: BTreeMap::new() })
+        Ok(Writer {
+            path: path.to_path_buf(),
+            out,
+            pos: MAGIC.len() as u64,
+            opts,
+            tensors: BTreeMap::new(),
+        })
     }
 
     fn bad(&self, tensor: &str, reason: String) -> Error {
-        Error::Tensor { path: self.path.clone(), tensor: tensor.to_string(), reason }
+        Error::Tensor {
+            path: self.path.clone(),
+            tensor: tensor.to_string(),
+            reason,
+        }
     }
 
     fn check_new(&self, name: &str, shape: &[u64], dtype: ZDtype) -> Result<u64, Error> {
@@ -114,13 +129,25 @@ impl Writer {
 
     /// Adds a dense tensor from its little-endian bytes. A tensor refused here leaves the file
     /// consistent; after an I/O error the writer should be dropped (nothing reaches `path`).
-    pub fn add_dense(&mut self, name: &str, dtype: ZDtype, shape: &[u64], data: &[u8]) -> Result<(), Error> {
+    pub fn add_dense(
+        &mut self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        data: &[u8],
+    ) -> Result<(), Error> {
         self.add_dense_from(name, dtype, shape, &mut &data[..])
     }
 
     /// Adds a dense tensor whose little-endian bytes `reader` yields: exactly the shape's size
     /// is read, in chunks, so a tensor never has to be in memory whole.
-    pub fn add_dense_from(&mut self, name: &str, dtype: ZDtype, shape: &[u64], reader: &mut dyn Read) -> Result<(), Error> {
+    pub fn add_dense_from(
+        &mut self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        reader: &mut dyn Read,
+    ) -> Result<(), Error> {
         let len = self.check_new(name, shape, dtype)?;
         let data = self.write_component(name, &mut reader.take(len), len)?;
         self.insert(name, dtype, shape, "dense", vec![("data", data)]);
@@ -129,41 +156,78 @@ impl Writer {
 
     /// Adds a 2-D CSR tensor: `values` little-endian, `indices` the column of each value,
     /// `indptr` where each row's values start (rows + 1 entries).
-    pub fn add_csr(&mut self, name: &str, dtype: ZDtype, shape: &[u64], values: &[u8], indices: &[u64], indptr: &[u64]) -> Result<(), Error> {
+    pub fn add_csr(
+        &mut self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        values: &[u8],
+        indices: &[u64],
+        indptr: &[u64],
+    ) -> Result<(), Error> {
         self.check_new(name, shape, dtype)?;
         let [rows, cols] = shape[..] else {
             return Err(self.bad(name, format!("sparse_csr needs a 2-D shape, got {shape:?}")));
         };
         let nnz = self.check_values(name, dtype, shape, values)?;
         if indices.len() as u64 != nnz || indptr.len() as u64 != rows.saturating_add(1) {
-            let want = format!("needs {nnz} indices and {} indptr entries", rows.saturating_add(1));
-            return Err(self.bad(name, format!("{want}, got {} and {}", indices.len(), indptr.len())));
+            let want = format!(
+                "needs {nnz} indices and {} indptr entries",
+                rows.saturating_add(1)
+            );
+            return Err(self.bad(
+                name,
+                format!("{want}, got {} and {}", indices.len(), indptr.len()),
+            ));
         }
-        if indptr[0] != 0 || indptr[rows as usize] != nnz || indptr.windows(2).any(|w| w[1] < w[0]) {
+        if indptr[0] != 0 || indptr[rows as usize] != nnz || indptr.windows(2).any(|w| w[1] < w[0])
+        {
             return Err(self.bad(name, format!("indptr must rise from 0 to {nnz}")));
         }
         let mut seen = Seen::new(rows * cols);
         for r in 0..rows as usize {
             for &col in &indices[indptr[r] as usize..indptr[r + 1] as usize] {
                 if col >= cols || !seen.insert(r as u64 * cols + col) {
-                    return Err(self.bad(name, format!("row {r}: column {col} is out of range or repeated")));
+                    return Err(self.bad(
+                        name,
+                        format!("row {r}: column {col} is out of range or repeated"),
+                    ));
                 }
             }
         }
         let v = self.write_component(name, &mut &values[..], values.len() as u64)?;
         let i = self.write_component(name, &mut &le_bytes(indices)[..], nnz * 8)?;
         let p = self.write_component(name, &mut &le_bytes(indptr)[..], indptr.len() as u64 * 8)?;
-        self.insert(name, dtype, shape, "sparse_csr", vec![("values", v), ("indices", i), ("indptr", p)]);
+        self.insert(
+            name,
+            dtype,
+            shape,
+            "sparse_csr",
+            vec![("values", v), ("indices", i), ("indptr", p)],
+        );
         Ok(())
     }
 
     /// Adds a COO tensor: `coords` holds all dim-0 indices, then all dim-1 indices, …
-    pub fn add_coo(&mut self, name: &str, dtype: ZDtype, shape: &[u64], values: &[u8], coords: &[u64]) -> Result<(), Error> {
+    pub fn add_coo(
+        &mut self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        values: &[u8],
+        coords: &[u64],
+    ) -> Result<(), Error> {
         self.check_new(name, shape, dtype)?;
         let nnz = self.check_values(name, dtype, shape, values)?;
         if coords.len() as u64 != nnz * shape.len() as u64 {
             let (dims, got) = (shape.len(), coords.len());
-            return Err(self.bad(name, format!("needs {} coords ({nnz} values × {dims} dims), got {got}", nnz * dims as u64)));
+            return Err(self.bad(
+                name,
+                format!(
+                    "needs {} coords ({nnz} values × {dims} dims), got {got}",
+                    nnz * dims as u64
+                ),
+            ));
         }
         let mut seen = Seen::new(numel(shape).unwrap_or(0));
         for k in 0..nnz as usize {
@@ -171,7 +235,10 @@ impl Writer {
             for (d, &dim) in shape.iter().enumerate() {
                 let i = coords[d * nnz as usize + k];
                 if i >= dim {
-                    return Err(self.bad(name, format!("value {k}: index {i} is outside dimension {d} of size {dim}")));
+                    return Err(self.bad(
+                        name,
+                        format!("value {k}: index {i} is outside dimension {d} of size {dim}"),
+                    ));
                 }
                 at = at * dim + i;
             }
@@ -181,31 +248,75 @@ impl Writer {
         }
         let v = self.write_component(name, &mut &values[..], values.len() as u64)?;
         let c = self.write_component(name, &mut &le_bytes(coords)[..], coords.len() as u64 * 8)?;
-        self.insert(name, dtype, shape, "sparse_coo", vec![("values", v), ("coords", c)]);
+        self.insert(
+            name,
+            dtype,
+            shape,
+            "sparse_coo",
+            vec![("values", v), ("coords", c)],
+        );
         Ok(())
     }
 
-    fn check_values(&self, name: &str, dtype: ZDtype, shape: &[u64], values: &[u8]) -> Result<u64, Error> {
+    fn check_values(
+        &self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        values: &[u8],
+    ) -> Result<u64, Error> {
         let n = values.len() as u64;
         if n % dtype.size() != 0 || n / dtype.size() > numel(shape).unwrap_or(0) {
-            return Err(self.bad(name, format!("{n} value bytes are not a whole number of at most numel {} values", dtype.name())));
+            return Err(self.bad(
+                name,
+                format!(
+                    "{n} value bytes are not a whole number of at most numel {} values",
+                    dtype.name()
+                ),
+            ));
         }
         Ok(n / dtype.size())
     }
 
-    fn insert(&mut self, name: &str, dtype: ZDtype, shape: &[u64], format: &'static str, comps: Vec<(&'static str, StoredComponent)>) {
+    fn insert(
+        &mut self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        format: &'static str,
+        comps: Vec<(&'static str, StoredComponent)>,
+    ) {
         let components = comps.into_iter().collect();
-        self.tensors.insert(name.to_string(), StoredTensor { dtype, shape: shape.to_vec(), format, components });
+        self.tensors.insert(
+            name.to_string(),
+            StoredTensor {
+                dtype,
+                shape: shape.to_vec(),
+                format,
+                components,
+            },
+        );
     }
 
     /// Pads to the next multiple of 64, then streams `len` bytes from `data`, compressing and
     /// hashing the stored bytes on the way.
-    fn write_component(&mut self, tensor: &str, data: &mut dyn Read, len: u64) -> Result<StoredComponent, Error> {
+    fn write_component(
+        &mut self,
+        tensor: &str,
+        data: &mut dyn Read,
+        len: u64,
+    ) -> Result<StoredComponent, Error> {
         let io = Error::io(&self.path);
         let pad = self.pos.next_multiple_of(ALIGNMENT) - self.pos;
-        self.out.write_all(&[0u8; ALIGNMENT as usize][..pad as usize]).map_err(&io)?;
+        self.out
+            .write_all(&[0u8; ALIGNMENT as usize][..pad as usize])
+            .map_err(&io)?;
         let offset = self.pos + pad;
-        let mut sink = Sink { out: &mut self.out, hasher: self.opts.checksum.hasher(), written: 0 };
+        let mut sink = Sink {
+            out: &mut self.out,
+            hasher: self.opts.checksum.hasher(),
+            written: 0,
+        };
         let copied = if self.opts.compress {
             let mut enc = zstd::stream::write::Encoder::new(&mut sink, ZSTD_LEVEL).map_err(&io)?;
             let n = std::io::copy(data, &mut enc).map_err(&io)?;
@@ -218,9 +329,17 @@ impl Writer {
         // Whatever happens next, later components must start past these bytes.
         self.pos = offset + length;
         if copied != len {
-            return Err(self.bad(tensor, format!("the source gave {copied} bytes, {len} expected (truncated input?)")));
+            return Err(self.bad(
+                tensor,
+                format!("the source gave {copied} bytes, {len} expected (truncated input?)"),
+            ));
         }
-        Ok(StoredComponent { offset, length, zstd: self.opts.compress, digest })
+        Ok(StoredComponent {
+            offset,
+            length,
+            zstd: self.opts.compress,
+            digest,
+        })
     }
 
     /// Writes the manifest and its size, syncs, and moves the file into place. Returns the
@@ -229,7 +348,9 @@ impl Writer {
         let io = Error::io(&self.path);
         let manifest = self.manifest();
         self.out.write_all(&manifest).map_err(&io)?;
-        self.out.write_all(&(manifest.len() as u64).to_le_bytes()).map_err(&io)?;
+        self.out
+            .write_all(&(manifest.len() as u64).to_le_bytes())
+            .map_err(&io)?;
         let tmp = self.out.into_inner().map_err(|e| io(e.into_error()))?;
         tmp.as_file().sync_all().map_err(&io)?;
         tmp.persist(&self.path).map_err(|e| io(e.error))?;
