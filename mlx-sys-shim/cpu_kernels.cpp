@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include "mlx/allocator.h"
@@ -135,28 +137,57 @@ mx::array exp(const mx::array& x) {
   return elementwise(x, exp_f32, "CpuExp", [](const mx::array& a) { return mx::exp(a); });
 }
 
-mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal) {
   auto stream = mx::default_stream(mx::default_device());
-  bool f32 = q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32;
-  if (!f32 || stream.device != mx::Device::cpu || q.ndim() != 4) {
-    return mx::fast::scaled_dot_product_attention(q, k, v, scale, "", std::nullopt);
+  auto dtype = q.dtype();
+  bool floats = mx::issubdtype(dtype, mx::floating) && dtype != mx::float64 && k.dtype() == dtype && v.dtype() == dtype;
+  if (!floats || stream.device != mx::Device::cpu || q.ndim() != 4 || q.shape(1) % k.shape(1) != 0 ||
+      (causal && q.shape(2) > k.shape(2))) {
+    return mx::fast::scaled_dot_product_attention(q, k, v, scale, causal ? "causal" : "", std::nullopt);
   }
-  // Heads in chunks, so that a chunk's scores stay under 256 MiB.
-  int heads = q.shape(1);
-  int64_t per_head = static_cast<int64_t>(q.shape(0)) * q.shape(2) * k.shape(2) * 4;
-  int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(heads, (int64_t{256} << 20) / per_head)));
+  bool narrow = dtype != mx::float32;
+  int batch = q.shape(0), heads = q.shape(1), kv_heads = k.shape(1), len = q.shape(2), keys = k.shape(2);
+  int group = heads / kv_heads, dim = q.shape(3);
+  // Query heads of one kv head side by side, [B, kvH, group, L, D], so that one product per kv
+  // head serves its whole group.
+  auto q5 = mx::reshape(q, {batch, kv_heads, group, len, dim});
+  auto k5 = mx::expand_dims(k, 2);
+  auto v5 = mx::expand_dims(v, 2);
+  if (narrow) {
+    q5 = mx::astype(q5, mx::float32), k5 = mx::astype(k5, mx::float32), v5 = mx::astype(v5, mx::float32);
+  }
+  std::optional<mx::array> bias;
+  if (causal) {
+    // Query i (aligned to the last keys, as MLX's causal mode does) sees keys j ≤ i + keys − len.
+    auto rows = mx::reshape(mx::arange(keys - len, keys, mx::int32), {len, 1});
+    auto cols = mx::reshape(mx::arange(0, keys, mx::int32), {1, keys});
+    bias = mx::where(mx::less_equal(cols, rows), mx::array(0.0f), mx::array(-std::numeric_limits<float>::infinity()));
+  }
+  // kv heads in chunks, so that a chunk's scores stay under 256 MiB.
+  int64_t per_kv_head = int64_t{batch} * group * len * keys * 4;
+  int chunk = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kv_heads, (int64_t{256} << 20) / per_kv_head)));
   std::vector<mx::array> outs;
-  for (int h0 = 0; h0 < heads; h0 += chunk) {
-    int h1 = std::min(heads, h0 + chunk);
+  for (int h0 = 0; h0 < kv_heads; h0 += chunk) {
+    int h1 = std::min(kv_heads, h0 + chunk);
     auto pick = [&](const mx::array& a) {
-      return mx::slice(a, {0, h0, 0, 0}, {a.shape(0), h1, a.shape(2), a.shape(3)});
+      return mx::slice(a, {0, h0, 0, 0, 0}, {a.shape(0), h1, a.shape(2), a.shape(3), a.shape(4)});
     };
-    auto scores = mx::matmul(mx::multiply(pick(q), mx::array(scale)), mx::swapaxes(pick(k), -1, -2));
+    // f32 scales the query ([.., L, D]) rather than the scores ([.., L, S]): one pass less. A
+    // narrower dtype scales the f32 scores, as torch's CPU kernel does.
+    auto scores = narrow ? mx::multiply(mx::matmul(pick(q5), mx::swapaxes(pick(k5), -1, -2)), mx::array(scale))
+                         : mx::matmul(mx::multiply(pick(q5), mx::array(scale)), mx::swapaxes(pick(k5), -1, -2));
+    if (bias) scores = mx::add(scores, *bias);
     auto e = mlxs::exp(mx::subtract(scores, mx::max(scores, -1, true)));
-    // Normalising the [.., S, d] output costs less than normalising the [.., S, S] weights.
-    outs.push_back(mx::divide(mx::matmul(e, pick(v)), mx::sum(e, -1, true)));
+    auto sum = mx::sum(e, -1, true);
+    // torch's CPU kernel rounds the unnormalised weights to the input dtype before the product
+    // with v, which it accumulates in f32; the normalised output is rounded once.
+    auto weights = narrow ? mx::astype(mx::astype(e, dtype), mx::float32) : e;
+    // Normalising the [.., L, D] output costs less than normalising the [.., L, S] weights.
+    outs.push_back(mx::divide(mx::matmul(weights, pick(v5)), sum));
   }
-  return outs.size() == 1 ? outs[0] : mx::concatenate(outs, 1);
+  auto o = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 1);
+  o = mx::reshape(o, {batch, heads, len, dim});
+  return narrow ? mx::astype(o, dtype) : o;
 }
 
 }  // namespace mlxs

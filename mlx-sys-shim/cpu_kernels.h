@@ -13,10 +13,11 @@ mlx::core::array silu(const mlx::core::array& x);
 // e^x, the same way, for x in [-87, 88] (infinity above, zero below).
 mlx::core::array exp(const mlx::core::array& x);
 
-// Unmasked attention over [B, H, S, D] inputs; in float32 on the CPU, composed from BLAS
-// products and the exp kernel (MLX's CPU path spends most of its time in a scalar exp),
-// otherwise MLX's fused kernel.
+// Attention over [B, H, S, D] inputs, unmasked or causal, with grouped kv heads. On the CPU it is
+// composed from BLAS products in f32 and the exp kernel (MLX's CPU path spends most of its time
+// in a scalar exp), and a narrower dtype rounds where torch's CPU kernel does; elsewhere it is
+// MLX's fused kernel.
 mlx::core::array attention(const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v,
-                           float scale);
+                           float scale, bool causal);
 
 }  // namespace mlxs

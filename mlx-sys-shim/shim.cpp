@@ -422,8 +422,8 @@ int mlxs_fast_scaled_dot_product_attention(mlxs_array** out, const mlxs_array* q
                                            const mlxs_array* mask) {
   return guard([&] {
     std::string mode = mask_mode ? mask_mode : "";
-    if (mode.empty() && mask == nullptr) {
-      put(out, mlxs::attention(q->a, k->a, v->a, scale));
+    if ((mode.empty() || mode == "causal") && mask == nullptr) {
+      put(out, mlxs::attention(q->a, k->a, v->a, scale, mode == "causal"));
     } else {
       put(out, mx::fast::scaled_dot_product_attention(q->a, k->a, v->a, scale, mode, opt(mask)));
     }

@@ -562,3 +562,72 @@ fn attention_in_head_chunks_matches_the_definition() {
         .unwrap();
     assert!(diff < 1e-5, "off by {diff}");
 }
+
+#[test]
+fn grouped_causal_attention_matches_the_definition() {
+    // 4 query heads over 2 kv heads; 5 queries against 7 keys, aligned to the last keys.
+    let (h, kvh, l, s, d) = (4, 2, 5, 7, 8);
+    let q = random::normal(&[1, h, l, d], Dtype::F32, &random::key(21).unwrap()).unwrap();
+    let k = random::normal(&[1, kvh, s, d], Dtype::F32, &random::key(22).unwrap()).unwrap();
+    let v = random::normal(&[1, kvh, s, d], Dtype::F32, &random::key(23).unwrap()).unwrap();
+    let scale = 1.0 / (d as f32).sqrt();
+    // The definition: query head j reads kv head j / 2; query i sees keys up to i + s − l.
+    let per_head = |t: &Array| -> Array {
+        let heads: Vec<Array> = (0..h)
+            .map(|j| t.slice_axis(1, j / (h / kvh), j / (h / kvh) + 1).unwrap())
+            .collect();
+        ops::concatenate(&heads.iter().collect::<Vec<_>>(), 1).unwrap()
+    };
+    let bias: Vec<f32> = (0..l)
+        .flat_map(|i| {
+            (0..s).map(move |j| {
+                if j <= i + s - l {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    let definition = |q: &Array, k: &Array, v: &Array| -> Array {
+        let scores = (q
+            .matmul(&per_head(k).transpose(&[0, 1, 3, 2]).unwrap())
+            .unwrap()
+            * scale)
+            .unwrap();
+        let scores = (scores + Array::from_slice(&bias, &[l, s]).unwrap()).unwrap();
+        scores
+            .softmax(&[3], true)
+            .unwrap()
+            .matmul(&per_head(v))
+            .unwrap()
+    };
+    let max_diff = |a: &Array, b: &Array| {
+        let a = a.astype(Dtype::F32).unwrap();
+        (&a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(&[0, 1, 2, 3], false)
+            .unwrap()
+            .item::<f32>()
+            .unwrap()
+    };
+
+    let got = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::Causal).unwrap();
+    assert_eq!(got.shape(), vec![1, h, l, d]);
+    let diff = max_diff(&got, &definition(&q, &k, &v));
+    assert!(diff < 1e-5, "f32: off by {diff}");
+
+    // bf16 inputs: within the bf16 rounding of the weights and the output of the f32 definition.
+    let (qb, kb, vb) = (
+        q.astype(Dtype::BF16).unwrap(),
+        k.astype(Dtype::BF16).unwrap(),
+        v.astype(Dtype::BF16).unwrap(),
+    );
+    let got = fast::scaled_dot_product_attention(&qb, &kb, &vb, scale, fast::Mask::Causal).unwrap();
+    assert_eq!(got.dtype(), Dtype::BF16);
+    let up = |t: &Array| t.astype(Dtype::F32).unwrap();
+    let diff = max_diff(&got, &definition(&up(&qb), &up(&kb), &up(&vb)));
+    assert!(diff < 2e-2, "bf16: off by {diff}");
+}

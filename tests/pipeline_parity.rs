@@ -177,15 +177,23 @@ fn cfg_with_negative_prompt_matches_diffusers() {
     check_case("cfg");
 }
 
-#[test]
-fn bf16_stays_within_the_reference_bf16_drift() {
-    let f32_ref = Reference::load("square");
-    let bf16_ref = Reference::load("square-bf16");
+/// Drift statistics of `a` from `b`: max, RMS and the 99.9th percentile of |a − b|.
+fn drift(a: &[f32], b: &[f32]) -> [f64; 3] {
+    let mut d: Vec<f64> = a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64).collect();
+    d.sort_by(f64::total_cmp);
+    let rms = (d.iter().map(|x| x * x).sum::<f64>() / d.len() as f64).sqrt();
+    [d[d.len() - 1], rms, d[(d.len() - 1) * 999 / 1000]]
+}
+
+/// A bf16 run from the seed against the f32 reference, next to diffusers' own bf16 run.
+fn check_bf16(case: &str) {
+    let f32_ref = Reference::load(case);
+    let bf16_ref = Reference::load(&format!("{case}-bf16"));
     let req = f32_ref.request();
     let last = format!("step{}.latents", req.steps - 1);
-    let ref_drift = max_abs(&f32_ref.f32(&last), &bf16_ref.f32(&last));
     let dir = DiffusersDir::open(&root().join("z-image-tiny")).unwrap();
     let mut p = Pipeline::new(dir, Dtype::BF16, false).unwrap();
+
     // Stage by stage against diffusers' bf16 run, each from the reference's own inputs.
     let emb = p
         .load_text_encoder()
@@ -193,13 +201,9 @@ fn bf16_stays_within_the_reference_bf16_drift() {
         .encode(&p.token_ids(&req.prompt).unwrap())
         .unwrap();
     let emb_v = emb.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
-    let emb_d = max_abs(&emb_v, &bf16_ref.f32("prompt_embeds"));
-    let exact = emb_v
-        .iter()
-        .zip(bf16_ref.f32("prompt_embeds"))
-        .filter(|(a, b)| **a == *b)
-        .count() as f64
-        / emb_v.len() as f64;
+    let ref_emb_v = bf16_ref.f32("prompt_embeds");
+    let exact =
+        emb_v.iter().zip(&ref_emb_v).filter(|(a, b)| a == b).count() as f64 / emb_v.len() as f64;
     let t = p.load_transformer().unwrap();
     let x = bf16_ref
         .get("step0.model_input")
@@ -212,41 +216,60 @@ fn bf16_stays_within_the_reference_bf16_drift() {
     let out0 = t
         .forward(&x, tm, &ref_emb)
         .unwrap()
-        .astype(Dtype::F32)
-        .unwrap()
         .to_vec::<f32>()
         .unwrap();
-    let out0_d = max_abs(&out0, &bf16_ref.f32("step0.model_output"));
-    let out0_f32 = max_abs(
-        &bf16_ref.f32("step0.model_output"),
-        &f32_ref.f32("step0.model_output"),
+    let ref_out0 = bf16_ref.f32("step0.model_output");
+    let out0_d = max_abs(&out0, &ref_out0[..out0.len()]);
+    let out0_f32 = max_abs(&ref_out0, &f32_ref.f32("step0.model_output"));
+    println!(
+        "{case} bf16 stages: prompt embeddings {:.3e} ({:.1}% bit-identical); step-0 transformer output {out0_d:.3e} \
+         (diffusers bf16 vs f32 there: {out0_f32:.3e})",
+        max_abs(&emb_v, &ref_emb_v),
+        exact * 100.0
     );
-    println!("bf16 stages: prompt embeddings {emb_d:.3e} ({:.1}% bit-identical); step-0 transformer output {out0_d:.3e} (diffusers bf16 vs f32 there: {out0_f32:.3e})", exact * 100.0);
     drop(t);
+
+    // The whole run from the seed.
     let out = p.generate(&req, &mut |_| {}).unwrap();
-    let ours = max_abs(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last));
-    let from_bf16_ref = max_abs(&out.latents.to_vec::<f32>().unwrap(), &bf16_ref.f32(&last));
-    let rms = |a: &[f32], b: &[f32]| {
-        (a.iter()
-            .zip(b)
-            .map(|(x, y)| ((x - y) as f64).powi(2))
-            .sum::<f64>()
-            / a.len() as f64)
-            .sqrt()
-    };
-    let (ours_rms, ref_rms) = (
-        rms(&out.latents.to_vec::<f32>().unwrap(), &f32_ref.f32(&last)),
-        rms(&bf16_ref.f32(&last), &f32_ref.f32(&last)),
+    let latents = out.latents.to_vec::<f32>().unwrap();
+    let f32_last = f32_ref.f32(&last);
+    let ours = drift(&latents, &f32_last);
+    // Two faithful bf16 executions of diffusers (torch's flash and math SDPA kernels) set the
+    // yardstick: bf16 rounding noise grows chaotically over the steps, so its maximum varies
+    // between runs that differ only in summation order.
+    let flash = drift(&bf16_ref.f32(&last), &f32_last);
+    let math = drift(&bf16_ref.f32("math_sdpa.latents"), &f32_last);
+    let fmt = |d: [f64; 3]| format!("{:.3e} / {:.3e} / {:.3e}", d[0], d[1], d[2]);
+    println!(
+        "{case} bf16 drift of the final latents from f32 (max / RMS / 99.9th percentile): ours {}, \
+         diffusers' {} (flash SDPA) and {} (math SDPA)",
+        fmt(ours),
+        fmt(flash),
+        fmt(math)
     );
-    println!("bf16 RMS drift from f32: ours {ours_rms:.3e}, diffusers' {ref_rms:.3e}");
-    assert!(
-        ours_rms <= 1.1 * ref_rms,
-        "bf16 RMS drift {ours_rms} vs reference {ref_rms}"
-    );
-    println!("bf16: our drift from f32 {ours:.3e}, diffusers' bf16 drift {ref_drift:.3e}, ours from diffusers' bf16 {from_bf16_ref:.3e}");
-    assert!(
-        ours <= 2.0 * ref_drift.max(1e-3),
-        "bf16 drift {ours} vs reference drift {ref_drift}"
-    );
-    let _ = mlx::memory::active_memory();
+    let names = ["max", "RMS", "99.9th-percentile"];
+    for (i, slack) in [1.25, 1.1, 1.25].into_iter().enumerate() {
+        let yardstick = flash[i].max(math[i]);
+        assert!(
+            ours[i] <= slack * yardstick,
+            "{case}: bf16 {} drift {:.3e} beyond {slack}× diffusers' own {yardstick:.3e}",
+            names[i],
+            ours[i]
+        );
+    }
+}
+
+#[test]
+fn bf16_square_stays_within_the_reference_bf16_drift() {
+    check_bf16("square");
+}
+
+#[test]
+fn bf16_padded_stays_within_the_reference_bf16_drift() {
+    check_bf16("padded");
+}
+
+#[test]
+fn bf16_cfg_stays_within_the_reference_bf16_drift() {
+    check_bf16("cfg");
 }
