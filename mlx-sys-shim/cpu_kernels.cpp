@@ -1,10 +1,13 @@
 #include "cpu_kernels.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -74,6 +77,115 @@ MLXS_VECTOR_CLONES void exp_f32(const float* __restrict x, float* __restrict y, 
     y[i] = e;
   }
 }
+
+// GroupNorm's three passes over one image's [rows, c] pixels: per-channel sums, per-channel
+// sums of squared deviations from the group means, then y = x·scale + shift per channel, with
+// SiLU when asked. Rows are summed in f32 in blocks and the blocks in f64, so that a channel of
+// a million pixels keeps its precision.
+constexpr size_t kSumBlock = 256;
+
+MLXS_VECTOR_CLONES void channel_sums(const float* __restrict x, size_t rows, size_t c, const float* __restrict centre,
+                                     float* __restrict block, double* __restrict out) {
+  for (size_t j = 0; j < c; ++j) out[j] = 0.0;
+  for (size_t r0 = 0; r0 < rows; r0 += kSumBlock) {
+    size_t r1 = r0 + kSumBlock < rows ? r0 + kSumBlock : rows;
+    for (size_t j = 0; j < c; ++j) block[j] = 0.0f;
+    for (size_t r = r0; r < r1; ++r) {
+      const float* row = x + r * c;
+      if (centre) {
+        for (size_t j = 0; j < c; ++j) {
+          float d = row[j] - centre[j];
+          block[j] += d * d;
+        }
+      } else {
+        for (size_t j = 0; j < c; ++j) block[j] += row[j];
+      }
+    }
+    for (size_t j = 0; j < c; ++j) out[j] += block[j];
+  }
+}
+
+MLXS_VECTOR_CLONES void scale_shift(const float* __restrict x, float* __restrict y, size_t rows, size_t c,
+                                    const float* __restrict scale, const float* __restrict shift, bool silu) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* in = x + r * c;
+    float* o = y + r * c;
+    if (silu) {
+      for (size_t j = 0; j < c; ++j) {
+        float v = in[j] * scale[j] + shift[j];
+        float cl = v < -87.0f ? -87.0f : v;
+        cl = cl > 87.0f ? 87.0f : cl;
+        o[j] = v / (1.0f + exp_bounded(-cl));
+      }
+    } else {
+      for (size_t j = 0; j < c; ++j) o[j] = in[j] * scale[j] + shift[j];
+    }
+  }
+}
+
+// GroupNorm (PyTorch's grouping: consecutive channels) over [B, H, W, C] float32, optionally
+// followed by SiLU, as one MLX primitive: three passes over memory where the composed ops take ten.
+class CpuGroupNorm : public mx::UnaryPrimitive {
+ public:
+  CpuGroupNorm(mx::Stream stream, int groups, float eps, bool silu)
+      : mx::UnaryPrimitive(stream), groups_(groups), eps_(eps), silu_(silu) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    const mx::array& weight = inputs[1];
+    const mx::array& bias = inputs[2];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    size_t batch = x.shape(0), c = x.shape(-1), rows = x.size() / (batch * c);
+    encoder.dispatch([x, weight, bias, src = x.data<float>(), dst = out.data<float>(), w = weight.data<float>(),
+                      b = bias.data<float>(), batch, rows, c, groups = static_cast<size_t>(groups_), eps = eps_,
+                      silu = silu_]() {
+      std::vector<double> sums(c);
+      std::vector<float> block(c), centre(c), scale(c), shift(c);
+      size_t per_group = c / groups;
+      double count = static_cast<double>(rows) * per_group;
+      for (size_t n = 0; n < batch; ++n) {
+        const float* xin = src + n * rows * c;
+        // Group means, broadcast back to every channel of the group.
+        channel_sums(xin, rows, c, nullptr, block.data(), sums.data());
+        for (size_t g = 0; g < groups; ++g) {
+          double s = 0.0;
+          for (size_t j = g * per_group; j < (g + 1) * per_group; ++j) s += sums[j];
+          for (size_t j = g * per_group; j < (g + 1) * per_group; ++j) centre[j] = static_cast<float>(s / count);
+        }
+        channel_sums(xin, rows, c, centre.data(), block.data(), sums.data());
+        for (size_t g = 0; g < groups; ++g) {
+          double s = 0.0;
+          for (size_t j = g * per_group; j < (g + 1) * per_group; ++j) s += sums[j];
+          float inv_std = static_cast<float>(1.0 / std::sqrt(s / count + eps));
+          for (size_t j = g * per_group; j < (g + 1) * per_group; ++j) {
+            scale[j] = w[j] * inv_std;
+            shift[j] = b[j] - centre[j] * scale[j];
+          }
+        }
+        scale_shift(xin, dst + n * rows * c, rows, c, scale.data(), shift.data(), silu);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuGroupNorm] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return "CpuGroupNorm"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto o = dynamic_cast<const CpuGroupNorm*>(&other);
+    return o != nullptr && o->groups_ == groups_ && o->eps_ == eps_ && o->silu_ == silu_;
+  }
+
+ private:
+  int groups_;
+  float eps_;
+  bool silu_;
+};
 
 using Kernel = void (*)(const float*, float*, size_t);
 
@@ -188,6 +300,40 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   auto o = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 1);
   o = mx::reshape(o, {batch, heads, len, dim});
   return narrow ? mx::astype(o, dtype) : o;
+}
+
+mx::array group_norm(const mx::array& x, const mx::array& weight, const mx::array& bias, int groups, float eps,
+                     bool silu) {
+  if (x.ndim() < 2 || groups <= 0 || x.shape(-1) % groups != 0) {
+    throw std::invalid_argument("[group_norm] the last axis (channels) must be a positive multiple of the groups");
+  }
+  int batch = x.shape(0), c = x.shape(-1);
+  if (weight.size() != static_cast<size_t>(c) || bias.size() != static_cast<size_t>(c)) {
+    throw std::invalid_argument("[group_norm] weight and bias need one value per channel (" + std::to_string(c) + ")");
+  }
+  auto stream = mx::default_stream(mx::default_device());
+  if (x.dtype() == mx::float32 && weight.dtype() == mx::float32 && bias.dtype() == mx::float32 &&
+      stream.device == mx::Device::cpu) {
+    auto w = mx::contiguous(mx::reshape(weight, {c}));
+    auto b = mx::contiguous(mx::reshape(bias, {c}));
+    return mx::array(x.shape(), mx::float32, std::make_shared<CpuGroupNorm>(stream, groups, eps, silu),
+                     {mx::contiguous(x), w, b});
+  }
+  // Elsewhere the same statistics from MLX's ops, in f32: per-channel means over the pixels,
+  // averaged over each group's channels (exact, since a group's channels cover the same pixels).
+  int per_group = c / groups;
+  auto x32 = mx::reshape(mx::astype(x, mx::float32), {batch, -1, c});
+  auto group_mean = [&](const mx::array& per_channel) {
+    auto m = mx::mean(mx::reshape(per_channel, {batch, 1, groups, per_group}), 3, true);
+    return mx::reshape(mx::broadcast_to(m, {batch, 1, groups, per_group}), {batch, 1, c});
+  };
+  auto mean = group_mean(mx::mean(x32, 1, true));
+  auto var = group_mean(mx::mean(mx::square(mx::subtract(x32, mean)), 1, true));
+  auto scale = mx::multiply(mx::rsqrt(mx::add(var, mx::array(eps))), mx::astype(weight, mx::float32));
+  auto shift = mx::subtract(mx::astype(bias, mx::float32), mx::multiply(mean, scale));
+  auto y = mx::add(mx::multiply(x32, scale), shift);
+  y = mx::astype(mx::reshape(y, x.shape()), x.dtype());
+  return silu ? mlxs::silu(y) : y;
 }
 
 }  // namespace mlxs

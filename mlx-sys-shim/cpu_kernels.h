@@ -20,4 +20,10 @@ mlx::core::array exp(const mlx::core::array& x);
 mlx::core::array attention(const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v,
                            float scale, bool causal);
 
+// GroupNorm over [B, ..., C] with PyTorch's grouping (consecutive channels), statistics in f32,
+// then SiLU when `silu` is set. A fused three-pass kernel for float32 on the CPU; MLX's ops
+// otherwise, which round the result to the input's dtype before the SiLU.
+mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
+                            int groups, float eps, bool silu);
+
 }  // namespace mlxs

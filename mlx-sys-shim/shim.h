@@ -123,6 +123,9 @@ int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_arra
 
 /* Fast kernels; weight/bias/freqs/mask may be null */
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps);
+/* GroupNorm over [B, ..., C] (consecutive channels per group), then SiLU when silu != 0. */
+int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
+                         int groups, float eps, int silu);
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight,
                          const mlxs_array* bias, float eps);
 int mlxs_fast_rope(mlxs_array** out, const mlxs_array* x, int dims, int traditional, int has_base,

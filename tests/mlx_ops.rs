@@ -631,3 +631,62 @@ fn grouped_causal_attention_matches_the_definition() {
     let diff = max_diff(&got, &definition(&up(&qb), &up(&kb), &up(&vb)));
     assert!(diff < 2e-2, "bf16: off by {diff}");
 }
+
+#[test]
+fn group_norm_matches_its_definition() {
+    // 2 images of 9×7 pixels, 12 channels in 3 groups of 4 consecutive channels.
+    let (b, h, w, c, g) = (2, 9, 7, 12, 3);
+    let x = (random::normal(&[b, h, w, c], Dtype::F32, &random::key(31).unwrap()).unwrap() * 3.0)
+        .unwrap();
+    let x = (x + 5.0).unwrap(); // an offset, so that the variance is not the mean square
+    let weight = random::normal(&[c], Dtype::F32, &random::key(32).unwrap()).unwrap();
+    let bias = random::normal(&[c], Dtype::F32, &random::key(33).unwrap()).unwrap();
+    // The definition, in f64 on the host, from the values as the dtype holds them.
+    let (pixels, c, per) = ((h * w) as usize, c as usize, (c / g) as usize);
+    let definition = |x: &Array, weight: &Array, bias: &Array| -> Vec<f32> {
+        let host = |a: &Array| a.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+        let (xs, ws, bs) = (host(x), host(weight), host(bias));
+        let mut want = vec![0f32; xs.len()];
+        for n in 0..b as usize {
+            for grp in 0..g as usize {
+                let vals = || {
+                    (0..pixels).flat_map(move |p| {
+                        (0..per).map(move |k| (n * pixels + p) * c + grp * per + k)
+                    })
+                };
+                let count = (pixels * per) as f64;
+                let mean = vals().map(|i| xs[i] as f64).sum::<f64>() / count;
+                let var = vals().map(|i| (xs[i] as f64 - mean).powi(2)).sum::<f64>() / count;
+                for i in vals() {
+                    let ch = i % c;
+                    want[i] = (((xs[i] as f64 - mean) / (var + 1e-6).sqrt()) * ws[ch] as f64
+                        + bs[ch] as f64) as f32;
+                }
+            }
+        }
+        want
+    };
+    let silu = |v: f32| v / (1.0 + (-v).exp());
+    for (dtype, tol) in [(Dtype::F32, 2e-5), (Dtype::BF16, 4e-2)] {
+        let xd = x.astype(dtype).unwrap();
+        let (wd, bd) = (weight.astype(dtype).unwrap(), bias.astype(dtype).unwrap());
+        let want = definition(&xd, &wd, &bd);
+        for fused_silu in [false, true] {
+            let got = fast::group_norm(&xd, &wd, &bd, g, 1e-6, fused_silu).unwrap();
+            assert_eq!((got.shape(), got.dtype()), (x.shape(), dtype));
+            let got = got.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, e)| (a - if fused_silu { silu(*e) } else { *e }).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < tol, "{dtype:?}, silu {fused_silu}: off by {worst}");
+        }
+    }
+    // Channels that the groups do not divide are refused with MLX-style context.
+    let err = fast::group_norm(&x, &weight, &bias, 5, 1e-6, false).unwrap_err();
+    assert!(err.to_string().contains("groups"), "{err}");
+    let short = weight.slice_axis(0, 0, 6).unwrap();
+    let err = fast::group_norm(&x, &short, &bias, g, 1e-6, false).unwrap_err();
+    assert!(err.to_string().contains("one value per channel"), "{err}");
+}

@@ -13,6 +13,30 @@ pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     })
 }
 
+/// GroupNorm over `[B, ..., C]` with PyTorch's grouping (each group is `C / groups` consecutive
+/// channels), statistics in f32, then SiLU when `silu` is set. On the CPU in f32 one fused kernel.
+#[track_caller]
+pub fn group_norm(
+    x: &Array,
+    weight: &Array,
+    bias: &Array,
+    groups: i32,
+    eps: f32,
+    silu: bool,
+) -> Result<Array> {
+    call("group_norm", |out| unsafe {
+        ffi::mlxs_fast_group_norm(
+            out,
+            x.as_ptr(),
+            weight.as_ptr(),
+            bias.as_ptr(),
+            groups,
+            eps,
+            i32::from(silu),
+        )
+    })
+}
+
 /// Layer norm over the last axis; weight and bias are optional (no affine when absent).
 #[track_caller]
 pub fn layer_norm(

@@ -185,6 +185,15 @@ extern "C" {
     ) -> c_int;
 
     pub fn mlxs_fast_rms_norm(out: Out, x: Arr, weight: Arr, eps: f32) -> c_int;
+    pub fn mlxs_fast_group_norm(
+        out: Out,
+        x: Arr,
+        weight: Arr,
+        bias: Arr,
+        groups: c_int,
+        eps: f32,
+        silu: c_int,
+    ) -> c_int;
     pub fn mlxs_fast_layer_norm(out: Out, x: Arr, weight: Arr, bias: Arr, eps: f32) -> c_int;
     pub fn mlxs_fast_rope(
         out: Out,

@@ -192,31 +192,13 @@ impl GroupNorm {
     }
 
     /// `x`: [B, H, W, C].
-    ///
-    /// The statistics come from per-channel reductions over the pixels (contiguous, hence fast
-    /// on the CPU) followed by a mean over each group's channels, which is exact because every
-    /// channel of a group covers the same pixels. Normalisation and the affine fold into one
-    /// per-channel scale and shift: `x · s + t` with `s = weight / σ`, `t = bias − μ · s`.
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        let s = x.shape();
-        let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
-        let (g, per_group) = (self.groups, c / self.groups);
-        let x32 = x.astype(Dtype::F32)?.reshape(&[b, h * w, c])?;
-        // [B, 1, C] → the mean over each group's channels, broadcast back to every channel.
-        let group_mean = |per_channel: &Array| -> mlx::Result<Array> {
-            per_channel
-                .reshape(&[b, 1, g, per_group])?
-                .mean(&[3], true)?
-                .broadcast_to(&[b, 1, g, per_group])?
-                .reshape(&[b, 1, c])
-        };
-        let mean = group_mean(&x32.mean(&[1], true)?)?;
-        let var = group_mean(&(&x32 - &mean)?.square()?.mean(&[1], true)?)?;
-        let scale = ((var + self.eps)?.rsqrt()? * &self.weight)?;
-        let shift = (&self.bias - (&mean * &scale)?)?;
-        ((x32 * scale)? + shift)?
-            .reshape(&[b, h, w, c])?
-            .astype(x.dtype())
+        mlx::fast::group_norm(x, &self.weight, &self.bias, self.groups, self.eps, false)
+    }
+
+    /// `silu(forward(x))`, fused: the decoder follows most of its norms with SiLU.
+    fn forward_silu(&self, x: &Array) -> mlx::Result<Array> {
+        mlx::fast::group_norm(x, &self.weight, &self.bias, self.groups, self.eps, true)
     }
 }
 
@@ -244,8 +226,8 @@ impl ResnetBlock {
     }
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        let h = self.conv1.forward(&self.norm1.forward(x)?.silu()?)?;
-        let h = self.conv2.forward(&self.norm2.forward(&h)?.silu()?)?;
+        let h = self.conv1.forward(&self.norm1.forward_silu(x)?)?;
+        let h = self.conv2.forward(&self.norm2.forward_silu(&h)?)?;
         match &self.shortcut {
             Some(s) => s.forward(x)? + h,
             None => x + h,
@@ -405,7 +387,7 @@ impl VaeDecoder {
                 x = conv.forward(&x.repeat(2, 1)?.repeat(2, 2)?)?;
             }
         }
-        let x = self.conv_out.forward(&self.norm_out.forward(&x)?.silu()?)?;
+        let x = self.conv_out.forward(&self.norm_out.forward_silu(&x)?)?;
         x.squeeze(0)
     }
 }
