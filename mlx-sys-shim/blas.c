@@ -70,6 +70,12 @@ const char* mlxs_blas_description(void) {
   return text;
 }
 
+void* mlxs_sgemm_symbol(void) {
+  void* fn = NULL;
+  sgemm_owner(&fn);
+  return fn;
+}
+
 int mlxs_blas_sgemm(int m, int n, int k, const float* a, const float* b, float* c) {
   void* fn = NULL;
   sgemm_owner(&fn);

@@ -26,4 +26,11 @@ mlx::core::array attention(const mlx::core::array& q, const mlx::core::array& k,
 mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
                             int groups, float eps, bool silu);
 
+// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd k×k kernel, given as
+// the [k·k·I, O] matrix whose row (dy·k + dx)·I + i holds tap (dy, dx), input channel i; plus a
+// per-channel bias. On the CPU in float32, blocks of gathered patches times the weight in one
+// sgemm each; MLX's conv2d otherwise.
+mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
+                             int k);
+
 }  // namespace mlxs

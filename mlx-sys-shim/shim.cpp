@@ -409,6 +409,11 @@ int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array
   return guard([&] { put(out, mlxs::group_norm(x->a, weight->a, bias->a, groups, eps, silu != 0)); });
 }
 
+int mlxs_fast_conv2d_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
+                          int k) {
+  return guard([&] { put(out, mlxs::conv2d_same(x->a, weight->a, bias->a, k)); });
+}
+
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
                          float eps) {
   return guard([&] { put(out, mx::fast::layer_norm(x->a, opt(weight), opt(bias), eps)); });

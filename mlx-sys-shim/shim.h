@@ -126,6 +126,9 @@ int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* 
 /* GroupNorm over [B, ..., C] (consecutive channels per group), then SiLU when silu != 0. */
 int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
                          int groups, float eps, int silu);
+/* Stride-1 "same" convolution of NHWC x by an odd k×k kernel given as a [k·k·I, O] matrix, plus bias. */
+int mlxs_fast_conv2d_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
+                          int k);
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight,
                          const mlxs_array* bias, float eps);
 int mlxs_fast_rope(mlxs_array** out, const mlxs_array* x, int dims, int traditional, int has_base,
@@ -159,6 +162,8 @@ void mlxs_clear_cache(void);
  * that sgemm (row-major, no transposes) used as the benchmark's baseline. */
 const char* mlxs_blas_description(void);
 int mlxs_blas_sgemm(int m, int n, int k, const float* a, const float* b, float* c);
+/* The process-wide cblas_sgemm (the one MLX calls), or NULL: for the shim's own CPU kernels. */
+void* mlxs_sgemm_symbol(void);
 
 #ifdef __cplusplus
 }

@@ -517,13 +517,24 @@ fn silu_matches_its_definition_for_every_layout_and_dtype() {
 }
 
 #[test]
-fn convolution_as_matrix_products_matches_conv2d() {
-    use zimage::models::vae::{conv2d_as_matmuls, conv_taps};
-    for (b, h, w, cin, cout, k) in [(1, 5, 7, 3, 4, 3), (2, 6, 4, 5, 2, 3), (2, 3, 3, 4, 6, 1)] {
+fn gathered_convolution_matches_conv2d() {
+    use zimage::models::vae::conv_matrix;
+    // Borders, batches, odd shapes, 1×1 and 5×5 kernels, and an image with more patch rows than
+    // one 8 MiB gather block holds (256² pixels of 9·64 floats: 4 blocks, the last one short).
+    let cases = [
+        (1, 5, 7, 3, 4, 3),
+        (2, 6, 4, 5, 2, 3),
+        (2, 3, 3, 4, 6, 1),
+        (1, 4, 9, 2, 3, 5),
+        (1, 256, 250, 64, 8, 3),
+    ];
+    for (b, h, w, cin, cout, k) in cases {
         let x = random::normal(&[b, h, w, cin], Dtype::F32, &random::key(7).unwrap()).unwrap();
         let wt = random::normal(&[cout, k, k, cin], Dtype::F32, &random::key(8).unwrap()).unwrap();
-        let want = ops::conv2d(&x, &wt, (1, 1), (k / 2, k / 2), (1, 1), 1).unwrap();
-        let got = conv2d_as_matmuls(&x, &conv_taps(&wt).unwrap(), cout).unwrap();
+        let bias = random::normal(&[cout], Dtype::F32, &random::key(9).unwrap()).unwrap();
+        let want =
+            (ops::conv2d(&x, &wt, (1, 1), (k / 2, k / 2), (1, 1), 1).unwrap() + &bias).unwrap();
+        let got = fast::conv2d_same(&x, &conv_matrix(&wt).unwrap(), &bias, k).unwrap();
         assert_eq!(got.shape(), want.shape());
         let diff = (&got - &want)
             .unwrap()
@@ -538,6 +549,12 @@ fn convolution_as_matrix_products_matches_conv2d() {
             "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff}"
         );
     }
+    // A weight that does not fit the input is refused, naming what is expected.
+    let x = random::normal(&[1, 4, 4, 3], Dtype::F32, &random::key(7).unwrap()).unwrap();
+    let wrong = Array::zeros(&[9 * 2, 4], Dtype::F32).unwrap();
+    let err =
+        fast::conv2d_same(&x, &wrong, &Array::zeros(&[4], Dtype::F32).unwrap(), 3).unwrap_err();
+    assert!(err.to_string().contains("[k·k·I, O]"), "{err}");
 }
 
 #[test]

@@ -37,6 +37,17 @@ pub fn group_norm(
     })
 }
 
+/// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd `k`×`k` kernel, plus
+/// `bias`. `weight` is the `[k·k·I, O]` matrix whose row `(dy·k + dx)·I + i` holds tap `(dy, dx)`
+/// of input channel `i`. On the CPU in f32: blocks of gathered patches times the weight, one
+/// BLAS sgemm each; elsewhere MLX's `conv2d`.
+#[track_caller]
+pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Array> {
+    call("conv2d_same", |out| unsafe {
+        ffi::mlxs_fast_conv2d_same(out, x.as_ptr(), weight.as_ptr(), bias.as_ptr(), k)
+    })
+}
+
 /// Layer norm over the last axis; weight and bias are optional (no affine when absent).
 #[track_caller]
 pub fn layer_norm(

@@ -6,7 +6,7 @@
 //! encoder half of the checkpoint is not used.
 
 use super::weights::{Checkpoint, Linear, Weights};
-use crate::mlx::{self, ops, Array, Dtype};
+use crate::mlx::{self, fast, ops, Array, Dtype};
 
 /// `vae/config.json`.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -76,8 +76,8 @@ impl VaeConfig {
 struct Conv2d {
     /// `[O, kh, kw, I]`, MLX's layout.
     weight: Array,
-    /// The weight as one `[I, O]` matrix per kernel tap, for [`conv2d_as_matmuls`].
-    taps: Vec<Array>,
+    /// The same weight as one `[k·k·I, O]` matrix, for [`fast::conv2d_same`].
+    matrix: Array,
     bias: Array,
     k: i32,
 }
@@ -88,7 +88,7 @@ impl Conv2d {
             .get("weight", &[cout, cin, k, k])?
             .transpose(&[0, 2, 3, 1])?;
         Ok(Conv2d {
-            taps: conv_taps(&weight)?,
+            matrix: conv_matrix(&weight)?,
             weight,
             bias: w.get("bias", &[cout])?,
             k,
@@ -96,81 +96,24 @@ impl Conv2d {
     }
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        let y = if crate::platform::convolutions_as_matmuls() {
-            self.forward_as_matmuls(x)?
+        if crate::platform::convolutions_as_matmuls() {
+            fast::conv2d_same(x, &self.matrix, &self.bias, self.k)
         } else {
             let p = self.k / 2;
-            ops::conv2d(x, &self.weight, (1, 1), (p, p), (1, 1), 1)?
-        };
-        y + &self.bias
-    }
-
-    fn forward_as_matmuls(&self, x: &Array) -> mlx::Result<Array> {
-        conv2d_as_matmuls(x, &self.taps, self.weight.dim(0))
-    }
-}
-
-/// A stride-1 "same" convolution of `x` (NHWC) as one matrix product per kernel tap, with no
-/// copies of the input beyond its padding. `taps[dy·k + dx]` is the `[I, O]` weight of tap
-/// `(dy, dx)`.
-///
-/// In the padded image flattened to rows of pixels, the input of tap `(dy, dx)` for output pixel
-/// `(i, j)` sits at `(i + dy)·W' + j + dx`, with `W' = W + k − 1`: for all outputs at once that is
-/// one contiguous run of `H·W'` rows starting at `dy·W' + dx`. So each tap is a plain
-/// `[H·W', I] × [I, O]` product over a view of the padded input, accumulated in place; the
-/// `k − 1` extra columns of each output row are computed and dropped at the end. On MLX's CPU
-/// backend these products run through the BLAS's sgemm, 1.5–2× faster than its direct
-/// convolution (`cargo bench --bench conv`).
-pub fn conv2d_as_matmuls(x: &Array, taps: &[Array], cout: i32) -> mlx::Result<Array> {
-    let s = x.shape();
-    let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
-    let k = (taps.len() as f64).sqrt() as i32;
-    let p = k / 2;
-    let wp = w + 2 * p;
-    // One more padded row at the bottom keeps the last tap's run inside the image.
-    let extra = i32::from(k > 1);
-    let padded = ops::pad(x, &[(0, 0), (p, p + extra), (p, p), (0, 0)], 0.0)?;
-    let rows_per_image = (h + 2 * p + extra) * wp;
-    let mut images = Vec::with_capacity(b as usize);
-    for n in 0..b {
-        let flat = padded
-            .slice_axis(0, n, n + 1)?
-            .reshape(&[rows_per_image, c])?;
-        let mut y: Option<Array> = None;
-        for dy in 0..k {
-            for dx in 0..k {
-                let start = dy * wp + dx;
-                let input = flat.slice_axis(0, start, start + h * wp)?;
-                let tap = &taps[(dy * k + dx) as usize];
-                y = Some(match y {
-                    None => input.matmul(tap)?,
-                    Some(acc) => ops::addmm(&acc, &input, tap, 1.0, 1.0)?,
-                });
-            }
+            ops::conv2d(x, &self.weight, (1, 1), (p, p), (1, 1), 1)? + &self.bias
         }
-        images.push(
-            y.expect("a kernel has at least one tap")
-                .reshape(&[1, h, wp, cout])?
-                .slice_axis(2, 0, w)?,
-        );
-    }
-    match images.len() {
-        1 => Ok(images.pop().expect("one image")),
-        _ => ops::concatenate(&images.iter().collect::<Vec<_>>(), 0),
     }
 }
 
-/// A `[O, k, k, I]` (MLX layout) convolution weight as its `k²` taps, each an `[I, O]` matrix,
-/// the form [`conv2d_as_matmuls`] takes.
-pub fn conv_taps(weight: &Array) -> mlx::Result<Vec<Array>> {
+/// A `[O, k, k, I]` (MLX layout) convolution weight as the `[k·k·I, O]` matrix whose row
+/// `(dy·k + dx)·I + i` holds tap `(dy, dx)` of input channel `i`: the form
+/// [`fast::conv2d_same`] takes.
+pub fn conv_matrix(weight: &Array) -> mlx::Result<Array> {
     let s = weight.shape();
     let (cout, k, cin) = (s[0], s[1], s[3]);
-    let taps = weight
+    weight
         .transpose(&[1, 2, 3, 0])?
-        .reshape(&[k * k, cin, cout])?;
-    (0..k * k)
-        .map(|i| taps.slice_axis(0, i, i + 1)?.squeeze(0))
-        .collect()
+        .reshape(&[k * k * cin, cout])
 }
 
 /// GroupNorm with PyTorch's grouping (consecutive channels), statistics in f32.
@@ -244,8 +187,8 @@ struct MidAttention {
     to_out: Linear,
 }
 
-/// Queries per attention chunk: bounds the score matrix at large sizes (head dim = channels
-/// is too wide for the fused kernels, so scores are materialised).
+/// Queries per attention chunk: bounds the score matrix at large sizes (one head as wide as
+/// the channels has no fused kernel, so its scores are materialised, 4096 × tokens at a time).
 const ATTENTION_CHUNK: i32 = 4096;
 
 impl MidAttention {
@@ -268,13 +211,16 @@ impl MidAttention {
         let k = self.to_k.forward(&t)?;
         let v = self.to_v.forward(&t)?;
         let scale = 1.0 / (c as f32).sqrt();
-        let kt = k.transpose(&[0, 2, 1])?;
+        // One head of width C: [B, 1, tokens, C].
+        let (k, v) = (k.expand_dims(1)?, v.expand_dims(1)?);
         let n = h * w;
         let mut chunks = Vec::new();
         for start in (0..n).step_by(ATTENTION_CHUNK as usize) {
-            let qc = q.slice_axis(1, start, (start + ATTENTION_CHUNK).min(n))?;
-            let scores = (ops::matmul(&qc, &kt)? * scale)?.softmax(&[-1], true)?;
-            chunks.push(ops::matmul(&scores, &v)?);
+            let qc = q
+                .slice_axis(1, start, (start + ATTENTION_CHUNK).min(n))?
+                .expand_dims(1)?;
+            let o = fast::scaled_dot_product_attention(&qc, &k, &v, scale, fast::Mask::None)?;
+            chunks.push(o.squeeze(1)?);
         }
         let refs: Vec<&Array> = chunks.iter().collect();
         let o = if refs.len() == 1 {
@@ -290,6 +236,15 @@ impl MidAttention {
 struct UpBlock {
     resnets: Vec<ResnetBlock>,
     upsample: Option<Conv2d>,
+}
+
+/// Nearest-neighbour ×2 of NHWC `x`, as one broadcast copy: each pixel becomes a 2×2 block.
+fn upsample_nearest_2x(x: &Array) -> mlx::Result<Array> {
+    let s = x.shape();
+    let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
+    x.reshape(&[b, h, 1, w, 1, c])?
+        .broadcast_to(&[b, h, 2, w, 2, c])?
+        .reshape(&[b, 2 * h, 2 * w, c])
 }
 
 /// The decoder: scaled latents → image in [-1, 1], NHWC.
@@ -384,7 +339,7 @@ impl VaeDecoder {
             }
             if let Some(conv) = &block.upsample {
                 // Nearest-neighbour ×2, then a 3×3 convolution.
-                x = conv.forward(&x.repeat(2, 1)?.repeat(2, 2)?)?;
+                x = conv.forward(&upsample_nearest_2x(&x)?)?;
             }
         }
         let x = self.conv_out.forward(&self.norm_out.forward_silu(&x)?)?;

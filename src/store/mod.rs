@@ -83,7 +83,7 @@ impl Store {
             Some(p) => p.to_path_buf(),
             None => match ["ZIMAGE_MODELS", "OLLAMA_MODELS"]
                 .iter()
-                .find_map(|v| std::env::var_os(v))
+                .find_map(std::env::var_os)
             {
                 Some(p) => PathBuf::from(p),
                 None => {
