@@ -116,6 +116,42 @@ MLXS_VECTOR_CLONES void exp_f32(const float* __restrict x, float* __restrict y, 
   }
 }
 
+// Softmax's numerator and denominator for each row of `x`: e = exp(x − max(row)) and
+// sum(e). One read of the row for the max and one for the exponentials, while it is in cache.
+MLXS_VECTOR_CLONES void softmax_row_parts(const float* __restrict x, float* __restrict e, size_t n, float* sum) {
+  constexpr size_t kLanes = 8;
+  float lane[kLanes];
+  for (size_t l = 0; l < kLanes; ++l) lane[l] = -__builtin_inff();
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t l = 0; l < kLanes; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+  float m = -__builtin_inff();
+  for (size_t l = 0; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  if (m == -__builtin_inff()) m = 0.0f;  // a fully masked row: all weights 0
+  for (size_t l = 0; l < kLanes; ++l) lane[l] = 0.0f;
+  auto one = [m](float v) {
+    float d = v - m;  // ≤ 0; −inf for a masked score
+    float c = d < -87.0f ? -87.0f : d;
+    float y = exp_bounded(c);
+    return d < -87.0f ? 0.0f : y;
+  };
+  for (i = 0; i + kLanes <= n; i += kLanes)
+    for (size_t l = 0; l < kLanes; ++l) {
+      float y = one(x[i + l]);
+      e[i + l] = y;
+      lane[l] += y;
+    }
+  float total = 0.0f;
+  for (size_t l = 0; l < kLanes; ++l) total += lane[l];
+  for (; i < n; ++i) {
+    float y = one(x[i]);
+    e[i] = y;
+    total += y;
+  }
+  *sum = total;
+}
+
 // GroupNorm's three passes over one image's [rows, c] pixels: per-channel sums, per-channel
 // sums of squared deviations from the group means, then y = x·scale + shift per channel, with
 // SiLU when asked. Rows are summed in f32 in blocks and the blocks in f64, so that a channel of
@@ -285,6 +321,38 @@ mx::array elementwise(const mx::array& x, Kernel kernel, const char* name, F fal
   return mx::array(x.shape(), mx::float32, std::make_shared<CpuElementwise>(stream, kernel, name), {mx::contiguous(x)});
 }
 
+// softmax_row_parts over every row of a float32 array, as an MLX primitive with two outputs:
+// the exponentials (the input's shape) and the row sums (last axis 1).
+class CpuSoftmaxParts : public mx::Primitive {
+ public:
+  explicit CpuSoftmaxParts(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array& x = inputs[0];
+    for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    for (auto& o : outputs) encoder.set_output_array(o);
+    size_t n = x.shape(-1), rows = n == 0 ? 0 : x.size() / n;
+    encoder.dispatch([x, src = x.data<float>(), e = outputs[0].data<float>(), sums = outputs[1].data<float>(), rows,
+                      n]() {
+      parallel_for(rows, n, [&](size_t r0, size_t r1, size_t) {
+        for (size_t r = r0; r < r1; ++r) softmax_row_parts(src + r * n, e + r * n, n, sums + r);
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("[CpuSoftmaxParts] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return "CpuSoftmaxParts"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const CpuSoftmaxParts*>(&other) != nullptr;
+  }
+};
+
 // CBLAS row-major sgemm, as MLX's own CPU matmuls call it.
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 constexpr int kRowMajor = 101, kNoTrans = 111;
@@ -426,8 +494,12 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     auto scores = narrow ? mx::multiply(mx::matmul(pick(q5), mx::swapaxes(pick(k5), -1, -2)), mx::array(scale))
                          : mx::matmul(mx::multiply(pick(q5), mx::array(scale)), mx::swapaxes(pick(k5), -1, -2));
     if (bias) scores = mx::add(scores, *bias);
-    auto e = mlxs::exp(mx::subtract(scores, mx::max(scores, -1, true)));
-    auto sum = mx::sum(e, -1, true);
+    auto sum_shape = scores.shape();
+    sum_shape.back() = 1;
+    auto parts = mx::array::make_arrays({scores.shape(), sum_shape}, {mx::float32, mx::float32},
+                                        std::make_shared<CpuSoftmaxParts>(stream), {mx::contiguous(scores)});
+    auto& e = parts[0];
+    auto& sum = parts[1];
     // torch's CPU kernel rounds the unnormalised weights to the input dtype before the product
     // with v, which it accumulates in f32; the normalised output is rounded once.
     auto weights = narrow ? mx::astype(mx::astype(e, dtype), mx::float32) : e;
