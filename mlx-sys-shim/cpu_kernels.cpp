@@ -8,7 +8,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #ifdef __linux__
@@ -84,9 +86,25 @@ void parallel_for(size_t items, size_t cost, F f) {
     f(size_t{0}, items, size_t{0});
     return;
   }
+  auto range = [&](size_t t) { return std::pair{items * t / workers, items * (t + 1) / workers}; };
   std::vector<std::thread> threads;
-  for (size_t t = 1; t < workers; ++t) threads.emplace_back(f, items * t / workers, items * (t + 1) / workers, t);
-  f(size_t{0}, items / workers, size_t{0});
+  size_t started = 1;
+  for (; started < workers; ++started) {
+    // This runs on MLX's stream thread, where an exception would end the process: a thread
+    // that cannot be started leaves its share to this one.
+    try {
+      auto [b, e] = range(started);
+      threads.emplace_back(f, b, e, started);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  for (size_t t = 0; t < workers; ++t) {
+    if (t == 0 || t >= started) {
+      auto [b, e] = range(t);
+      f(b, e, t);
+    }
+  }
   for (auto& t : threads) t.join();
 }
 
@@ -377,15 +395,17 @@ class CpuConv2d : public mx::UnaryPrimitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
+    const int pixels = x.shape(1) * x.shape(2), depth = k_ * k_ * x.shape(3);
+    const int block = k_ == 1 ? pixels : std::max(64, static_cast<int>(kPatchBytes / (sizeof(float) * depth)));
+    // Scratch for the gathered patches from MLX's allocator, here where a failure can still be
+    // reported, and through its cache: a fresh buffer costs a page fault per 4 KiB on every call.
+    auto scratch = mx::allocator::allocator().malloc(
+        k_ == 1 ? 0 : sizeof(float) * static_cast<size_t>(std::min(block, pixels)) * depth);
     encoder.dispatch([x, w, bias, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(),
                       dst = out.data<float>(), batch = x.shape(0), h = x.shape(1), wd = x.shape(2), cin = x.shape(3),
-                      cout = out.shape(3), k = k_, sgemm = sgemm_]() {
-      const int pixels = h * wd, depth = k * k * cin, pad = k / 2;
-      const size_t row_bytes = sizeof(float) * depth;
-      const int block = k == 1 ? pixels : std::max(64, static_cast<int>(kPatchBytes / row_bytes));
-      // Kept per thread across calls: a fresh buffer costs a page fault per 4 KiB on every call.
-      thread_local std::vector<float> patches;
-      if (k > 1) patches.resize(std::max(patches.size(), static_cast<size_t>(std::min(block, pixels)) * depth));
+                      cout = out.shape(3), k = k_, sgemm = sgemm_, pixels, depth, block, scratch]() mutable {
+      const int pad = k / 2;
+      float* patches = static_cast<float*>(scratch.raw_ptr());
       for (int n = 0; n < batch; ++n) {
         const float* image = src + static_cast<size_t>(n) * pixels * cin;
         float* result = dst + static_cast<size_t>(n) * pixels * cout;
@@ -395,7 +415,7 @@ class CpuConv2d : public mx::UnaryPrimitive {
           if (k > 1) {
             for (int r = 0; r < m; ++r) {
               const int i = (p0 + r) / wd, j = (p0 + r) % wd;
-              float* row = patches.data() + static_cast<size_t>(r) * depth;
+              float* row = patches + static_cast<size_t>(r) * depth;
               for (int dy = 0; dy < k; ++dy) {
                 const int y = i + dy - pad;
                 float* taps = row + static_cast<size_t>(dy) * k * cin;
@@ -411,13 +431,14 @@ class CpuConv2d : public mx::UnaryPrimitive {
                 if (hi < k) std::memset(taps + static_cast<size_t>(hi) * cin, 0, sizeof(float) * (k - hi) * cin);
               }
             }
-            a = patches.data();
+            a = patches;
           }
           float* c = result + static_cast<size_t>(p0) * cout;
           for (int r = 0; r < m; ++r) std::memcpy(c + static_cast<size_t>(r) * cout, b, sizeof(float) * cout);
           sgemm(kRowMajor, kNoTrans, kNoTrans, m, cout, depth, 1.0f, a, depth, wt, cout, 1.0f, c, cout);
         }
       }
+      mx::allocator::allocator().free(scratch);
     });
   }
 
