@@ -20,6 +20,20 @@ fn close(a: &Array, want: &[f32], tol: f32) {
     }
 }
 
+/// max |a − b| over every element, in f32.
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    let (a, b) = (a.astype(Dtype::F32).unwrap(), b.astype(Dtype::F32).unwrap());
+    let axes: Vec<i32> = (0..a.shape().len() as i32).collect();
+    (&a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(&axes, false)
+        .unwrap()
+        .item::<f32>()
+        .unwrap()
+}
+
 #[test]
 fn creation_and_readback() {
     let a = arr(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
@@ -536,14 +550,7 @@ fn gathered_convolution_matches_conv2d() {
             (ops::conv2d(&x, &wt, (1, 1), (k / 2, k / 2), (1, 1), 1).unwrap() + &bias).unwrap();
         let got = fast::conv2d_same(&x, &conv_matrix(&wt).unwrap(), &bias, k).unwrap();
         assert_eq!(got.shape(), want.shape());
-        let diff = (&got - &want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(&[0, 1, 2, 3], false)
-            .unwrap()
-            .item::<f32>()
-            .unwrap();
+        let diff = max_abs_diff(&got, &want);
         assert!(
             diff < 1e-4,
             "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff}"
@@ -569,14 +576,7 @@ fn attention_in_head_chunks_matches_the_definition() {
     let scores = (q.matmul(&k.transpose(&[0, 1, 3, 2]).unwrap()).unwrap() * scale).unwrap();
     let want = scores.softmax(&[3], true).unwrap().matmul(&v).unwrap();
     assert_eq!(got.shape(), vec![1, 2, s, d]);
-    let diff = (&got - &want)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max(&[0, 1, 2, 3], false)
-        .unwrap()
-        .item::<f32>()
-        .unwrap();
+    let diff = max_abs_diff(&got, &want);
     assert!(diff < 1e-5, "off by {diff}");
 }
 
@@ -619,21 +619,10 @@ fn grouped_causal_attention_matches_the_definition() {
             .matmul(&per_head(v))
             .unwrap()
     };
-    let max_diff = |a: &Array, b: &Array| {
-        let a = a.astype(Dtype::F32).unwrap();
-        (&a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max(&[0, 1, 2, 3], false)
-            .unwrap()
-            .item::<f32>()
-            .unwrap()
-    };
 
     let got = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::Causal).unwrap();
     assert_eq!(got.shape(), vec![1, h, l, d]);
-    let diff = max_diff(&got, &definition(&q, &k, &v));
+    let diff = max_abs_diff(&got, &definition(&q, &k, &v));
     assert!(diff < 1e-5, "f32: off by {diff}");
 
     // bf16 inputs: within the bf16 rounding of the weights and the output of the f32 definition.
@@ -645,7 +634,7 @@ fn grouped_causal_attention_matches_the_definition() {
     let got = fast::scaled_dot_product_attention(&qb, &kb, &vb, scale, fast::Mask::Causal).unwrap();
     assert_eq!(got.dtype(), Dtype::BF16);
     let up = |t: &Array| t.astype(Dtype::F32).unwrap();
-    let diff = max_diff(&got, &definition(&up(&qb), &up(&kb), &up(&vb)));
+    let diff = max_abs_diff(&got, &definition(&up(&qb), &up(&kb), &up(&vb)));
     assert!(diff < 2e-2, "bf16: off by {diff}");
 }
 
