@@ -97,7 +97,14 @@ impl Conv2d {
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
         if crate::platform::convolutions_as_matmuls() {
-            fast::conv2d_same(x, &self.matrix, &self.bias, self.k)
+            // On the CPU the decoder runs one convolution at a time: its input, then its output,
+            // evaluated here. As one lazy graph MLX would allocate every activation before
+            // computing any; this way each buffer is recycled through MLX's cache. Measured at
+            // 512²: peak 1.0 GB instead of 2.4 GB, no slower (faster at small sizes).
+            x.eval()?;
+            let y = fast::conv2d_same(x, &self.matrix, &self.bias, self.k)?;
+            y.eval()?;
+            Ok(y)
         } else {
             let p = self.k / 2;
             ops::conv2d(x, &self.weight, (1, 1), (p, p), (1, 1), 1)? + &self.bias
