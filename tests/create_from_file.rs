@@ -1,19 +1,12 @@
 //! `zimage create NAME --from FILE` for single model files: a safetensors file and a .zt file
 //! import under one component, load back bit for bit, and keep the file's metadata.
 
+mod common;
+
+use common::zimage_in as zimage;
 use std::path::Path;
-use std::process::{Command, Output};
 use zimage::loader::{self, ReadPath};
 use zimage::store::Store;
-
-fn zimage(store: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn demo_vae() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,9 +1,11 @@
 //! DFSN containers: the exact layout, pack → edit → verify → unpack through the library and
 //! the CLI, little-endian and non-default headers, and malformed files.
 
+mod common;
+
+use common::{s, zimage};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use zimage::formats::dfsn::{self, ByteOrder, Container, Error, ModelType, MODEL_OFFSET};
 
 /// A small safetensors file (one F32 tensor).
@@ -19,17 +21,6 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
     p
-}
-
-fn zimage(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// A container by hand: `type` and the two offsets as given, metadata at `meta_at`, the model

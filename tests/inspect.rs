@@ -1,17 +1,10 @@
 //! `zimage inspect` on every kind of target it describes, through the JSON report.
 
+mod common;
+
+use common::zimage_in as zimage;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn zimage(store: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn report(store: &Path, target: &str, extra: &[&str]) -> Value {
     let mut args = vec!["inspect", target, "--json"];

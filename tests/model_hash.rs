@@ -1,8 +1,10 @@
 //! Model hashes against published vectors and independent computations, and `zimage hash`.
 
+mod common;
+
+use common::zimage;
 use sha2::{Digest, Sha256};
 use std::path::Path;
-use std::process::Command;
 use zimage::formats::model_hash::{hash_file, ModelHashes};
 use zimage::store::{blob, Layer, Manifest, ModelName, Store};
 
@@ -170,13 +172,6 @@ fn civitai_scanner_hashes_from_byte_8_when_the_header_is_16_mib() {
     assert_eq!(st.addnet, sha_hex(&data));
     assert_eq!(st.civitai_autov3_full, sha_hex(&bytes[8..]).to_uppercase());
     assert_eq!(st.civitai_autov3, st.civitai_autov3_full[..12]);
-}
-
-fn zimage(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use zimage::diffusers_dir::DiffusersDir;
-use zimage::mlx::{self, io, Array, Dtype};
+use zimage::mlx::{io, Array, Dtype};
 use zimage::pipeline::{Pipeline, Request};
 
 fn root() -> PathBuf {

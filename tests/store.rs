@@ -1,6 +1,9 @@
 //! The model store on real files: import, show, verify, load, dedup, gc, crash safety, every
 //! Ollama blob generation, and malformed input.
 
+mod common;
+
+use common::{write_safetensors as write_st, zimage_in as zimage};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,23 +12,6 @@ use zimage::loader::{self, ReadPath};
 use zimage::mlx::{self, Array, Dtype as MDtype};
 use zimage::safetensors::{self, Dtype, TensorSpec};
 use zimage::store::{blob, ImportOptions, Layer, Manifest, ModelName, Quantization, Store};
-
-/// Writes a safetensors file of `(name, dtype, shape, bytes)` with our writer.
-fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<u64>, Vec<u8>)]) {
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(|(n, d, s, _)| TensorSpec {
-            name: n.to_string(),
-            dtype: *d,
-            shape: s.clone(),
-        })
-        .collect();
-    let mut bytes = safetensors::header_bytes(&specs, None, 8).unwrap();
-    for (_, _, _, data) in tensors {
-        bytes.extend_from_slice(data);
-    }
-    std::fs::write(path, bytes).unwrap();
-}
 
 fn f32_bytes(n: usize, seed: f32) -> Vec<u8> {
     (0..n)
@@ -164,15 +150,6 @@ fn blob_count(root: &Path) -> usize {
                 .starts_with("sha256-")
         })
         .count()
-}
-
-fn zimage(store: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]

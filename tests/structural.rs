@@ -2,8 +2,10 @@
 //! zero-size tensors, the `id` and `diff` renderings byte for byte, and `zimage diff` against
 //! files and a stored model, malformed input included.
 
+mod common;
+
+use common::zimage_in as zimage;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::structural::{self, Artifact};
 use zimage::formats::{listing_of_file, Listing};
@@ -337,15 +339,6 @@ fn a_ztensor_file_compares_with_its_safetensors_source() {
 }
 
 // The command line.
-
-fn zimage(store: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -1,12 +1,14 @@
 //! zTensor v1.0 against the reference crate `ztensor` 1.0.0 in both directions, `zimage convert`
 //! round trips and failures, and importing a .zt file into the store.
 
+mod common;
+
+use common::{s, write_safetensors_with_metadata as write_st, zimage};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
 use zimage::formats::ztensor::{self as zt, Checksum, WriteOptions, ZDtype, ZtFile};
 use zimage::loader::{self, ReadPath};
-use zimage::safetensors::{self, Dtype, TensorSpec};
+use zimage::safetensors::{self, Dtype};
 use zimage::store::{ImportOptions, Store};
 use ztensor::{ChecksumAlgorithm, DType, Encoding, ZTensorReader, ZTensorWriter};
 
@@ -20,17 +22,6 @@ fn bf16_bytes(n: usize, seed: f32) -> Vec<u8> {
     (0..n)
         .flat_map(|i| half::bf16::from_f32((i as f32 * 0.11 + seed).cos()).to_le_bytes())
         .collect()
-}
-
-fn zimage(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zimage"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// CSR `[[0, 1.5, 0, 0], [0, 0, 0, 0], [2.5, 0, 0, -1]]` and its dense form.
@@ -373,26 +364,6 @@ fn sha256_digests_are_checked_by_us_and_skipped_by_the_reference() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("sha.zt") && e.contains("digest mismatch"), "{e}");
-}
-
-fn write_st(
-    path: &Path,
-    tensors: &[(&str, Dtype, Vec<u64>, Vec<u8>)],
-    meta: Option<&BTreeMap<String, String>>,
-) {
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(|(n, d, s, _)| TensorSpec {
-            name: n.to_string(),
-            dtype: *d,
-            shape: s.clone(),
-        })
-        .collect();
-    let mut bytes = safetensors::header_bytes(&specs, meta, 8).unwrap();
-    for (_, _, _, data) in tensors {
-        bytes.extend_from_slice(data);
-    }
-    std::fs::write(path, bytes).unwrap();
 }
 
 /// A safetensors file's tensors by name, and its `__metadata__`.
