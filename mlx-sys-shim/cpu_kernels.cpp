@@ -111,30 +111,16 @@ void parallel_for(size_t items, size_t cost, F f) {
   for (auto& t : threads) t.join();
 }
 
-MLXS_VECTOR_CLONES void silu_f32(const float* __restrict x, float* __restrict y, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float v = x[i];
-    // Beyond ±87 the clamped exponent still gives x (large x) or a value that rounds to the
-    // true one's underflow (very negative x).
-    float c = v < -87.0f ? -87.0f : v;
-    c = c > 87.0f ? 87.0f : c;
-    y[i] = v / (1.0f + exp_bounded(-c));
-  }
+// x · sigmoid(x). Beyond ±87 the clamped exponent still gives x (large x) or a value that
+// rounds to the true one's underflow (very negative x).
+__attribute__((always_inline)) inline float silu_one(float v) {
+  float c = v < -87.0f ? -87.0f : v;
+  c = c > 87.0f ? 87.0f : c;
+  return v / (1.0f + exp_bounded(-c));
 }
 
-// e^x on [-87, 88]; above that infinity, below it zero (the subnormal range is flushed). Its
-// user, softmax, only passes values ≤ 0.
-MLXS_VECTOR_CLONES void exp_f32(const float* __restrict x, float* __restrict y, size_t n) {
-  const float inf = __builtin_inff();
-  for (size_t i = 0; i < n; ++i) {
-    float v = x[i];
-    float c = v < -87.0f ? -87.0f : v;
-    c = c > 88.0f ? 88.0f : c;
-    float e = exp_bounded(c);
-    e = v > 88.0f ? inf : e;
-    e = v < -87.0f ? 0.0f : e;
-    y[i] = e;
-  }
+MLXS_VECTOR_CLONES void silu_f32(const float* __restrict x, float* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = silu_one(x[i]);
 }
 
 // Softmax's numerator and denominator for each row of `x`: e = exp(x − max(row)) and
@@ -206,12 +192,7 @@ MLXS_VECTOR_CLONES void scale_shift(const float* __restrict x, float* __restrict
     const float* in = x + r * c;
     float* o = y + r * c;
     if (silu) {
-      for (size_t j = 0; j < c; ++j) {
-        float v = in[j] * scale[j] + shift[j];
-        float cl = v < -87.0f ? -87.0f : v;
-        cl = cl > 87.0f ? 87.0f : cl;
-        o[j] = v / (1.0f + exp_bounded(-cl));
-      }
+      for (size_t j = 0; j < c; ++j) o[j] = silu_one(in[j] * scale[j] + shift[j]);
     } else {
       for (size_t j = 0; j < c; ++j) o[j] = in[j] * scale[j] + shift[j];
     }
@@ -482,10 +463,6 @@ mx::array silu(const mx::array& x) {
     return mx::astype(silu(mx::astype(x, mx::float32)), x.dtype());
   }
   return elementwise(x, silu_f32, "CpuSilu", [](const mx::array& a) { return mx::multiply(a, mx::sigmoid(a)); });
-}
-
-mx::array exp(const mx::array& x) {
-  return elementwise(x, exp_f32, "CpuExp", [](const mx::array& a) { return mx::exp(a); });
 }
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal) {

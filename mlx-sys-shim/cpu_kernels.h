@@ -1,5 +1,6 @@
-// Elementwise kernels that MLX's CPU backend runs slowly on x86-64 (its exp is scalar there),
-// written as MLX primitives so that they take part in lazy graphs like any other op.
+// CPU kernels for what MLX's CPU backend runs slowly on x86-64 (its exp is scalar there, its
+// convolutions do not reach the BLAS), written as MLX primitives so that they take part in lazy
+// graphs like any other op. Each falls back to MLX's own ops on a GPU or in other dtypes.
 #pragma once
 
 #include "mlx/mlx.h"
@@ -10,13 +11,10 @@ namespace mlxs {
 // float16 and bfloat16 compute in float32 and round once.
 mlx::core::array silu(const mlx::core::array& x);
 
-// e^x, the same way, for x in [-87, 88] (infinity above, zero below).
-mlx::core::array exp(const mlx::core::array& x);
-
 // Attention over [B, H, S, D] inputs, unmasked or causal, with grouped kv heads. On the CPU it is
-// composed from BLAS products in f32 and the exp kernel (MLX's CPU path spends most of its time
-// in a scalar exp), and a narrower dtype rounds where torch's CPU kernel does; elsewhere it is
-// MLX's fused kernel.
+// composed from BLAS products in f32 and a one-pass softmax kernel (MLX's CPU path spends most
+// of its time in a scalar exp), and a narrower dtype rounds where torch's CPU kernel does;
+// elsewhere it is MLX's fused kernel.
 mlx::core::array attention(const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v,
                            float scale, bool causal);
 
