@@ -31,4 +31,13 @@ mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& w
 mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
                              int k);
 
+// y = x · Wᵀ (+ bias) for x [..., K] and W [N, K] kept as stored: dense in any float dtype, or
+// affine-quantized (packed uint32 weight with scales and biases, group_size, bits). On the CPU
+// with float32 x, a bf16/f16 or 2/4/8-bit weight is widened a tile of rows at a time into a
+// reused buffer and multiplied by sgemm, so no float32 copy of the layer is ever made;
+// elsewhere quantized_matmul (GPU) or MLX's dequantize and matmul.
+mlx::core::array linear(const mlx::core::array& x, const mlx::core::array& w,
+                        const std::optional<mlx::core::array>& scales, const std::optional<mlx::core::array>& biases,
+                        const std::optional<mlx::core::array>& bias, int group_size, int bits);
+
 }  // namespace mlxs

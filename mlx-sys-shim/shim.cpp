@@ -400,6 +400,11 @@ int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_arra
   });
 }
 
+int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, const mlxs_array* scales,
+                     const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits) {
+  return guard([&] { put(out, mlxs::linear(x->a, w->a, opt(scales), opt(biases), opt(bias), group_size, bits)); });
+}
+
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps) {
   return guard([&] { put(out, mx::fast::rms_norm(x->a, opt(weight), eps)); });
 }

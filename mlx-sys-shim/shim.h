@@ -121,6 +121,12 @@ int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_arra
                           const mlxs_array* scales, const mlxs_array* biases, int transpose,
                           int group_size, int bits);
 
+/* y = x · Wᵀ (+ bias) with W [N, K] kept as stored: dense (scales and biases null) in any float
+ * dtype, or affine-quantized (packed uint32 w, scales, biases). bias may be null. On the CPU with
+ * float32 x, narrow weights are widened a tile at a time and multiplied by sgemm. */
+int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, const mlxs_array* scales,
+                     const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits);
+
 /* Fast kernels; weight/bias/freqs/mask may be null */
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps);
 /* GroupNorm over [B, ..., C] (consecutive channels per group), then SiLU when silu != 0. */

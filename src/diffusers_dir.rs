@@ -213,7 +213,7 @@ impl crate::pipeline::ModelSource for DiffusersDir {
     fn component(
         &self,
         component: &str,
-    ) -> Result<HashMap<String, crate::mlx::Array>, crate::pipeline::SourceError> {
+    ) -> Result<crate::pipeline::ComponentWeights, crate::pipeline::SourceError> {
         let locations = self
             .tensors
             .get(component)
@@ -224,6 +224,9 @@ impl crate::pipeline::ModelSource for DiffusersDir {
         for file in files {
             out.extend(crate::mlx::io::load_safetensors(file)?.tensors);
         }
-        Ok(out)
+        Ok(crate::pipeline::ComponentWeights {
+            tensors: out,
+            quantized: HashMap::new(),
+        })
     }
 }

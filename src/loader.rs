@@ -12,35 +12,15 @@
 //! buffers), and, for blobs whose data starts on a page boundary (`zimage create --align`), a
 //! memory map handed to MLX without a copy where the backend allows it.
 
-use crate::mlx::{self, ops, Array, Dtype};
+pub use crate::mlx::QuantizedTensor;
+use crate::mlx::{self, Array, Dtype};
+use crate::pipeline::ComponentWeights;
 use crate::safetensors::Header;
 use crate::store::{blob, Layer, Store, StoreError, StoredModel};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// A quantized weight as MLX's affine quantization stores it.
-#[derive(Debug, Clone)]
-pub struct QuantizedTensor {
-    pub weight: Array,
-    pub scales: Array,
-    pub biases: Array,
-    pub group_size: i32,
-    pub bits: i32,
-}
-
-impl QuantizedTensor {
-    pub fn dequantize(&self) -> mlx::Result<Array> {
-        ops::dequantize(
-            &self.weight,
-            &self.scales,
-            &self.biases,
-            self.group_size,
-            self.bits,
-        )
-    }
-}
 
 /// How blob bytes reach MLX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -73,7 +53,15 @@ impl LoadedComponent {
         mlx::eval(&all)
     }
 
-    /// Plain arrays by name, quantized weights dequantized: what a model binds to.
+    /// The tensors by name, quantized weights kept packed: what a model binds to.
+    pub fn into_weights(self) -> ComponentWeights {
+        ComponentWeights {
+            tensors: self.tensors.into_iter().collect(),
+            quantized: self.quantized.into_iter().collect(),
+        }
+    }
+
+    /// Plain arrays by name, quantized weights dequantized.
     pub fn into_arrays(self) -> mlx::Result<HashMap<String, Array>> {
         let mut out: HashMap<String, Array> = self.tensors.into_iter().collect();
         for (name, q) in self.quantized {
@@ -409,11 +397,8 @@ impl crate::pipeline::ModelSource for StoreSource {
         Ok(self.store.config_file(&self.model, path)?)
     }
 
-    fn component(
-        &self,
-        component: &str,
-    ) -> Result<HashMap<String, Array>, crate::pipeline::SourceError> {
+    fn component(&self, component: &str) -> Result<ComponentWeights, crate::pipeline::SourceError> {
         let loaded = load_component(&self.store, &self.model, component, self.read_path)?;
-        Ok(loaded.into_arrays()?)
+        Ok(loaded.into_weights())
     }
 }

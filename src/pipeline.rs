@@ -9,7 +9,7 @@
 
 use crate::mlx::{self, Array, Dtype};
 use crate::models::{
-    self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder,
+    self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder,
     ZImageTransformer,
 };
 use crate::scheduler::{Schedule, SchedulerConfig};
@@ -29,7 +29,14 @@ pub trait ModelSource {
     /// or `None` when the model has no such file.
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, SourceError>;
     /// One component's tensors by their names inside the component (lazy arrays).
-    fn component(&self, component: &str) -> Result<HashMap<String, Array>, SourceError>;
+    fn component(&self, component: &str) -> Result<ComponentWeights, SourceError>;
+}
+
+/// One component's tensors as stored: plain arrays, and quantized weights kept packed.
+#[derive(Default)]
+pub struct ComponentWeights {
+    pub tensors: HashMap<String, Array>,
+    pub quantized: HashMap<String, mlx::QuantizedTensor>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +118,8 @@ pub struct Pipeline<S: ModelSource> {
     pub configs: ModelConfigs,
     tokenizer: PromptTokenizer,
     dtype: Dtype,
+    /// How unquantized linear weights are held (quantized ones always stay packed).
+    residency: Residency,
     /// Keep the transformer and VAE between images (more memory, no reload).
     keep_models: bool,
     transformer: Option<ZImageTransformer>,
@@ -177,6 +186,7 @@ impl<S: ModelSource> Pipeline<S> {
             configs,
             tokenizer,
             dtype,
+            residency: Residency::Compute,
             keep_models,
             transformer: None,
             vae: None,
@@ -187,15 +197,30 @@ impl<S: ModelSource> Pipeline<S> {
         &self.source
     }
 
+    /// Chooses how unquantized linear weights are held from now on.
+    pub fn set_residency(&mut self, residency: Residency) {
+        self.residency = residency;
+    }
+
+    pub fn residency(&self) -> Residency {
+        self.residency
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        let tensors = self
+        let weights = self
             .source
             .component(component)
             .map_err(|e| Error::Source {
                 model: self.source.name(),
                 source: e,
             })?;
-        Ok(Checkpoint::new(component, tensors, self.dtype))
+        Ok(Checkpoint::new(component, weights.tensors, self.dtype)
+            .with_quantized(weights.quantized)
+            .with_residency(self.residency))
     }
 
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {

@@ -48,6 +48,44 @@ pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Ar
     })
 }
 
+/// Affine quantization of a weight: packed u32 values with per-group scales and biases.
+#[derive(Debug, Clone, Copy)]
+pub struct Affine<'a> {
+    pub scales: &'a Array,
+    pub biases: &'a Array,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// `x · Wᵀ (+ bias)` for `x` `[..., K]` and `W` `[N, K]` as stored: dense in any float dtype,
+/// or packed with `quant`. On the CPU with f32 `x`, a bf16/f16 or 2/4/8-bit weight is widened a
+/// tile of rows at a time into a reused buffer and multiplied by sgemm, so no f32 copy of the
+/// layer exists; on a GPU a quantized weight goes through `quantized_matmul`.
+#[track_caller]
+pub fn linear(
+    x: &Array,
+    w: &Array,
+    quant: Option<Affine<'_>>,
+    bias: Option<&Array>,
+) -> Result<Array> {
+    let (scales, biases, group, bits) = match quant {
+        Some(q) => (Some(q.scales), Some(q.biases), q.group_size, q.bits),
+        None => (None, None, 0, 0),
+    };
+    call("linear", |out| unsafe {
+        ffi::mlxs_fast_linear(
+            out,
+            x.as_ptr(),
+            w.as_ptr(),
+            Array::opt_ptr(scales),
+            Array::opt_ptr(biases),
+            Array::opt_ptr(bias),
+            group,
+            bits,
+        )
+    })
+}
+
 /// Layer norm over the last axis; weight and bias are optional (no affine when absent).
 #[track_caller]
 pub fn layer_norm(

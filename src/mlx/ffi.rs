@@ -184,6 +184,16 @@ extern "C" {
         bits: c_int,
     ) -> c_int;
 
+    pub fn mlxs_fast_linear(
+        out: Out,
+        x: Arr,
+        w: Arr,
+        scales: Arr,
+        biases: Arr,
+        bias: Arr,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
     pub fn mlxs_fast_rms_norm(out: Out, x: Arr, weight: Arr, eps: f32) -> c_int;
     pub fn mlxs_fast_group_norm(
         out: Out,

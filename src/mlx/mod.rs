@@ -12,11 +12,13 @@ mod ffi;
 pub mod io;
 pub mod memory;
 pub mod ops;
+mod quantized;
 pub mod random;
 
 pub use array::Array;
 pub use dtype::{ArrayElement, Dtype};
 pub use error::{Error, Result};
+pub use quantized::QuantizedTensor;
 
 use std::ffi::CStr;
 

@@ -17,7 +17,7 @@ pub mod weights;
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
 pub use transformer::{DitConfig, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
-pub use weights::{Checkpoint, LoadError};
+pub use weights::{Checkpoint, LoadError, Residency};
 
 /// Why a component could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -200,6 +200,7 @@ impl DecoderLayer {
 /// The encoder: token ids → `[L, hidden]` prompt embeddings.
 pub struct Qwen3Encoder {
     embed_tokens: Array,
+    dtype: crate::mlx::Dtype,
     layers: Vec<DecoderLayer>,
     pub config: Qwen3Config,
 }
@@ -214,9 +215,10 @@ impl Qwen3Encoder {
         ckpt.allow_unused("norm.");
         ckpt.allow_unused("lm_head.");
         let w = ckpt.root();
+        // The table stays as stored: only the prompt's rows are gathered and widened.
         let embed_tokens = w
             .pp("embed_tokens")
-            .get("weight", &[cfg.vocab_size, cfg.hidden_size])?;
+            .get_stored("weight", &[cfg.vocab_size, cfg.hidden_size])?;
         let mut layers = Vec::new();
         for i in 0..cfg.layers_used() {
             let lw = w.pp("layers").pp(i);
@@ -235,9 +237,11 @@ impl Qwen3Encoder {
                 mlp: Mlp::new(cfg, &lw.pp("mlp"))?,
             });
         }
+        let dtype = ckpt.dtype();
         ckpt.finish()?;
         Ok(Qwen3Encoder {
             embed_tokens,
+            dtype,
             layers,
             config: cfg.clone(),
         })
@@ -247,7 +251,7 @@ impl Qwen3Encoder {
     pub fn encode(&self, ids: &[u32]) -> mlx::Result<Array> {
         let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let ids = Array::from_slice(&ids, &[ids.len() as i32])?;
-        let mut x = self.embed_tokens.take(&ids, 0)?;
+        let mut x = self.embed_tokens.take(&ids, 0)?.astype(self.dtype)?;
         for layer in &self.layers {
             x = layer.forward(&x)?;
         }

@@ -5,8 +5,11 @@
 //! expect. A missing or mis-shaped tensor does not stop construction: it is recorded, a
 //! stand-in is returned, and [`Checkpoint::finish`] reports every problem at once, together
 //! with every tensor nothing asked for, so a wrong checkpoint is diagnosed in one run.
+//!
+//! Linear weights are bound as stored when asked ([`Residency::Stored`]): quantized weights
+//! always stay packed, and bf16 weights stay bf16, widened a tile at a time as each layer runs.
 
-use crate::mlx::{self, ops, Array, Dtype};
+use crate::mlx::{self, fast, ops, Array, Dtype, QuantizedTensor};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 
@@ -18,12 +21,26 @@ pub struct LoadError {
     pub problems: Vec<String>,
 }
 
+/// How the unquantized weights of linear layers are held while a model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Residency {
+    /// Cast to the compute dtype when bound: the fastest products, at the compute dtype's size
+    /// (f32 copies on the CPU).
+    Compute,
+    /// In their stored dtype, each layer widened a tile at a time as it runs.
+    Stored,
+}
+
 /// One component's tensors, with bookkeeping of what the model used.
 pub struct Checkpoint {
     component: String,
     tensors: HashMap<String, Array>,
-    /// Weights are cast to this dtype as they are bound.
+    /// Quantized weights, kept packed.
+    quantized: HashMap<String, QuantizedTensor>,
+    /// Weights are cast to this dtype as they are bound, linear weights only under
+    /// [`Residency::Compute`].
     dtype: Dtype,
+    residency: Residency,
     used: RefCell<BTreeSet<String>>,
     problems: RefCell<Vec<String>>,
     /// Names under these prefixes may go unused (parts of a checkpoint a pipeline never runs).
@@ -35,16 +52,35 @@ impl Checkpoint {
         Checkpoint {
             component: component.to_string(),
             tensors,
+            quantized: HashMap::new(),
             dtype,
+            residency: Residency::Compute,
             used: RefCell::default(),
             problems: RefCell::default(),
             unused_ok: Vec::new(),
         }
     }
 
+    /// Adds quantized weights, which linear layers bind packed.
+    pub fn with_quantized(mut self, quantized: HashMap<String, QuantizedTensor>) -> Checkpoint {
+        self.quantized.extend(quantized);
+        self
+    }
+
+    /// Chooses how unquantized linear weights are held.
+    pub fn with_residency(mut self, residency: Residency) -> Checkpoint {
+        self.residency = residency;
+        self
+    }
+
     /// Renames every tensor by `f` (the one place checkpoint naming differences are absorbed).
     pub fn rename(mut self, f: impl Fn(&str) -> String) -> Checkpoint {
         self.tensors = self.tensors.into_iter().map(|(k, v)| (f(&k), v)).collect();
+        self.quantized = self
+            .quantized
+            .into_iter()
+            .map(|(k, v)| (f(&k), v))
+            .collect();
         self
     }
 
@@ -65,7 +101,7 @@ impl Checkpoint {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.quantized.contains_key(name)
     }
 
     /// Ends binding: errors with every missing, mis-shaped and unexpected tensor.
@@ -75,6 +111,7 @@ impl Checkpoint {
         let mut unused: Vec<&String> = self
             .tensors
             .keys()
+            .chain(self.quantized.keys())
             .filter(|k| {
                 !used.contains(*k) && !self.unused_ok.iter().any(|p| k.starts_with(p.as_str()))
             })
@@ -123,30 +160,74 @@ impl<'a> Weights<'a> {
 
     /// The tensor `name` with exactly `shape`, cast to the compute dtype.
     pub fn get(&self, name: &str, shape: &[i32]) -> mlx::Result<Array> {
+        match self.stored(name, shape)? {
+            Some(t) if t.dtype() == self.ckpt.dtype => Ok(t),
+            Some(t) => t.astype(self.ckpt.dtype),
+            None => Array::zeros(shape, self.ckpt.dtype),
+        }
+    }
+
+    /// The tensor `name` with exactly `shape`, in its stored dtype (a quantized one expanded):
+    /// for tables read a few rows at a time, such as token embeddings.
+    pub fn get_stored(&self, name: &str, shape: &[i32]) -> mlx::Result<Array> {
+        match self.stored(name, shape)? {
+            Some(t) => Ok(t),
+            None => Array::zeros(shape, self.ckpt.dtype),
+        }
+    }
+
+    /// The weight of a linear layer, `[out, in]`: packed when quantized; as stored under
+    /// [`Residency::Stored`]; else cast to the compute dtype.
+    pub fn linear_weight(&self, name: &str, shape: &[i32]) -> mlx::Result<LinearWeight> {
         let full = self.full_name(name);
-        match self.ckpt.tensors.get(&full) {
-            Some(t) if t.shape() == shape => {
+        if let Some(q) = self.ckpt.quantized.get(&full) {
+            if q.shape() == shape {
                 self.ckpt.used.borrow_mut().insert(full);
-                if t.dtype() == self.ckpt.dtype {
-                    Ok(t.clone())
-                } else {
-                    t.astype(self.ckpt.dtype)
+                return Ok(LinearWeight::Quantized(q.clone()));
+            }
+        }
+        if self.ckpt.residency == Residency::Stored {
+            if let Some(t) = self.ckpt.tensors.get(&full) {
+                let is_float = matches!(t.dtype(), Dtype::BF16 | Dtype::F16 | Dtype::F32);
+                if is_float && t.shape() == shape {
+                    self.ckpt.used.borrow_mut().insert(full);
+                    return Ok(LinearWeight::Dense(t.clone()));
                 }
             }
-            Some(t) => {
+        }
+        Ok(LinearWeight::Dense(self.get(name, shape)?))
+    }
+
+    /// `name` as stored, checked against `shape`; `None` (with the problem recorded) when it is
+    /// missing or mis-shaped.
+    fn stored(&self, name: &str, shape: &[i32]) -> mlx::Result<Option<Array>> {
+        let full = self.full_name(name);
+        let found = match self.ckpt.tensors.get(&full) {
+            Some(t) => Some((t.clone(), t.shape())),
+            None => match self.ckpt.quantized.get(&full) {
+                Some(q) => Some((q.dequantize()?, q.shape())),
+                None => None,
+            },
+        };
+        match found {
+            Some((t, got)) if got == shape => {
+                self.ckpt.used.borrow_mut().insert(full);
+                Ok(Some(t))
+            }
+            Some((_, got)) => {
                 self.ckpt.used.borrow_mut().insert(full.clone());
-                self.ckpt.problems.borrow_mut().push(format!(
-                    "  `{full}`: expected shape {shape:?}, got {:?}",
-                    t.shape()
-                ));
-                Array::zeros(shape, self.ckpt.dtype)
+                self.ckpt
+                    .problems
+                    .borrow_mut()
+                    .push(format!("  `{full}`: expected shape {shape:?}, got {got:?}"));
+                Ok(None)
             }
             None => {
                 self.ckpt
                     .problems
                     .borrow_mut()
                     .push(format!("  missing tensor `{full}` (shape {shape:?})"));
-                Array::zeros(shape, self.ckpt.dtype)
+                Ok(None)
             }
         }
     }
@@ -157,15 +238,22 @@ impl<'a> Weights<'a> {
     }
 }
 
+/// A linear layer's weight as it is held.
+#[derive(Clone)]
+pub enum LinearWeight {
+    Dense(Array),
+    Quantized(QuantizedTensor),
+}
+
 /// `y = x·Wᵀ + b`, weights in PyTorch's `[out, in]` layout.
 pub struct Linear {
-    weight: Array,
+    weight: LinearWeight,
     bias: Option<Array>,
 }
 
 impl Linear {
     pub fn new(w: &Weights, in_dim: i32, out_dim: i32, bias: bool) -> mlx::Result<Linear> {
-        let weight = w.get("weight", &[out_dim, in_dim])?;
+        let weight = w.linear_weight("weight", &[out_dim, in_dim])?;
         let bias = if bias {
             Some(w.get("bias", &[out_dim])?)
         } else {
@@ -175,10 +263,18 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        let wt = self.weight.transpose(&[1, 0])?;
-        match &self.bias {
-            Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
-            None => ops::matmul(x, &wt),
+        match &self.weight {
+            LinearWeight::Dense(w) if w.dtype() == x.dtype() => {
+                let wt = w.transpose(&[1, 0])?;
+                match &self.bias {
+                    Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
+                    None => ops::matmul(x, &wt),
+                }
+            }
+            LinearWeight::Dense(w) => fast::linear(x, w, None, self.bias.as_ref()),
+            LinearWeight::Quantized(q) => {
+                fast::linear(x, &q.weight, Some(q.affine()), self.bias.as_ref())
+            }
         }
     }
 }
