@@ -210,6 +210,26 @@ impl crate::pipeline::ModelSource for DiffusersDir {
         }
     }
 
+    fn tensor_sizes(
+        &self,
+        component: &str,
+    ) -> Result<Vec<crate::memory_plan::TensorSize>, crate::pipeline::SourceError> {
+        Ok(self
+            .tensors
+            .get(component)
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| crate::memory_plan::TensorSize {
+                        name: t.name.clone(),
+                        shape: t.info.shape.clone(),
+                        stored_bytes: t.info.nbytes(),
+                        packed: false,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     fn component(
         &self,
         component: &str,

@@ -12,6 +12,7 @@ pub mod diffusers_dir;
 pub mod formats;
 pub mod image_out;
 pub mod loader;
+pub mod memory_plan;
 pub mod mlx;
 pub mod models;
 pub mod pipeline;

@@ -377,6 +377,35 @@ pub fn profile(
     Ok((manifest_seconds, out))
 }
 
+/// The sizes of one component's tensors from the manifest alone. A layer is packed when it is
+/// not a float dtype, is a v1 companion (`_scale`, `_qbias`), or its blob is much smaller than
+/// its logical float tensor (a v2 quantized blob lists the tensor it stands for).
+pub fn tensor_sizes(model: &StoredModel, component: &str) -> Vec<crate::memory_plan::TensorSize> {
+    model
+        .manifest
+        .component_layers(component)
+        .filter_map(|layer| {
+            let (_, name) = layer.component_and_tensor()?;
+            let shape = layer.shape.clone().unwrap_or_default();
+            let dtype = layer.dtype.as_deref().unwrap_or("");
+            let float_bytes = match dtype {
+                "F32" => 4,
+                "F16" | "BF16" => 2,
+                _ => 0,
+            };
+            let numel: u64 = shape.iter().product();
+            let companion = name.ends_with("_scale") || name.ends_with("_qbias");
+            let packed = float_bytes == 0 || companion || layer.size * 3 < numel * float_bytes * 2;
+            Some(crate::memory_plan::TensorSize {
+                name: name.to_string(),
+                shape,
+                stored_bytes: layer.size,
+                packed,
+            })
+        })
+        .collect()
+}
+
 /// A stored model as a pipeline source.
 pub struct StoreSource {
     pub store: Store,
@@ -395,6 +424,13 @@ impl crate::pipeline::ModelSource for StoreSource {
 
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, crate::pipeline::SourceError> {
         Ok(self.store.config_file(&self.model, path)?)
+    }
+
+    fn tensor_sizes(
+        &self,
+        component: &str,
+    ) -> Result<Vec<crate::memory_plan::TensorSize>, crate::pipeline::SourceError> {
+        Ok(tensor_sizes(&self.model, component))
     }
 
     fn component(&self, component: &str) -> Result<ComponentWeights, crate::pipeline::SourceError> {

@@ -7,7 +7,9 @@
 //! loaded when their phase starts and dropped after it unless the caller keeps them for more
 //! images.
 
+use crate::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use crate::mlx::{self, Array, Dtype};
+use crate::models::vae_tiling::Tiling;
 use crate::models::{
     self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder,
     ZImageTransformer,
@@ -30,6 +32,8 @@ pub trait ModelSource {
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, SourceError>;
     /// One component's tensors by their names inside the component (lazy arrays).
     fn component(&self, component: &str) -> Result<ComponentWeights, SourceError>;
+    /// The sizes of one component's tensors, read without loading them.
+    fn tensor_sizes(&self, component: &str) -> Result<Vec<TensorSize>, SourceError>;
 }
 
 /// One component's tensors as stored: plain arrays, and quantized weights kept packed.
@@ -120,6 +124,8 @@ pub struct Pipeline<S: ModelSource> {
     dtype: Dtype,
     /// How unquantized linear weights are held (quantized ones always stay packed).
     residency: Residency,
+    /// Decode in tiles (to bound the decode's memory), or whole.
+    tiling: Option<Tiling>,
     /// Keep the transformer and VAE between images (more memory, no reload).
     keep_models: bool,
     transformer: Option<ZImageTransformer>,
@@ -187,6 +193,7 @@ impl<S: ModelSource> Pipeline<S> {
             tokenizer,
             dtype,
             residency: Residency::Compute,
+            tiling: None,
             keep_models,
             transformer: None,
             vae: None,
@@ -204,6 +211,49 @@ impl<S: ModelSource> Pipeline<S> {
 
     pub fn residency(&self) -> Residency {
         self.residency
+    }
+
+    /// Decodes in tiles from now on (`None`: whole).
+    pub fn set_tiling(&mut self, tiling: Option<Tiling>) {
+        self.tiling = tiling;
+    }
+
+    /// The sizes of the model's tensors, per component, for memory estimates.
+    pub fn tensor_sizes(&self) -> Result<[Vec<TensorSize>; 3], Error> {
+        let sizes = |c: &str| {
+            self.source.tensor_sizes(c).map_err(|e| Error::Source {
+                model: self.source.name(),
+                source: e,
+            })
+        };
+        Ok([sizes("text_encoder")?, sizes("transformer")?, sizes("vae")?])
+    }
+
+    /// The model's sizes and configuration as the memory plan reads them.
+    pub fn model_sizes<'a>(&'a self, sizes: &'a [Vec<TensorSize>; 3]) -> ModelSizes<'a> {
+        ModelSizes {
+            text_encoder: &sizes[0],
+            transformer: &sizes[1],
+            vae: &sizes[2],
+            text_config: &self.configs.text_encoder,
+            dit_config: &self.configs.transformer,
+            vae_config: &self.configs.vae,
+        }
+    }
+
+    /// What `req` asks of memory apart from the model.
+    pub fn request_shape(&self, req: &Request) -> Result<RequestShape, Error> {
+        let mut tokens = self.token_ids(&req.prompt)?.len();
+        if req.guidance > 0.0 {
+            let negative = req.negative_prompt.as_deref().unwrap_or("");
+            tokens = tokens.max(self.token_ids(negative)?.len());
+        }
+        Ok(RequestShape {
+            width: req.width,
+            height: req.height,
+            prompt_tokens: tokens as u32,
+            compute_bytes: self.dtype.size_bytes() as u64,
+        })
     }
 
     pub fn dtype(&self) -> Dtype {
@@ -319,7 +369,7 @@ impl<S: ModelSource> Pipeline<S> {
             mlx::eval(&outs)?;
             Ok::<_, Error>((pos, neg))
         })?;
-        mlx::memory::clear_cache();
+        release_freed_memory();
 
         // 2. Denoise.
         progress(Progress::Phase("denoise"));
@@ -361,7 +411,7 @@ impl<S: ModelSource> Pipeline<S> {
         })?;
         drop(caption);
         drop(negative);
-        mlx::memory::clear_cache();
+        release_freed_memory();
 
         // 3. Decode and quantise.
         progress(Progress::Phase("decode"));
@@ -370,14 +420,17 @@ impl<S: ModelSource> Pipeline<S> {
                 Some(v) => v,
                 None => self.load_vae()?,
             };
-            let image = vae.decode(&latents)?;
+            let image = match &self.tiling {
+                Some(tiling) => vae.decode_tiled(&latents, tiling)?,
+                None => vae.decode(&latents)?,
+            };
             let rgb = models::vae::to_rgb8(&image)?;
             if self.keep_models {
                 self.vae = Some(vae);
             }
             Ok::<_, Error>(rgb)
         })?;
-        mlx::memory::clear_cache();
+        release_freed_memory();
         Ok(Generated {
             rgb,
             width: req.width,
@@ -386,6 +439,12 @@ impl<S: ModelSource> Pipeline<S> {
             latents,
         })
     }
+}
+
+/// Hands a finished phase's buffers back to the system, so the next phase starts lean.
+fn release_freed_memory() {
+    mlx::memory::clear_cache();
+    crate::platform::trim_freed_memory();
 }
 
 /// Runs `f` as one phase, recording its time and MLX's peak memory during it.

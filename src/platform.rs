@@ -81,3 +81,63 @@ pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
     }
     Ok(lim.rlim_cur as u64)
 }
+
+/// The memory this machine has, in bytes: physical memory, or a smaller cgroup limit on Linux.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf reads process-independent system values and has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let physical = (pages > 0 && page > 0).then(|| pages as u64 * page as u64)?;
+    #[cfg(target_os = "linux")]
+    {
+        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if let Some(limit) = cgroup {
+            return Some(physical.min(limit));
+        }
+    }
+    Some(physical)
+}
+
+/// The most memory this process has held resident so far (its peak RSS), in bytes.
+pub fn peak_resident_bytes() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given, which is valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: getrusage returned 0, so it filled the struct.
+    let max = unsafe { usage.assume_init() }.ru_maxrss as u64;
+    // Linux reports KiB, macOS bytes.
+    if cfg!(target_os = "macos") {
+        Some(max)
+    } else {
+        Some(max * 1024)
+    }
+}
+
+/// Makes freed memory go back to the system instead of staying in the allocator's free
+/// lists, so that one phase's weights do not stay resident under the next phase's. glibc's
+/// dynamic mmap threshold would otherwise rise to 32 MiB after the first large free, serving
+/// later weights from a heap that never shrinks. Call once at start.
+pub fn return_freed_memory_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning; any value is accepted or refused.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+/// Gives memory the allocator holds free back to the system (after a phase ends).
+pub fn trim_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -7,7 +7,9 @@ use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::infotext;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
+use zimage::memory_plan::{self, gb, MemoryPlan};
 use zimage::mlx::{self, Dtype};
+use zimage::models::Residency;
 use zimage::pipeline::{ModelSource, Pipeline, Progress, Request};
 use zimage::safetensors;
 use zimage::store::{ImportOptions, Store};
@@ -46,9 +48,24 @@ pub struct GenerateArgs {
     /// Compute dtype (default: bf16 on a GPU, f32 on the CPU).
     #[arg(long, value_parser = ["f32", "bf16"])]
     pub dtype: Option<String>,
-    /// Report time and peak memory of each phase.
+    /// Memory the run may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else 85% of the
+    /// machine's memory). A request estimated above it is refused before anything loads.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// How unquantized weights are held: in the compute dtype (fastest; f32 on the CPU), as
+    /// stored (each layer widened as it runs), or whichever fits the memory budget.
+    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
+    pub weights: WeightsArg,
+    /// Report time and peak memory of each phase, and the memory estimate.
     #[arg(long, short)]
     pub verbose: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightsArg {
+    Auto,
+    Compute,
+    Stored,
 }
 
 /// The embedded demo model (random weights), shipped in the source tree.
@@ -126,6 +143,32 @@ fn resolve_model(
     ))
 }
 
+/// Checks that the request fits the memory budget and chooses how to hold the weights and
+/// decode; `--weights` overrides the choice of residency.
+fn plan_memory<S: ModelSource>(
+    pipeline: &Pipeline<S>,
+    req: &Request,
+    limit: Option<&str>,
+    weights: WeightsArg,
+) -> anyhow::Result<MemoryPlan> {
+    let (budget, source) = memory_plan::budget(limit).map_err(anyhow::Error::msg)?;
+    let sizes = pipeline.tensor_sizes()?;
+    let model = pipeline.model_sizes(&sizes);
+    let shape = pipeline.request_shape(req)?;
+    let base = zimage::platform::peak_resident_bytes().unwrap_or(0);
+    let mut plan = model.plan(&shape, budget, &source, base)?;
+    let forced = match weights {
+        WeightsArg::Auto => None,
+        WeightsArg::Compute => Some(Residency::Compute),
+        WeightsArg::Stored => Some(Residency::Stored),
+    };
+    if let Some(residency) = forced.filter(|r| *r != plan.residency) {
+        plan.residency = residency;
+        plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);
+    }
+    Ok(plan)
+}
+
 /// Reads `--noise`: one f32 tensor `noise` of shape [1, C, h, w].
 fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading `{}`", path.display()))?;
@@ -188,6 +231,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     if let Some(path) = &a.noise {
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
     }
+    let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;
+    pipeline.set_residency(plan.residency);
+    pipeline.set_tiling(plan.tiling.clone());
 
     let bar = ProgressBar::new(req.steps as u64);
     bar.set_style(
@@ -264,6 +310,30 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
             .unwrap_or(0.0);
         let total: f64 = out.phases.iter().map(|p| p.seconds).sum();
         eprintln!("step     {steps:>8.3} s   total {total:.3} s");
+        let e = &plan.estimate;
+        eprintln!(
+            "memory   weights {}, decode {}; estimate: text {}, denoise {}, decode {}, process {}",
+            match plan.residency {
+                Residency::Compute => "in the compute dtype",
+                Residency::Stored => "as stored",
+            },
+            match &plan.tiling {
+                Some(t) => format!("in tiles of {} latent pixels", t.tile_latent),
+                None => "whole".into(),
+            },
+            gb(e.text),
+            gb(e.denoise),
+            gb(e.decode),
+            gb(e.base)
+        );
+        let measured = zimage::platform::peak_resident_bytes().unwrap_or(0);
+        eprintln!(
+            "peak RSS {} measured, {} estimated ({:+.1}%), budget {}",
+            gb(measured),
+            gb(e.peak()),
+            (e.peak() as f64 / measured.max(1) as f64 - 1.0) * 100.0,
+            gb(plan.budget)
+        );
     }
     println!(
         "wrote {} ({}×{}, {} steps, seed {})",

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::loader::{self, ReadPath};
+use zimage::memory_plan;
+use zimage::models::Residency;
 use zimage::safetensors::Dtype;
 use zimage::store::import::TensorSourceSync;
 use zimage::store::{self, ImportOptions, Quantization, SafetensorsFile, Store};
@@ -165,6 +167,42 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A stored model's estimated run-time peak, with weights held either way.
+struct RuntimeMemory {
+    side: u32,
+    dtype: zimage::mlx::Dtype,
+    compute: memory_plan::MemoryEstimate,
+    stored: memory_plan::MemoryEstimate,
+}
+
+/// The estimate at the model's default size for a typical prompt; `None` for a model that is
+/// no Z-Image pipeline (no configs to size it by).
+fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMemory> {
+    let dtype = zimage::platform::default_compute_dtype();
+    let source = zimage::loader::StoreSource {
+        store: store.clone(),
+        model: model.clone(),
+        read_path: zimage::loader::ReadPath::MlxLoader,
+    };
+    let pipeline = zimage::pipeline::Pipeline::new(source, dtype, false).ok()?;
+    let side = pipeline.configs.vae.sample_size.unwrap_or(1024);
+    let sizes = pipeline.tensor_sizes().ok()?;
+    let shape = memory_plan::RequestShape {
+        width: side,
+        height: side,
+        prompt_tokens: 64,
+        compute_bytes: dtype.size_bytes() as u64,
+    };
+    let base = zimage::platform::peak_resident_bytes().unwrap_or(0);
+    let m = pipeline.model_sizes(&sizes);
+    Some(RuntimeMemory {
+        side,
+        dtype,
+        compute: m.estimate(&shape, Residency::Compute, None, base),
+        stored: m.estimate(&shape, Residency::Stored, None, base),
+    })
+}
+
 pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
     let model = store.open(&a.name)?;
@@ -190,8 +228,13 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     } else {
         "none".to_string()
     };
+    let runtime = runtime_memory(&store, &model);
     if a.json {
         let json = serde_json::json!({
+            "runtime_memory": runtime.as_ref().map(|r| serde_json::json!({
+                "width": r.side, "height": r.side, "compute_dtype": r.dtype.to_string(),
+                "compute_dtype_weights": r.compute.peak(), "stored_weights": r.stored.peak(),
+            })),
             "name": model.name.short(),
             "full_name": model.name.to_string(),
             "manifest_digest": model.manifest_digest,
@@ -210,6 +253,15 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     println!("manifest    {}", model.manifest_digest);
     println!("size        {}", human(model.size()));
     println!("quantized   {quant}");
+    if let Some(r) = &runtime {
+        println!(
+            "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored",
+            r.side,
+            r.dtype,
+            memory_plan::gb(r.compute.peak()),
+            memory_plan::gb(r.stored.peak())
+        );
+    }
     println!();
     println!(
         "{:<14} {:>8} {:>14} {:>10}  DTYPES",

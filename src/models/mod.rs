@@ -12,6 +12,7 @@ pub mod qwen3;
 pub mod rope;
 pub mod transformer;
 pub mod vae;
+pub mod vae_tiling;
 pub mod weights;
 
 pub use qwen3::{Qwen3Config, Qwen3Encoder};

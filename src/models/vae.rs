@@ -196,7 +196,8 @@ struct MidAttention {
 
 /// Queries per attention chunk: bounds the score matrix at large sizes (one head as wide as
 /// the channels has no fused kernel, so its scores are materialised, 4096 × tokens at a time).
-const ATTENTION_CHUNK: i32 = 4096;
+/// `vae_tiling`'s memory model counts with it.
+pub(super) const ATTENTION_CHUNK: i32 = 4096;
 
 impl MidAttention {
     fn new(w: &Weights, c: i32, groups: i32) -> mlx::Result<MidAttention> {
@@ -213,21 +214,38 @@ impl MidAttention {
         let s = x.shape();
         let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
         // Row-major (y, x) token order, as torch's view(B, C, h·w).
-        let t = self.group_norm.forward(x)?.reshape(&[b, h * w, c])?;
-        let q = self.to_q.forward(&t)?;
-        let k = self.to_k.forward(&t)?;
-        let v = self.to_v.forward(&t)?;
+        let (q, k, v) = {
+            let t = self.group_norm.forward(x)?.reshape(&[b, h * w, c])?;
+            (
+                self.to_q.forward(&t)?,
+                self.to_k.forward(&t)?,
+                self.to_v.forward(&t)?,
+            )
+        };
         let scale = 1.0 / (c as f32).sqrt();
         // One head of width C: [B, 1, tokens, C].
         let (k, v) = (k.expand_dims(1)?, v.expand_dims(1)?);
         let n = h * w;
+        // Evaluated as it goes: q, k and v (freeing the normed input), then one chunk at a time.
+        // Chunks left in one lazy graph are computed side by side, every chunk's scores alive at
+        // once (measured at 128² latents: 2.2 GB instead of one chunk's 0.55 GB), which would
+        // undo the chunking. On the CPU always, as the convolutions are; on a GPU when there is
+        // more than one chunk.
+        let eager = crate::platform::convolutions_as_matmuls() || n > ATTENTION_CHUNK;
+        if eager {
+            mlx::eval(&[&q, &k, &v])?;
+        }
         let mut chunks = Vec::new();
         for start in (0..n).step_by(ATTENTION_CHUNK as usize) {
             let qc = q
                 .slice_axis(1, start, (start + ATTENTION_CHUNK).min(n))?
                 .expand_dims(1)?;
-            let o = fast::scaled_dot_product_attention(&qc, &k, &v, scale, fast::Mask::None)?;
-            chunks.push(o.squeeze(1)?);
+            let o = fast::scaled_dot_product_attention(&qc, &k, &v, scale, fast::Mask::None)?
+                .squeeze(1)?;
+            if eager {
+                o.eval()?;
+            }
+            chunks.push(o);
         }
         let refs: Vec<&Array> = chunks.iter().collect();
         let o = if refs.len() == 1 {

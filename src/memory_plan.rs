@@ -1,0 +1,424 @@
+//! The memory a request needs, phase by phase, and the choices that make it fit a budget.
+//!
+//! The phases run one after another and each frees what it loaded before the next starts, so
+//! the process peaks at the largest phase: its weights as they will be held, its activations,
+//! and what the process held before loading anything (measured, not guessed).
+//!
+//! - text: the text encoder's layers but the last, the embedding table as stored, activations
+//!   over the prompt's tokens;
+//! - denoise: the transformer, one block's activations over image + caption tokens (attention
+//!   scores in head chunks of at most 256 MiB), the caption features;
+//! - decode: the VAE decoder in the compute dtype and its activations, per tile when tiled.
+//!
+//! Weights are counted from the tensor sizes of the stored model, so the same figures serve
+//! `generate`'s preflight and `show`.
+
+use crate::models::vae_tiling::{self as tiling, Tiling};
+use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
+
+/// One stored tensor's size.
+#[derive(Debug, Clone)]
+pub struct TensorSize {
+    /// The name inside its component.
+    pub name: String,
+    /// The logical shape (of the full-precision tensor a packed one stands for).
+    pub shape: Vec<u64>,
+    /// Bytes as stored (a packed tensor with its scales and biases).
+    pub stored_bytes: u64,
+    /// Quantized: held packed whatever the residency.
+    pub packed: bool,
+}
+
+impl TensorSize {
+    fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// The sizes of a model's three components and its configuration.
+pub struct ModelSizes<'a> {
+    pub text_encoder: &'a [TensorSize],
+    pub transformer: &'a [TensorSize],
+    pub vae: &'a [TensorSize],
+    pub text_config: &'a Qwen3Config,
+    pub dit_config: &'a DitConfig,
+    pub vae_config: &'a VaeConfig,
+}
+
+/// What a request asks of memory, apart from the model.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestShape {
+    pub width: u32,
+    pub height: u32,
+    /// Prompt tokens after templating (the longer of the prompt and the negative one).
+    pub prompt_tokens: u32,
+    /// Bytes of one value in the compute dtype.
+    pub compute_bytes: u64,
+}
+
+/// Peak bytes of each phase (weights and activations), and what the process holds besides.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct MemoryEstimate {
+    pub base: u64,
+    pub text: u64,
+    pub denoise: u64,
+    pub decode: u64,
+}
+
+impl MemoryEstimate {
+    /// The process's expected peak resident memory.
+    pub fn peak(&self) -> u64 {
+        self.base + self.text.max(self.denoise).max(self.decode)
+    }
+}
+
+/// How a request will run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemoryPlan {
+    pub residency: Residency,
+    #[serde(skip)]
+    pub tiling: Option<Tiling>,
+    pub estimate: MemoryEstimate,
+    pub budget: u64,
+}
+
+/// The request cannot fit the budget in any mode.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this request needs about {} of memory (text {}, denoise {}, decode {}, process {}), more than \
+     the budget of {}{}. {} Set a larger budget with --memory-limit or ZIMAGE_MEMORY_LIMIT if the \
+     machine really has more free",
+    gb(estimate.peak()), gb(estimate.text), gb(estimate.denoise), gb(estimate.decode),
+    gb(estimate.base), gb(*budget), budget_source, advice
+)]
+pub struct DoesNotFit {
+    pub estimate: MemoryEstimate,
+    pub budget: u64,
+    pub budget_source: String,
+    pub advice: String,
+}
+
+/// Bytes as gigabytes (megabytes below one), for messages.
+pub fn gb(bytes: u64) -> String {
+    if bytes < 1_000_000_000 {
+        format!("{:.0} MB", bytes as f64 / 1e6)
+    } else {
+        format!("{:.2} GB", bytes as f64 / 1e9)
+    }
+}
+
+/// Bytes the attention of one chunk of heads may hold in scores (the shim's CPU kernel).
+const SCORE_CHUNK_BYTES: u64 = 256 << 20;
+/// The buffer narrow weights are widened into, one tile at a time.
+const WIDEN_SCRATCH_BYTES: u64 = 16 << 20;
+/// What the process adds once it computes: BLAS thread buffers, MLX's worker state.
+const RUNTIME_BYTES: u64 = 96 << 20;
+
+/// Bytes of a component's weights as they will be held.
+fn weight_bytes(
+    tensors: &[TensorSize],
+    used: impl Fn(&str) -> bool,
+    residency: Residency,
+    compute_bytes: u64,
+) -> u64 {
+    tensors
+        .iter()
+        .filter(|t| used(&t.name))
+        .map(|t| {
+            let is_table = t.name.ends_with("embed_tokens.weight");
+            let is_linear = t.shape.len() == 2 && t.name.ends_with(".weight") && !is_table;
+            if t.packed || is_table || (is_linear && residency == Residency::Stored) {
+                t.stored_bytes
+            } else {
+                t.numel() * compute_bytes
+            }
+        })
+        .sum()
+}
+
+/// Whether the text encoder path binds `name` (all layers but the last; no final norm, no head).
+fn text_encoder_uses(name: &str, cfg: &Qwen3Config) -> bool {
+    let n = name.strip_prefix("model.").unwrap_or(name);
+    let last = format!("layers.{}.", cfg.num_hidden_layers - 1);
+    !(n.starts_with(&last) || n.starts_with("norm.") || n.starts_with("lm_head."))
+}
+
+fn vae_uses(name: &str) -> bool {
+    !(name.starts_with("encoder.") || name.starts_with("quant_conv."))
+}
+
+fn round_up(n: u64, m: u64) -> u64 {
+    n.div_ceil(m) * m
+}
+
+impl ModelSizes<'_> {
+    /// The estimate of a request held in `residency`, decoded with `tiling`.
+    pub fn estimate(
+        &self,
+        req: &RequestShape,
+        residency: Residency,
+        tiling: Option<&Tiling>,
+        base: u64,
+    ) -> MemoryEstimate {
+        let cb = req.compute_bytes;
+        MemoryEstimate {
+            base: base + RUNTIME_BYTES,
+            text: self.text_weights(residency, cb) + self.text_activations(req),
+            denoise: self.denoise_weights(residency, cb) + self.denoise_activations(req),
+            decode: self.vae_weights(cb) + self.decode_activations(req, tiling),
+        }
+    }
+
+    pub fn text_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
+        let cfg = self.text_config;
+        weight_bytes(
+            self.text_encoder,
+            |n| text_encoder_uses(n, cfg),
+            residency,
+            compute_bytes,
+        )
+    }
+
+    pub fn denoise_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
+        weight_bytes(self.transformer, |_| true, residency, compute_bytes)
+    }
+
+    pub fn vae_weights(&self, compute_bytes: u64) -> u64 {
+        weight_bytes(self.vae, vae_uses, Residency::Compute, compute_bytes)
+    }
+
+    fn text_activations(&self, req: &RequestShape) -> u64 {
+        let c = self.text_config;
+        let l = req.prompt_tokens as u64;
+        let (h, i) = (c.hidden_size as u64, c.intermediate_size as u64);
+        let q = (c.num_attention_heads * c.head_dim) as u64;
+        // The residual stream and its norms, q/k/v/o, gate/up/product, and the scores.
+        let values = l * (6 * h + 3 * q + 3 * i) + 2 * c.num_attention_heads as u64 * l * l;
+        values * 4 + WIDEN_SCRATCH_BYTES
+    }
+
+    fn denoise_activations(&self, req: &RequestShape) -> u64 {
+        let c = self.dit_config;
+        let cell = 16;
+        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
+        let s = round_up(image, 32) + round_up(req.prompt_tokens as u64, 32);
+        let dim = c.dim as u64;
+        let ffn = (c.dim as f64 / 3.0 * 8.0) as u64;
+        let heads = c.n_heads as u64;
+        let scores = (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4));
+        // Residual stream, its norms and q/k/v/o in f32 whatever the dtype (RoPE), the three
+        // feed-forward products, two copies of a chunk of scores (scores and exponentials).
+        s * dim * 4 * 12 + s * ffn * req.compute_bytes * 4 + 2 * scores + WIDEN_SCRATCH_BYTES
+    }
+
+    fn decode_activations(&self, req: &RequestShape, tiling: Option<&Tiling>) -> u64 {
+        let (h, w) = (req.height as i32, req.width as i32);
+        let cb = req.compute_bytes as usize;
+        // The convolution weights are also kept in matrix form once the decoder has run.
+        let matrices = tiling::conv_matrix_bytes(self.vae_config, cb);
+        matrices
+            + match tiling {
+                Some(t) => tiling::tiled_decode_peak_bytes(self.vae_config, h, w, t, cb),
+                None => tiling::decode_peak_bytes(self.vae_config, h, w, cb),
+            }
+    }
+
+    /// The weights' bytes if every tensor a quantized import quantizes were packed at `bits`
+    /// (group 64, bf16 scales and biases): what a `--quantize` import would hold.
+    pub fn quantized_variant(&self, bits: u64) -> (Vec<TensorSize>, Vec<TensorSize>) {
+        let pack = |tensors: &[TensorSize]| -> Vec<TensorSize> {
+            tensors
+                .iter()
+                .map(|t| {
+                    let n = t.name.as_str();
+                    let quantizable = !t.packed
+                        && t.shape.len() >= 2
+                        && n.ends_with(".weight")
+                        && !n.contains("embed")
+                        && !n.contains("norm")
+                        && t.shape.last().is_some_and(|c| c % 64 == 0);
+                    if !quantizable {
+                        return t.clone();
+                    }
+                    TensorSize {
+                        stored_bytes: t.numel() * bits / 8 + t.numel() / 64 * 4,
+                        packed: true,
+                        ..t.clone()
+                    }
+                })
+                .collect()
+        };
+        (pack(self.text_encoder), pack(self.transformer))
+    }
+
+    /// Chooses the fastest way to run `req` within `budget`: weights in the compute dtype when
+    /// they fit, else as stored; an untiled decode when it fits, else the largest tile that
+    /// does. `base` is what the process holds before loading.
+    pub fn plan(
+        &self,
+        req: &RequestShape,
+        budget: u64,
+        budget_source: &str,
+        base: u64,
+    ) -> Result<MemoryPlan, DoesNotFit> {
+        let fits = |e: &MemoryEstimate| e.peak() <= budget;
+        let mut chosen = None;
+        for residency in [Residency::Compute, Residency::Stored] {
+            let e = self.estimate(req, residency, None, base);
+            let without_decode = MemoryEstimate { decode: 0, ..e };
+            if !fits(&without_decode) {
+                continue;
+            }
+            let tiling = if fits(&e) {
+                None
+            } else {
+                let room = budget
+                    .saturating_sub(e.base)
+                    .saturating_sub(self.vae_weights(req.compute_bytes));
+                let room = room.saturating_sub(tiling::conv_matrix_bytes(
+                    self.vae_config,
+                    req.compute_bytes as usize,
+                ));
+                tiling::choose_tiling(
+                    self.vae_config,
+                    req.height as i32,
+                    req.width as i32,
+                    req.compute_bytes as usize,
+                    room,
+                )
+            };
+            let e = self.estimate(req, residency, tiling.as_ref(), base);
+            if fits(&e) {
+                chosen = Some(MemoryPlan {
+                    residency,
+                    tiling,
+                    estimate: e,
+                    budget,
+                });
+                break;
+            }
+        }
+        chosen.ok_or_else(|| {
+            let estimate = self.estimate(req, Residency::Stored, None, base);
+            DoesNotFit {
+                estimate,
+                budget,
+                budget_source: budget_source.to_string(),
+                advice: self.advice(req, budget, base),
+            }
+        })
+    }
+
+    /// What would fit instead: a quantized import, or a smaller image.
+    fn advice(&self, req: &RequestShape, budget: u64, base: u64) -> String {
+        let mut out = Vec::new();
+        for (bits, name) in [(8, "int8"), (4, "int4")] {
+            let (text, transformer) = self.quantized_variant(bits);
+            let sizes = ModelSizes {
+                text_encoder: &text,
+                transformer: &transformer,
+                ..*self
+            };
+            let e = sizes.estimate(req, Residency::Stored, None, base);
+            let already = text
+                .iter()
+                .zip(self.text_encoder)
+                .all(|(a, b)| a.packed == b.packed)
+                && transformer
+                    .iter()
+                    .zip(self.transformer)
+                    .all(|(a, b)| a.packed == b.packed);
+            if !already && e.peak() <= budget {
+                out.push(format!(
+                    "An {name} import would need about {} (`zimage create NAME --from DIR --quantize {name}`).",
+                    gb(e.peak())
+                ));
+                break;
+            }
+        }
+        for side in [768u32, 512, 256] {
+            if side >= req.width.max(req.height) {
+                continue;
+            }
+            let small = RequestShape {
+                width: side,
+                height: side,
+                ..*req
+            };
+            if self.plan(&small, budget, "", base).is_ok() {
+                out.push(format!("{side}×{side} would fit."));
+                break;
+            }
+        }
+        if out.is_empty() {
+            out.push("Nothing smaller of this model fits either.".into());
+        }
+        out.join(" ")
+    }
+}
+
+/// A memory size as people write it: `12GB`, `12G`, `12.5 GiB`, `800MB`, or plain bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a memory size (e.g. 12GB, 800MB)"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => {
+            return Err(format!(
+                "`{text}`: unknown unit (use B, KB, MB, GB, TB or KiB, MiB, GiB)"
+            ))
+        }
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1e6 {
+        return Err(format!("`{text}` is too small a memory budget"));
+    }
+    Ok(bytes as u64)
+}
+
+/// The budget and where it came from: `--memory-limit`, else `ZIMAGE_MEMORY_LIMIT`, else 85%
+/// of the machine's memory.
+pub fn budget(flag: Option<&str>) -> Result<(u64, String), String> {
+    if let Some(f) = flag {
+        let bytes = parse_size(f).map_err(|e| format!("--memory-limit: {e}"))?;
+        return Ok((bytes, format!(" (--memory-limit {f})")));
+    }
+    if let Ok(v) = std::env::var("ZIMAGE_MEMORY_LIMIT") {
+        let bytes = parse_size(&v).map_err(|e| format!("ZIMAGE_MEMORY_LIMIT: {e}"))?;
+        return Ok((bytes, format!(" (ZIMAGE_MEMORY_LIMIT={v})")));
+    }
+    let total = crate::platform::physical_memory().unwrap_or(8_000_000_000);
+    Ok((
+        total / 100 * 85,
+        format!(" (85% of this machine's {})", gb(total)),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_as_people_write_them() {
+        assert_eq!(parse_size("12GB").unwrap(), 12_000_000_000);
+        assert_eq!(parse_size("12g").unwrap(), 12_000_000_000);
+        assert_eq!(parse_size("1.5 GiB").unwrap(), 1_610_612_736);
+        assert_eq!(parse_size("800MB").unwrap(), 800_000_000);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("10").is_err());
+    }
+}

@@ -1,0 +1,244 @@
+//! The memory plan at the real Z-Image-Turbo sizes (tensor sizes only, nothing allocated):
+//! the estimate per phase and residency, the choices it makes under a budget, and the
+//! refusal's advice.
+
+use zimage::memory_plan::{ModelSizes, RequestShape, TensorSize};
+use zimage::models::vae_tiling::{decoder_tensor_shapes, flux_vae_config};
+use zimage::models::{DitConfig, Qwen3Config, Residency};
+
+const GB: u64 = 1_000_000_000;
+
+fn qwen3() -> Qwen3Config {
+    serde_json::from_value(serde_json::json!({
+        "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0
+    }))
+    .unwrap()
+}
+
+fn dit() -> DitConfig {
+    serde_json::from_value(serde_json::json!({
+        "all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 3840,
+        "n_layers": 30, "n_refiner_layers": 2, "n_heads": 30, "norm_eps": 1e-5, "qk_norm": true,
+        "cap_feat_dim": 2560, "rope_theta": 256.0, "t_scale": 1000.0,
+        "axes_dims": [32, 48, 48], "axes_lens": [1536, 512, 512]
+    }))
+    .unwrap()
+}
+
+fn tensor(name: String, shape: &[u64], bytes_per_value: u64) -> TensorSize {
+    TensorSize {
+        stored_bytes: shape.iter().product::<u64>() * bytes_per_value,
+        name,
+        shape: shape.to_vec(),
+        packed: false,
+    }
+}
+
+/// The real text encoder's tensors in bf16 (spec §2.6).
+fn text_encoder() -> Vec<TensorSize> {
+    let mut t = vec![tensor(
+        "model.embed_tokens.weight".into(),
+        &[151936, 2560],
+        2,
+    )];
+    for i in 0..36 {
+        let p = format!("model.layers.{i}");
+        for (n, s) in [
+            ("self_attn.q_proj.weight", &[4096u64, 2560][..]),
+            ("self_attn.k_proj.weight", &[1024, 2560]),
+            ("self_attn.v_proj.weight", &[1024, 2560]),
+            ("self_attn.o_proj.weight", &[2560, 4096]),
+            ("self_attn.q_norm.weight", &[128]),
+            ("self_attn.k_norm.weight", &[128]),
+            ("mlp.gate_proj.weight", &[9728, 2560]),
+            ("mlp.up_proj.weight", &[9728, 2560]),
+            ("mlp.down_proj.weight", &[2560, 9728]),
+            ("input_layernorm.weight", &[2560]),
+            ("post_attention_layernorm.weight", &[2560]),
+        ] {
+            t.push(tensor(format!("{p}.{n}"), s, 2));
+        }
+    }
+    t.push(tensor("model.norm.weight".into(), &[2560], 2));
+    t
+}
+
+/// The real transformer's tensors in bf16 (spec §3.1).
+fn transformer() -> Vec<TensorSize> {
+    let mut t = vec![
+        tensor("cap_embedder.1.weight".into(), &[3840, 2560], 2),
+        tensor("all_x_embedder.2-1.weight".into(), &[3840, 64], 2),
+        tensor("t_embedder.mlp.0.weight".into(), &[1024, 256], 2),
+        tensor("t_embedder.mlp.2.weight".into(), &[256, 1024], 2),
+        tensor(
+            "all_final_layer.2-1.adaLN_modulation.1.weight".into(),
+            &[3840, 256],
+            2,
+        ),
+        tensor("all_final_layer.2-1.linear.weight".into(), &[64, 3840], 2),
+    ];
+    let blocks = (0..30)
+        .map(|i| format!("layers.{i}"))
+        .chain((0..2).map(|i| format!("noise_refiner.{i}")))
+        .chain((0..2).map(|i| format!("context_refiner.{i}")));
+    for p in blocks {
+        for n in ["to_q", "to_k", "to_v", "to_out.0"] {
+            t.push(tensor(
+                format!("{p}.attention.{n}.weight"),
+                &[3840, 3840],
+                2,
+            ));
+        }
+        t.push(tensor(
+            format!("{p}.feed_forward.w1.weight"),
+            &[10240, 3840],
+            2,
+        ));
+        t.push(tensor(
+            format!("{p}.feed_forward.w3.weight"),
+            &[10240, 3840],
+            2,
+        ));
+        t.push(tensor(
+            format!("{p}.feed_forward.w2.weight"),
+            &[3840, 10240],
+            2,
+        ));
+        if !p.starts_with("context") {
+            t.push(tensor(
+                format!("{p}.adaLN_modulation.0.weight"),
+                &[15360, 256],
+                2,
+            ));
+        }
+        for n in [
+            "attention_norm1",
+            "attention_norm2",
+            "ffn_norm1",
+            "ffn_norm2",
+        ] {
+            t.push(tensor(format!("{p}.{n}.weight"), &[3840], 2));
+        }
+    }
+    t
+}
+
+fn vae() -> Vec<TensorSize> {
+    decoder_tensor_shapes(&flux_vae_config())
+        .into_iter()
+        .map(|(n, s)| {
+            let s: Vec<u64> = s.iter().map(|&d| d as u64).collect();
+            tensor(n, &s, 4)
+        })
+        .collect()
+}
+
+fn request(side: u32) -> RequestShape {
+    RequestShape {
+        width: side,
+        height: side,
+        prompt_tokens: 40,
+        compute_bytes: 4,
+    }
+}
+
+const BASE: u64 = 150_000_000;
+
+#[test]
+fn real_sizes_per_phase_and_residency() {
+    let (te, tr, va, q, d, v) = (
+        text_encoder(),
+        transformer(),
+        vae(),
+        qwen3(),
+        dit(),
+        flux_vae_config(),
+    );
+    let m = ModelSizes {
+        text_encoder: &te,
+        transformer: &tr,
+        vae: &va,
+        text_config: &q,
+        dit_config: &d,
+        vae_config: &v,
+    };
+    // The transformer: 6.15 B parameters (spec), 24.6 GB in f32, 12.3 GB in bf16.
+    let params: u64 = tr.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    assert!((6_100_000_000..6_200_000_000).contains(&params), "{params}");
+    let f32_weights = m.denoise_weights(Residency::Compute, 4);
+    let bf16_weights = m.denoise_weights(Residency::Stored, 4);
+    assert!((24 * GB..25 * GB).contains(&f32_weights), "{f32_weights}");
+    assert!((12 * GB..13 * GB).contains(&bf16_weights), "{bf16_weights}");
+    // The text encoder's last layer and norm are not loaded; its table stays bf16 either way.
+    let text_stored = m.text_weights(Residency::Stored, 4);
+    let used_layers = 35 * 100_925_440u64 * 2 + 151936 * 2560 * 2;
+    assert!(
+        text_stored.abs_diff(used_layers) < 10_000_000,
+        "{text_stored} vs {used_layers}"
+    );
+    assert!(m.text_weights(Residency::Compute, 4) < 2 * text_stored);
+    // The peak is the denoise phase, and a quantized import shrinks it.
+    let e = m.estimate(&request(256), Residency::Stored, None, BASE);
+    assert_eq!(e.peak(), e.base + e.denoise);
+    let (qt, qr) = m.quantized_variant(4);
+    let int4 = ModelSizes {
+        text_encoder: &qt,
+        transformer: &qr,
+        ..m
+    };
+    let e4 = int4.estimate(&request(256), Residency::Stored, None, BASE);
+    assert!(e4.peak() < e.peak() / 3, "{} vs {}", e4.peak(), e.peak());
+    assert!(
+        e4.peak() < 4_500_000_000,
+        "int4 at the real depth: {}",
+        e4.peak()
+    );
+}
+
+#[test]
+fn the_plan_takes_the_fastest_mode_that_fits_and_refuses_what_cannot() {
+    let (te, tr, va, q, d, v) = (
+        text_encoder(),
+        transformer(),
+        vae(),
+        qwen3(),
+        dit(),
+        flux_vae_config(),
+    );
+    let m = ModelSizes {
+        text_encoder: &te,
+        transformer: &tr,
+        vae: &va,
+        text_config: &q,
+        dit_config: &d,
+        vae_config: &v,
+    };
+    // Plenty: f32 copies of everything, an untiled decode.
+    let plan = m.plan(&request(1024), 64 * GB, "", BASE).unwrap();
+    assert_eq!(plan.residency, Residency::Compute);
+    assert!(plan.tiling.is_none());
+    // A 24 GB machine: bf16 as stored; within budget.
+    let plan = m.plan(&request(1024), 20 * GB, "", BASE).unwrap();
+    assert_eq!(plan.residency, Residency::Stored);
+    assert!(plan.estimate.peak() <= 20 * GB);
+    // A 2048² decode does not fit next to little room: tiles.
+    let e = m.estimate(&request(2048), Residency::Stored, None, BASE);
+    let tight = e.base + e.denoise.max(e.text) + 1_000_000;
+    if e.decode > e.denoise {
+        let plan = m.plan(&request(2048), tight, "", BASE).unwrap();
+        assert!(plan.tiling.is_some());
+        assert!(plan.estimate.peak() <= tight);
+    }
+    // 8 GB: no mode fits; the error says how much is needed and what would fit.
+    let err = m
+        .plan(&request(1024), 8 * GB, " (--memory-limit 8GB)", BASE)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("budget of 8.00 GB (--memory-limit 8GB)"),
+        "{text}"
+    );
+    assert!(text.contains("--quantize int"), "{text}");
+}

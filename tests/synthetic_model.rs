@@ -1,0 +1,445 @@
+//! The synthetic Z-Image of `models/synthetic.rs`: at the real widths, every tensor the spec
+//! lists (zimage-spec §2.6, §3.1, §5.7) with its exact name and shape, real-depth sizes as §8
+//! gives them, configs the loader accepts, and an image through the store, quantized to int4.
+
+#[path = "../models/synthetic.rs"]
+mod synthetic;
+
+mod common;
+
+use common::{s, zimage_in};
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::time::Instant;
+use synthetic::{Spec, WeightDtype};
+use zimage::diffusers_dir::DiffusersDir;
+
+type Shapes = BTreeMap<String, Vec<u64>>;
+
+/// The text encoder's tensors as zimage-spec §2.6 lists them, `model.`-prefixed, for `layers`.
+fn spec_text_encoder(layers: u32) -> Shapes {
+    let mut m = Shapes::new();
+    m.insert("model.embed_tokens.weight".into(), vec![151936, 2560]);
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        for (n, shape) in [
+            ("input_layernorm.weight", vec![2560]),
+            ("self_attn.q_proj.weight", vec![4096, 2560]),
+            ("self_attn.k_proj.weight", vec![1024, 2560]),
+            ("self_attn.v_proj.weight", vec![1024, 2560]),
+            ("self_attn.o_proj.weight", vec![2560, 4096]),
+            ("self_attn.q_norm.weight", vec![128]),
+            ("self_attn.k_norm.weight", vec![128]),
+            ("post_attention_layernorm.weight", vec![2560]),
+            ("mlp.gate_proj.weight", vec![9728, 2560]),
+            ("mlp.up_proj.weight", vec![9728, 2560]),
+            ("mlp.down_proj.weight", vec![2560, 9728]),
+        ] {
+            m.insert(format!("{p}.{n}"), shape);
+        }
+    }
+    m.insert("model.norm.weight".into(), vec![2560]);
+    m
+}
+
+/// The transformer's tensors as zimage-spec §3.1 lists them.
+fn spec_transformer(layers: u32, refiners: u32) -> Shapes {
+    let mut m = Shapes::new();
+    for (n, shape) in [
+        ("t_embedder.mlp.0.weight", vec![1024, 256]),
+        ("t_embedder.mlp.0.bias", vec![1024]),
+        ("t_embedder.mlp.2.weight", vec![256, 1024]),
+        ("t_embedder.mlp.2.bias", vec![256]),
+        ("cap_embedder.0.weight", vec![2560]),
+        ("cap_embedder.1.weight", vec![3840, 2560]),
+        ("cap_embedder.1.bias", vec![3840]),
+        ("all_x_embedder.2-1.weight", vec![3840, 64]),
+        ("all_x_embedder.2-1.bias", vec![3840]),
+        ("x_pad_token", vec![1, 3840]),
+        ("cap_pad_token", vec![1, 3840]),
+        (
+            "all_final_layer.2-1.adaLN_modulation.1.weight",
+            vec![3840, 256],
+        ),
+        ("all_final_layer.2-1.adaLN_modulation.1.bias", vec![3840]),
+        ("all_final_layer.2-1.linear.weight", vec![64, 3840]),
+        ("all_final_layer.2-1.linear.bias", vec![64]),
+    ] {
+        m.insert(n.into(), shape);
+    }
+    let blocks = (0..refiners)
+        .map(|i| (format!("noise_refiner.{i}"), true))
+        .chain((0..refiners).map(|i| (format!("context_refiner.{i}"), false)))
+        .chain((0..layers).map(|i| (format!("layers.{i}"), true)));
+    for (p, modulated) in blocks {
+        for (n, shape) in [
+            ("attention.to_q.weight", vec![3840, 3840]),
+            ("attention.to_k.weight", vec![3840, 3840]),
+            ("attention.to_v.weight", vec![3840, 3840]),
+            ("attention.to_out.0.weight", vec![3840, 3840]),
+            ("attention.norm_q.weight", vec![128]),
+            ("attention.norm_k.weight", vec![128]),
+            ("attention_norm1.weight", vec![3840]),
+            ("attention_norm2.weight", vec![3840]),
+            ("ffn_norm1.weight", vec![3840]),
+            ("ffn_norm2.weight", vec![3840]),
+            ("feed_forward.w1.weight", vec![10240, 3840]),
+            ("feed_forward.w3.weight", vec![10240, 3840]),
+            ("feed_forward.w2.weight", vec![3840, 10240]),
+        ] {
+            m.insert(format!("{p}.{n}"), shape);
+        }
+        if modulated {
+            m.insert(format!("{p}.adaLN_modulation.0.weight"), vec![15360, 256]);
+            m.insert(format!("{p}.adaLN_modulation.0.bias"), vec![15360]);
+        }
+    }
+    m
+}
+
+/// The VAE decoder's tensors as zimage-spec §5.2 and §5.7 describe them.
+fn spec_vae_decoder() -> Shapes {
+    let mut m = Shapes::new();
+    let conv = |m: &mut Shapes, p: &str, cin: u64, cout: u64, k: u64| {
+        m.insert(format!("{p}.weight"), vec![cout, cin, k, k]);
+        m.insert(format!("{p}.bias"), vec![cout]);
+    };
+    let norm = |m: &mut Shapes, p: &str, c: u64| {
+        m.insert(format!("{p}.weight"), vec![c]);
+        m.insert(format!("{p}.bias"), vec![c]);
+    };
+    let resnet = |m: &mut Shapes, p: &str, cin: u64, cout: u64| {
+        norm(m, &format!("{p}.norm1"), cin);
+        conv(m, &format!("{p}.conv1"), cin, cout, 3);
+        norm(m, &format!("{p}.norm2"), cout);
+        conv(m, &format!("{p}.conv2"), cout, cout, 3);
+        if cin != cout {
+            conv(m, &format!("{p}.conv_shortcut"), cin, cout, 1);
+        }
+    };
+    m.insert("decoder.conv_in.weight".into(), vec![512, 16, 3, 3]);
+    m.insert("decoder.conv_in.bias".into(), vec![512]);
+    for r in 0..2 {
+        resnet(&mut m, &format!("decoder.mid_block.resnets.{r}"), 512, 512);
+    }
+    norm(&mut m, "decoder.mid_block.attentions.0.group_norm", 512);
+    for proj in ["to_q", "to_k", "to_v", "to_out.0"] {
+        let p = format!("decoder.mid_block.attentions.0.{proj}");
+        m.insert(format!("{p}.weight"), vec![512, 512]);
+        m.insert(format!("{p}.bias"), vec![512]);
+    }
+    for (b, cin, cout) in [(0, 512, 512), (1, 512, 512), (2, 512, 256), (3, 256, 128)] {
+        for r in 0..3 {
+            let p = format!("decoder.up_blocks.{b}.resnets.{r}");
+            resnet(&mut m, &p, if r == 0 { cin } else { cout }, cout);
+        }
+        if b < 3 {
+            let p = format!("decoder.up_blocks.{b}.upsamplers.0.conv");
+            m.insert(format!("{p}.weight"), vec![cout, cout, 3, 3]);
+            m.insert(format!("{p}.bias"), vec![cout]);
+        }
+    }
+    norm(&mut m, "decoder.conv_norm_out", 128);
+    m.insert("decoder.conv_out.weight".into(), vec![3, 128, 3, 3]);
+    m.insert("decoder.conv_out.bias".into(), vec![3]);
+    m
+}
+
+/// Differences between what a component holds and what the spec lists, one line each.
+fn differences(component: &str, got: &Shapes, want: &Shapes) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, shape) in want {
+        match got.get(name) {
+            None => out.push(format!("{component}: missing `{name}` {shape:?}")),
+            Some(g) if g != shape => {
+                out.push(format!("{component}: `{name}` is {g:?}, spec {shape:?}"))
+            }
+            _ => {}
+        }
+    }
+    for name in got.keys().filter(|n| !want.contains_key(*n)) {
+        out.push(format!("{component}: unexpected `{name}`"));
+    }
+    out
+}
+
+/// `count` elements of a tensor of the directory, from element `start`, as raw bytes.
+fn read_elems(dir: &DiffusersDir, component: &str, name: &str, start: u64, count: u64) -> Vec<u8> {
+    let t = dir.tensors[component]
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no `{component}/{name}`"));
+    let esize = t.info.nbytes() / t.info.numel();
+    let mut f = std::fs::File::open(&t.file).unwrap();
+    f.seek(SeekFrom::Start(t.offset + start * esize)).unwrap();
+    let mut buf = vec![0u8; (count * esize) as usize];
+    f.read_exact(&mut buf).unwrap();
+    buf
+}
+
+fn bf16_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+#[test]
+fn real_depth_sizes_match_the_spec() {
+    // zimage-spec §8 (tensors, params, bf16 bytes) and §1.1 (3 text-encoder shards).
+    let real = synthetic::plan(&Spec::real());
+    let te = real.component("text_encoder").unwrap();
+    assert_eq!(
+        (te.tensors, te.params, te.data_bytes, te.files),
+        (398, 4_022_468_096, 8_044_936_192, 3)
+    );
+    let tr = real.component("transformer").unwrap();
+    assert_eq!(
+        (tr.tensors, tr.params, tr.data_bytes),
+        (521, 6_154_908_736, 12_309_817_472)
+    );
+    let vae = real.component("vae").unwrap();
+    assert_eq!(
+        (vae.tensors, vae.params, vae.data_bytes),
+        (138, 49_545_475, 99_090_950)
+    );
+    // Every shard stays under the limit, in f32 too (the Hub stores the transformer in f32:
+    // 24,619,634,944 bytes of tensor data).
+    let f32 = Spec {
+        dtype: WeightDtype::F32,
+        ..Spec::real()
+    };
+    let plans = synthetic::plan_components(&f32);
+    let tr = plans.iter().find(|p| p.component == "transformer").unwrap();
+    let data: u64 = tr.tensors.iter().map(|t| t.numel() * 4).sum();
+    assert_eq!(data, 24_619_634_944);
+    assert!(tr.files.len() > 1 && tr.index.is_some());
+    for p in &plans {
+        for f in &p.files {
+            assert!(f.len - f.header.len() as u64 <= synthetic::MAX_SHARD_BYTES);
+        }
+    }
+    // And the spec's names at the real depth, without writing anything.
+    for p in synthetic::plan_components(&Spec::real()) {
+        let got: Shapes = p
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        let want = match p.component {
+            "text_encoder" => spec_text_encoder(36),
+            "transformer" => spec_transformer(30, 2),
+            _ => spec_vae_decoder(),
+        };
+        let diff = differences(p.component, &got, &want);
+        assert!(diff.is_empty(), "{}", diff.join("\n"));
+    }
+}
+
+#[test]
+fn shallow_model_has_the_spec_tensors_and_generates_through_the_store() {
+    let total = Instant::now();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    let spec = Spec {
+        layers: 1,
+        refiner_layers: 1,
+        text_layers: 2,
+        dtype: WeightDtype::Bf16,
+        seed: 7,
+    };
+
+    // 1. Write it (no fsync: the directory is gone at the end of the test).
+    let t = Instant::now();
+    let (summary, timing) =
+        synthetic::write_with(&model, &spec, &synthetic::Options { sync: false }).unwrap();
+    eprintln!(
+        "wrote {:.2} GB in {:.1} s ({:.2} GB/s)\n{summary}",
+        summary.file_bytes() as f64 / 1e9,
+        t.elapsed().as_secs_f64(),
+        summary.file_bytes() as f64 / 1e9 / timing.total_s
+    );
+    assert_eq!(summary, synthetic::plan(&spec));
+    // A second write into the same directory is refused rather than mixing two models.
+    let again = synthetic::write(&model, &spec).unwrap_err().to_string();
+    assert!(again.contains("not empty"), "{again}");
+
+    // 2. Every tensor, by name and shape, as the spec lists it (the index checked on opening).
+    let dir = DiffusersDir::open(&model).unwrap();
+    let mut diff = Vec::new();
+    for (component, want) in [
+        ("text_encoder", spec_text_encoder(spec.text_layers)),
+        (
+            "transformer",
+            spec_transformer(spec.layers, spec.refiner_layers),
+        ),
+        ("vae", spec_vae_decoder()),
+    ] {
+        let tensors = &dir.tensors[component];
+        assert!(tensors
+            .iter()
+            .all(|t| t.info.dtype == zimage::safetensors::Dtype::BF16));
+        let got: Shapes = tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.info.shape.clone()))
+            .collect();
+        assert_eq!(got.len(), tensors.len(), "{component}: duplicate names");
+        diff.extend(differences(component, &got, &want));
+        let files = tensors
+            .iter()
+            .map(|t| &t.file)
+            .collect::<std::collections::BTreeSet<_>>();
+        let s = summary.component(component).unwrap();
+        assert_eq!((s.tensors, s.files), (got.len(), files.len()));
+        let on_disk: u64 = files.iter().map(|f| f.metadata().unwrap().len()).sum();
+        assert_eq!(s.file_bytes, on_disk, "{component}");
+    }
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    let count = |c: &str, prefix: &str| {
+        dir.tensors[c]
+            .iter()
+            .filter(|t| t.name.starts_with(prefix))
+            .count()
+    };
+    assert_eq!(dir.tensors["transformer"].len(), 15 + 15 + 15 + 13);
+    assert_eq!(count("transformer", "layers.0."), 15);
+    assert_eq!(count("transformer", "context_refiner.0."), 13);
+    assert_eq!(dir.tensors["text_encoder"].len(), 1 + 2 * 11 + 1);
+    assert_eq!(count("text_encoder", "model.layers.1."), 11);
+    assert_eq!(dir.tensors["vae"].len(), 138);
+    assert!(model
+        .join("text_encoder/model.safetensors.index.json")
+        .is_file());
+    assert!(model
+        .join("transformer/diffusion_pytorch_model.safetensors")
+        .is_file());
+
+    // 3. Configs: the real values, depth from the spec, accepted by the loader's own parsers.
+    let json = |rel: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(model.join(rel)).unwrap()).unwrap()
+    };
+    let tr_cfg = json("transformer/config.json");
+    let te_cfg = json("text_encoder/config.json");
+    let vae_cfg = json("vae/config.json");
+    let sch_cfg = json("scheduler/scheduler_config.json");
+    assert_eq!(tr_cfg["dim"], 3840);
+    assert_eq!(tr_cfg["n_layers"], 1);
+    assert_eq!(tr_cfg["n_refiner_layers"], 1);
+    assert_eq!(tr_cfg["axes_lens"], serde_json::json!([1536, 512, 512]));
+    assert_eq!(te_cfg["num_hidden_layers"], 2);
+    assert_eq!(te_cfg["tie_word_embeddings"], true);
+    assert_eq!(
+        vae_cfg["block_out_channels"],
+        serde_json::json!([128, 256, 512, 512])
+    );
+    assert_eq!(sch_cfg["shift"], 3.0);
+    serde_json::from_value::<zimage::models::DitConfig>(tr_cfg)
+        .unwrap()
+        .validate()
+        .unwrap();
+    serde_json::from_value::<zimage::models::Qwen3Config>(te_cfg)
+        .unwrap()
+        .validate()
+        .unwrap();
+    serde_json::from_value::<zimage::models::VaeConfig>(vae_cfg)
+        .unwrap()
+        .validate()
+        .unwrap();
+    let sch: zimage::scheduler::SchedulerConfig = serde_json::from_value(sch_cfg).unwrap();
+    assert!(!sch.use_dynamic_shifting);
+    assert_eq!(json("model_index.json")["_class_name"], "ZImagePipeline");
+    for f in ["vocab.json", "merges.txt", "tokenizer_config.json"] {
+        assert_eq!(
+            std::fs::read(model.join("tokenizer").join(f)).unwrap(),
+            std::fs::read(synthetic::tokenizer_source().join(f)).unwrap(),
+            "{f}"
+        );
+    }
+
+    // 4. Values: uniform matrices with std 1/sqrt(fan_in), ones and zeros, and the same bytes
+    //    whichever chunk produced them.
+    let q = "model.layers.0.self_attn.q_proj.weight";
+    let v = bf16_values(&read_elems(&dir, "text_encoder", q, 0, 1 << 20));
+    let mean = v.iter().map(|x| *x as f64).sum::<f64>() / v.len() as f64;
+    let std = (v.iter().map(|x| (*x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+    let want = 1.0 / 2560f64.sqrt();
+    assert!(mean.abs() < 0.01 * want, "mean {mean}");
+    assert!((std / want - 1.0).abs() < 0.01, "std {std}, want {want}");
+    let bound = want * 3f64.sqrt() * 1.01;
+    assert!(v.iter().all(|x| (*x as f64).abs() <= bound));
+    let w2 = "layers.0.feed_forward.w2.weight";
+    let v = bf16_values(&read_elems(&dir, "transformer", w2, 0, 1 << 16));
+    let std = (v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+    assert!((std * 10240f64.sqrt() - 1.0).abs() < 0.03, "std {std}");
+    for (c, name, value) in [
+        ("text_encoder", "model.norm.weight", 1.0),
+        ("transformer", "layers.0.attention.norm_q.weight", 1.0),
+        ("transformer", "t_embedder.mlp.0.bias", 0.0),
+        ("vae", "decoder.conv_norm_out.bias", 0.0),
+    ] {
+        let n = dir.tensors[c]
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap()
+            .info
+            .numel();
+        let v = bf16_values(&read_elems(&dir, c, name, 0, n));
+        assert!(v.iter().all(|x| *x == value), "{name}");
+    }
+    let pad = bf16_values(&read_elems(&dir, "transformer", "x_pad_token", 0, 3840));
+    assert!(pad.iter().any(|x| *x != 0.0) && pad.iter().all(|x| x.abs() < 0.04));
+    // Across the boundary between two work chunks of the embedding table.
+    let embed = synthetic::text_encoder_tensors(&spec).remove(0);
+    let (start, n) = ((1 << 21) - 8, 16);
+    assert_eq!(
+        read_elems(&dir, "text_encoder", &embed.name, start, n),
+        synthetic::tensor_bytes(&spec, "text_encoder", &embed, start, n)
+    );
+
+    // 5. Import with int4, then generate one step at 64×64.
+    let store = tmp.path().join("store");
+    let t = Instant::now();
+    let out = zimage_in(
+        &store,
+        &["create", "synth", "--from", s(&model), "--quantize", "int4"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("imported with int4 in {:.1} s", t.elapsed().as_secs_f64());
+    std::fs::remove_dir_all(&model).unwrap();
+    let png = tmp.path().join("fox.png");
+    let t = Instant::now();
+    let out = zimage_in(
+        &store,
+        &[
+            "generate",
+            "a fox",
+            "--model",
+            "synth",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--steps",
+            "1",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
+    let img = image::open(&png).unwrap().to_rgb8();
+    assert_eq!(img.dimensions(), (64, 64));
+    // Not one flat colour: a NaN or an infinity anywhere upstream ends as a constant image.
+    let px = img.into_raw();
+    let (lo, hi) = (px.iter().min().unwrap(), px.iter().max().unwrap());
+    assert!(hi - lo > 16, "pixel range {lo}..{hi}");
+    eprintln!("total {:.1} s", total.elapsed().as_secs_f64());
+}
