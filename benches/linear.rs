@@ -66,11 +66,12 @@ fn main() {
             let (q, s, b) = (q.clone(), s.clone(), b.clone());
             let x = x.clone();
             move || {
-                let a = fast::Affine {
+                let a = fast::Packing {
                     scales: &s,
-                    biases: &b,
+                    biases: Some(&b),
                     group_size: 64,
                     bits: if q.dim(1) * 4 == k { 8 } else { 4 },
+                    mode: zimage::mlx::QuantMode::Affine,
                 };
                 fast::linear(&x, &q, Some(a), None).unwrap()
             }

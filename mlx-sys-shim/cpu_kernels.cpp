@@ -797,11 +797,12 @@ mx::array conv2d_same(const mx::array& x, const mx::array& weight, const mx::arr
 
 mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx::array>& scales,
                  const std::optional<mx::array>& biases, const std::optional<mx::array>& bias, int group_size,
-                 int bits) {
+                 int bits, const std::string& mode) {
   const bool quantized = scales.has_value();
+  const bool affine = mode == "affine";
   if (x.ndim() < 1 || w.ndim() != 2) throw std::invalid_argument("[linear] expects x [..., K] and a 2-D weight");
   const int k = x.shape(-1), n = w.shape(0);
-  if (quantized) {
+  if (quantized && affine) {
     if (!biases) throw std::invalid_argument("[linear] an affine-quantized weight needs its biases");
     if (bits <= 0 || group_size <= 0 || k % group_size != 0 || w.shape(1) * 32 != k * bits ||
         scales->shape() != mx::Shape{n, k / group_size} || biases->shape() != scales->shape()) {
@@ -809,7 +810,7 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
                                   std::to_string(k) + " at " + std::to_string(bits) + " bits, group " +
                                   std::to_string(group_size));
     }
-  } else if (w.shape(1) != k) {
+  } else if (!quantized && w.shape(1) != k) {
     throw std::invalid_argument("[linear] the weight has " + std::to_string(w.shape(1)) + " columns, x has " +
                                 std::to_string(k));
   }
@@ -822,7 +823,7 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
   out_shape.back() = n;
   const auto form_dtype = quantized ? scales->dtype() : w.dtype();
   const bool narrow_float = form_dtype == mx::bfloat16 || form_dtype == mx::float16;
-  const bool kernel_fits = quantized ? (bits == 2 || bits == 4 || bits == 8) && group_size % (32 / bits) == 0 &&
+  const bool kernel_fits = quantized ? affine && (bits == 2 || bits == 4 || bits == 8) && group_size % (32 / bits) == 0 &&
                                            (narrow_float || form_dtype == mx::float32) && w.dtype() == mx::uint32
                                      : narrow_float;
   if (sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 && kernel_fits &&
@@ -840,13 +841,14 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
   // Elsewhere MLX's ops: quantized_matmul for a quantized weight (a GPU kernel that never
   // expands it), else a product with the weight in x's dtype. On the CPU this expands one layer
   // at a time, as the graph reaches it.
+  // Affine scales and biases take x's dtype; the float modes' scales are bytes (E8M0, E4M3).
+  auto like_x = [&](const mx::array& a) { return affine ? mx::astype(a, x.dtype()) : a; };
+  std::optional<mx::array> qbiases = biases ? std::optional<mx::array>(like_x(*biases)) : std::nullopt;
   mx::array y = quantized ? (stream.device == mx::Device::cpu
-                                 ? mx::matmul(x, mx::transpose(mx::astype(mx::dequantize(w, *scales, *biases, group_size,
-                                                                                         bits, "affine"),
-                                                                          x.dtype())))
-                                 : mx::quantized_matmul(x, w, mx::astype(*scales, x.dtype()),
-                                                        mx::astype(*biases, x.dtype()), true, group_size, bits,
-                                                        "affine"))
+                                 ? mx::matmul(x, mx::transpose(mx::astype(
+                                                     mx::dequantize(w, *scales, biases, group_size, bits, mode),
+                                                     x.dtype())))
+                                 : mx::quantized_matmul(x, w, like_x(*scales), qbiases, true, group_size, bits, mode))
                           : mx::matmul(x, mx::transpose(w.dtype() == x.dtype() ? w : mx::astype(w, x.dtype())));
   return bias ? mx::add(y, mx::astype(*bias, x.dtype())) : y;
 }

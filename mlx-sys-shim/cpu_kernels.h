@@ -3,6 +3,9 @@
 // graphs like any other op. Each falls back to MLX's own ops on a GPU or in other dtypes.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "mlx/mlx.h"
 
 namespace mlxs {
@@ -38,6 +41,7 @@ mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& 
 // elsewhere quantized_matmul (GPU) or MLX's dequantize and matmul.
 mlx::core::array linear(const mlx::core::array& x, const mlx::core::array& w,
                         const std::optional<mlx::core::array>& scales, const std::optional<mlx::core::array>& biases,
-                        const std::optional<mlx::core::array>& bias, int group_size, int bits);
+                        const std::optional<mlx::core::array>& bias, int group_size, int bits,
+                        const std::string& mode);
 
 }  // namespace mlxs

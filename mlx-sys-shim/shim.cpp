@@ -400,9 +400,34 @@ int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_arra
   });
 }
 
+int mlxs_quantize_mode(mlxs_array** wq, mlxs_array** scales, mlxs_array** biases, const mlxs_array* w,
+                       int group_size, int bits, const char* mode) {
+  return guard([&] {
+    auto parts = mx::quantize(w->a, group_size, bits, mode ? mode : "affine");
+    put(wq, parts.at(0));
+    put(scales, parts.at(1));
+    if (parts.size() > 2) {
+      put(biases, parts[2]);
+    } else {
+      *biases = nullptr;
+    }
+  });
+}
+
+int mlxs_dequantize_mode(mlxs_array** out, const mlxs_array* wq, const mlxs_array* scales,
+                         const mlxs_array* biases, int group_size, int bits, const char* mode) {
+  return guard([&] {
+    put(out, mx::dequantize(wq->a, scales->a, opt(biases), group_size, bits, mode ? mode : "affine"));
+  });
+}
+
 int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, const mlxs_array* scales,
-                     const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits) {
-  return guard([&] { put(out, mlxs::linear(x->a, w->a, opt(scales), opt(biases), opt(bias), group_size, bits)); });
+                     const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits,
+                     const char* mode) {
+  return guard([&] {
+    put(out, mlxs::linear(x->a, w->a, opt(scales), opt(biases), opt(bias), group_size, bits,
+                          mode ? mode : "affine"));
+  });
 }
 
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps) {

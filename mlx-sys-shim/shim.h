@@ -121,11 +121,20 @@ int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_arra
                           const mlxs_array* scales, const mlxs_array* biases, int transpose,
                           int group_size, int bits);
 
-/* y = x · Wᵀ (+ bias) with W [N, K] kept as stored: dense (scales and biases null) in any float
- * dtype, or affine-quantized (packed uint32 w, scales, biases). bias may be null. On the CPU with
- * float32 x, narrow weights are widened a tile at a time and multiplied by sgemm. */
+/* Quantization in any of MLX's modes ("affine", "mxfp4", "mxfp8", "nvfp4"); *biases is set to
+ * null for the modes that have none. dequantize_mode's biases may be null. */
+int mlxs_quantize_mode(mlxs_array** wq, mlxs_array** scales, mlxs_array** biases, const mlxs_array* w,
+                       int group_size, int bits, const char* mode);
+int mlxs_dequantize_mode(mlxs_array** out, const mlxs_array* wq, const mlxs_array* scales,
+                         const mlxs_array* biases, int group_size, int bits, const char* mode);
+
+/* y = x · Wᵀ (+ bias) with W [N, K] kept as stored: dense (scales null) in any float dtype, or
+ * quantized in `mode` (packed uint32 w, scales, biases where the mode has them; null mode means
+ * "affine"). bias may be null. On the CPU with float32 x, bf16/f16 and affine weights are widened
+ * a tile at a time and multiplied by sgemm. */
 int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, const mlxs_array* scales,
-                     const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits);
+                     const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits,
+                     const char* mode);
 
 /* Fast kernels; weight/bias/freqs/mask may be null */
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps);

@@ -12,8 +12,8 @@
 //! buffers), and, for blobs whose data starts on a page boundary (`zimage create --align`), a
 //! memory map handed to MLX without a copy where the backend allows it.
 
-pub use crate::mlx::QuantizedTensor;
 use crate::mlx::{self, Array, Dtype};
+pub use crate::mlx::{QuantMode, QuantizedTensor};
 use crate::pipeline::ComponentWeights;
 use crate::safetensors::Header;
 use crate::store::{blob, Layer, Store, StoreError, StoredModel};
@@ -48,7 +48,7 @@ impl LoadedComponent {
     pub fn eval(&self) -> mlx::Result<()> {
         let mut all: Vec<&Array> = self.tensors.values().collect();
         for q in self.quantized.values() {
-            all.extend([&q.weight, &q.scales, &q.biases]);
+            all.extend(q.arrays());
         }
         mlx::eval(&all)
     }
@@ -168,22 +168,29 @@ pub fn load_component(
         };
         let weight = take(&mut arrays, &main)?;
         let scales = take(&mut arrays, &format!("{main}.scale"))?;
-        let biases = take(&mut arrays, &format!("{main}.bias"))?;
-        let group_size: i32 = meta
-            .get("group_size")
-            .and_then(|g| g.parse().ok())
-            .unwrap_or(64);
-        let bits = match meta.get("quant_type").map(String::as_str) {
-            Some("int8") | Some("INT8") | Some("q8") => 8,
-            Some("int4") | Some("INT4") | Some("q4") => 4,
-            Some(other) => {
-                return Err(bad(format!(
-                    "quantization `{other}` is not supported (int4 and int8 are)"
-                )))
+        let biases = arrays.remove(&format!("{main}.bias"));
+        let stated_group = meta.get("group_size").and_then(|g| g.parse().ok());
+        let (mode, group_size, bits) = match meta.get("quant_type") {
+            Some(t) => {
+                let (mode, group, bits) = QuantMode::from_quant_type(t).ok_or_else(|| {
+                    bad(format!(
+                        "quantization `{t}` is not supported (int4, int8, nvfp4, mxfp8 and mxfp4 are)"
+                    ))
+                })?;
+                (mode, stated_group.unwrap_or(group), bits)
             }
-            None => infer_bits(&weight, &scales, group_size)
-                .ok_or_else(|| bad("cannot tell the bit width".into()))?,
+            None => {
+                let group = stated_group.unwrap_or(64);
+                let bits = infer_bits(&weight, &scales, group)
+                    .ok_or_else(|| bad("cannot tell the bit width".into()))?;
+                (QuantMode::Affine, group, bits)
+            }
         };
+        if mode == QuantMode::Affine && biases.is_none() {
+            return Err(bad(format!(
+                "has no `{main}.bias` (affine quantization needs one)"
+            )));
+        }
         out.quantized.insert(
             p.name.clone(),
             QuantizedTensor {
@@ -192,6 +199,7 @@ pub fn load_component(
                 biases,
                 group_size,
                 bits,
+                mode,
             },
         );
     }
@@ -214,9 +222,10 @@ pub fn load_component(
             QuantizedTensor {
                 weight,
                 scales,
-                biases,
+                biases: Some(biases),
                 group_size,
                 bits,
+                mode: QuantMode::Affine,
             },
         );
     }

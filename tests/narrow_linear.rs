@@ -1,7 +1,7 @@
 //! `fast::linear` over weights kept as stored (bf16, f16, affine-quantized) against MLX's own
 //! dequantize/astype followed by a float32 matmul.
 
-use zimage::mlx::{self, fast, ops, random, Array, Dtype};
+use zimage::mlx::{self, fast, ops, random, Array, Dtype, QuantMode, QuantizedTensor};
 
 fn normal(shape: &[i32], seed: u64) -> Array {
     random::normal(shape, Dtype::F32, &random::key(seed).unwrap()).unwrap()
@@ -56,11 +56,12 @@ fn dequantized_values_are_mlx_own_bit_for_bit() {
             &[k, k],
         )
         .unwrap();
-        let quant = fast::Affine {
+        let quant = fast::Packing {
             scales: &s,
-            biases: &b,
+            biases: Some(&b),
             group_size: group,
             bits,
+            mode: QuantMode::Affine,
         };
         let got = fast::linear(&eye, &wq, Some(quant), None).unwrap();
         let want = ops::dequantize(&wq, &s, &b, group, bits)
@@ -117,11 +118,12 @@ fn products_match_dequantize_then_matmul() {
         );
         for bits in [4, 8] {
             let (wq, s, b) = ops::quantize(&w, 64, bits).unwrap();
-            let quant = fast::Affine {
+            let quant = fast::Packing {
                 scales: &s,
-                biases: &b,
+                biases: Some(&b),
                 group_size: 64,
                 bits,
+                mode: QuantMode::Affine,
             };
             let got = fast::linear(&x, &wq, Some(quant), bias.as_ref()).unwrap();
             let w32 = ops::dequantize(&wq, &s, &b, 64, bits)
@@ -160,14 +162,34 @@ fn misfit_weights_are_errors_not_crashes() {
     let e = fast::linear(&x, &w, None, None).unwrap_err().to_string();
     assert!(e.contains("columns"), "{e}");
     let (wq, s, b) = ops::quantize(&normal(&[8, 128], 3), 64, 4).unwrap();
-    let quant = fast::Affine {
+    let quant = fast::Packing {
         scales: &s,
-        biases: &b,
+        biases: Some(&b),
         group_size: 64,
         bits: 8,
+        mode: QuantMode::Affine,
     };
     let e = fast::linear(&x, &wq, Some(quant), None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("do not fit"), "{e}");
+}
+
+#[test]
+fn float_quantization_modes_match_their_dequantized_weights() {
+    // nvfp4 and mxfp8 run through MLX's own dequantize on the CPU, one layer at a time.
+    let x = normal(&[8, 256], 1);
+    let w = (normal(&[64, 256], 2) * 0.05).unwrap();
+    for (mode, group, bits) in [(QuantMode::Nvfp4, 16, 4), (QuantMode::Mxfp8, 32, 8)] {
+        let q = QuantizedTensor::quantize(&w, group, bits, mode).unwrap();
+        assert!(q.biases.is_none(), "{mode:?} has no biases");
+        let got = fast::linear(&x, &q.weight, Some(q.packing()), None).unwrap();
+        let w32 = q.dequantize().unwrap().astype(Dtype::F32).unwrap();
+        let want = reference(&x, &w32, None);
+        let e = relative_error(&got, &want);
+        assert!(e <= 1e-5, "{mode:?}: relative error {e:e}");
+        // And the quantization is close to the weight it stands for.
+        let e = relative_error(&w32, &w);
+        assert!(e < 0.25, "{mode:?}: quantization error {e}");
+    }
 }

@@ -581,6 +581,44 @@ fn every_ollama_blob_generation_loads_to_the_same_values() {
             ),
         ],
     );
+    // v2 in the float modes Ollama also wrote: `.scale` bytes and no `.bias`.
+    for (model, quant_type, group, bits, mode) in [
+        ("gen/v2nvfp4", "nvfp4", 16, 4, mlx::QuantMode::Nvfp4),
+        ("gen/v2mxfp8", "mxfp8", 32, 8, mlx::QuantMode::Mxfp8),
+    ] {
+        let q = mlx::QuantizedTensor::quantize(&w, group, bits, mode).unwrap();
+        hand_store(
+            &root,
+            model,
+            vec![
+                (
+                    full.clone(),
+                    mlx_blob(
+                        dir.path(),
+                        &[(&full, &q.weight), (&format!("{full}.scale"), &q.scales)],
+                        &[
+                            ("quant_type", quant_type),
+                            ("group_size", &group.to_string()),
+                        ],
+                    ),
+                ),
+                (
+                    "transformer/norm.weight".into(),
+                    plain("norm.weight", &norm),
+                ),
+            ],
+        );
+        let m = Store::at(&root).open(model).unwrap();
+        let loaded =
+            loader::load_component(&Store::at(&root), &m, "transformer", ReadPath::MlxLoader)
+                .unwrap();
+        let kept = &loaded.quantized[name];
+        assert_eq!(
+            (kept.mode, kept.group_size, kept.bits, kept.shape()),
+            (mode, group, bits, vec![128, 64]),
+            "{model}"
+        );
+    }
     let store = Store::at(&root);
     let reference = w.astype(MDtype::F32).unwrap().to_vec::<f32>().unwrap();
     for (model, tol) in [
@@ -588,6 +626,8 @@ fn every_ollama_blob_generation_loads_to_the_same_values() {
         ("gen/v2", 0.0),
         ("gen/v1q", 0.01),
         ("gen/v2q", 0.01),
+        ("gen/v2nvfp4", 0.17),
+        ("gen/v2mxfp8", 0.1),
     ] {
         let m = store.open(model).unwrap();
         let arrays = loader::load_component(&store, &m, "transformer", ReadPath::MlxLoader)

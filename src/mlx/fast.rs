@@ -48,30 +48,33 @@ pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Ar
     })
 }
 
-/// Affine quantization of a weight: packed u32 values with per-group scales and biases.
+/// How a quantized weight is packed: per-group scales (and biases, in affine mode).
 #[derive(Debug, Clone, Copy)]
-pub struct Affine<'a> {
+pub struct Packing<'a> {
     pub scales: &'a Array,
-    pub biases: &'a Array,
+    pub biases: Option<&'a Array>,
     pub group_size: i32,
     pub bits: i32,
+    pub mode: super::QuantMode,
 }
 
 /// `x · Wᵀ (+ bias)` for `x` `[..., K]` and `W` `[N, K]` as stored: dense in any float dtype,
-/// or packed with `quant`. On the CPU with f32 `x`, a bf16/f16 or 2/4/8-bit weight is widened a
-/// tile of rows at a time into a reused buffer and multiplied by sgemm, so no f32 copy of the
-/// layer exists; on a GPU a quantized weight goes through `quantized_matmul`.
+/// or packed as `packing` says. On the CPU with f32 `x`, a bf16/f16 or affine 2/4/8-bit weight
+/// is widened a tile of rows at a time into a reused buffer and multiplied by sgemm, so no f32
+/// copy of the layer exists; on a GPU a quantized weight goes through `quantized_matmul`.
 #[track_caller]
 pub fn linear(
     x: &Array,
     w: &Array,
-    quant: Option<Affine<'_>>,
+    packing: Option<Packing<'_>>,
     bias: Option<&Array>,
 ) -> Result<Array> {
-    let (scales, biases, group, bits) = match quant {
-        Some(q) => (Some(q.scales), Some(q.biases), q.group_size, q.bits),
-        None => (None, None, 0, 0),
+    let (scales, biases, group, bits, mode) = match packing {
+        Some(p) => (Some(p.scales), p.biases, p.group_size, p.bits, p.mode),
+        None => (None, None, 0, 0, super::QuantMode::Affine),
     };
+    // SAFETY: every pointer is a live array or null where the shim accepts null; the mode is a
+    // static C string.
     call("linear", |out| unsafe {
         ffi::mlxs_fast_linear(
             out,
@@ -82,6 +85,7 @@ pub fn linear(
             Array::opt_ptr(bias),
             group,
             bits,
+            mode.as_cstr().as_ptr(),
         )
     })
 }

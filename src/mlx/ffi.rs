@@ -193,6 +193,25 @@ extern "C" {
         bias: Arr,
         group_size: c_int,
         bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
+    pub fn mlxs_quantize_mode(
+        wq: Out,
+        scales: Out,
+        biases: Out,
+        w: Arr,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
+    pub fn mlxs_dequantize_mode(
+        out: Out,
+        wq: Arr,
+        scales: Arr,
+        biases: Arr,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
     ) -> c_int;
     pub fn mlxs_fast_rms_norm(out: Out, x: Arr, weight: Arr, eps: f32) -> c_int;
     pub fn mlxs_fast_group_norm(

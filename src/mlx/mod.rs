@@ -18,7 +18,7 @@ pub mod random;
 pub use array::Array;
 pub use dtype::{ArrayElement, Dtype};
 pub use error::{Error, Result};
-pub use quantized::QuantizedTensor;
+pub use quantized::{QuantMode, QuantizedTensor};
 
 use std::ffi::CStr;
 

@@ -1,28 +1,111 @@
-//! A weight in MLX's affine quantization, kept packed.
+//! A weight in one of MLX's quantizations, kept packed.
 
-use super::{fast, ops, Array, Result};
+use super::array::{call, check};
+use super::{fast, ffi, ops, Array, Result};
+use std::ffi::CStr;
 
-/// Packed u32 values with per-group scales and biases: `w = scale · q + bias` per group of
-/// `group_size` consecutive values along the last axis.
+/// MLX's quantization modes: affine (`w = scale · q + bias` per group) and the float formats
+/// with shared per-group exponents or scales and no bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMode {
+    Affine,
+    Mxfp4,
+    Mxfp8,
+    Nvfp4,
+}
+
+impl QuantMode {
+    pub fn as_cstr(self) -> &'static CStr {
+        match self {
+            QuantMode::Affine => c"affine",
+            QuantMode::Mxfp4 => c"mxfp4",
+            QuantMode::Mxfp8 => c"mxfp8",
+            QuantMode::Nvfp4 => c"nvfp4",
+        }
+    }
+
+    /// A stored `quant_type` (Ollama's spellings) as (mode, default group size, bits).
+    pub fn from_quant_type(quant_type: &str) -> Option<(QuantMode, i32, i32)> {
+        Some(match quant_type.to_ascii_lowercase().as_str() {
+            "int8" | "q8" => (QuantMode::Affine, 64, 8),
+            "int4" | "q4" => (QuantMode::Affine, 64, 4),
+            "nvfp4" => (QuantMode::Nvfp4, 16, 4),
+            "mxfp8" => (QuantMode::Mxfp8, 32, 8),
+            "mxfp4" => (QuantMode::Mxfp4, 32, 4),
+            _ => return None,
+        })
+    }
+}
+
+/// Packed u32 values with per-group scales (and biases, in affine mode), along the last axis.
 #[derive(Debug, Clone)]
 pub struct QuantizedTensor {
     pub weight: Array,
     pub scales: Array,
-    pub biases: Array,
+    pub biases: Option<Array>,
     pub group_size: i32,
     pub bits: i32,
+    pub mode: QuantMode,
 }
 
 impl QuantizedTensor {
-    /// The full-precision weight, in the scales' dtype.
+    /// Quantizes `w` along its last axis.
+    pub fn quantize(w: &Array, group_size: i32, bits: i32, mode: QuantMode) -> Result<Self> {
+        let (mut q, mut s, mut b) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        // SAFETY: the out-pointers are valid locals; on success the shim fills q and s and sets
+        // b to an owned array or null, each owned by us from here on.
+        let status = unsafe {
+            ffi::mlxs_quantize_mode(
+                &mut q,
+                &mut s,
+                &mut b,
+                w.as_ptr(),
+                group_size,
+                bits,
+                mode.as_cstr().as_ptr(),
+            )
+        };
+        check("quantize", status)?;
+        let wrap = |p| std::ptr::NonNull::new(p).map(Array::from_raw);
+        Ok(QuantizedTensor {
+            weight: wrap(q).expect("quantize filled the weight"),
+            scales: wrap(s).expect("quantize filled the scales"),
+            biases: wrap(b),
+            group_size,
+            bits,
+            mode,
+        })
+    }
+
+    /// The full-precision weight (in the scales' dtype in affine mode).
     pub fn dequantize(&self) -> Result<Array> {
-        ops::dequantize(
-            &self.weight,
-            &self.scales,
-            &self.biases,
-            self.group_size,
-            self.bits,
-        )
+        if self.mode == QuantMode::Affine {
+            if let Some(biases) = &self.biases {
+                return ops::dequantize(
+                    &self.weight,
+                    &self.scales,
+                    biases,
+                    self.group_size,
+                    self.bits,
+                );
+            }
+        }
+        // SAFETY: every pointer is a live array or null where the shim accepts null.
+        call("dequantize", |out| unsafe {
+            ffi::mlxs_dequantize_mode(
+                out,
+                self.weight.as_ptr(),
+                self.scales.as_ptr(),
+                Array::opt_ptr(self.biases.as_ref()),
+                self.group_size,
+                self.bits,
+                self.mode.as_cstr().as_ptr(),
+            )
+        })
     }
 
     /// The logical shape `[rows, columns]` of the weight the values stand for.
@@ -36,16 +119,24 @@ impl QuantizedTensor {
 
     /// Bytes held in memory: packed values, scales and biases.
     pub fn nbytes(&self) -> usize {
-        self.weight.nbytes() + self.scales.nbytes() + self.biases.nbytes()
+        self.weight.nbytes() + self.scales.nbytes() + self.biases.as_ref().map_or(0, Array::nbytes)
+    }
+
+    /// The arrays to evaluate to hold it in memory.
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut all = vec![&self.weight, &self.scales];
+        all.extend(self.biases.as_ref());
+        all
     }
 
     /// The quantization as [`fast::linear`] takes it.
-    pub fn affine(&self) -> fast::Affine<'_> {
-        fast::Affine {
+    pub fn packing(&self) -> fast::Packing<'_> {
+        fast::Packing {
             scales: &self.scales,
-            biases: &self.biases,
+            biases: self.biases.as_ref(),
             group_size: self.group_size,
             bits: self.bits,
+            mode: self.mode,
         }
     }
 }

@@ -273,7 +273,7 @@ impl Linear {
             }
             LinearWeight::Dense(w) => fast::linear(x, w, None, self.bias.as_ref()),
             LinearWeight::Quantized(q) => {
-                fast::linear(x, &q.weight, Some(q.affine()), self.bias.as_ref())
+                fast::linear(x, &q.weight, Some(q.packing()), self.bias.as_ref())
             }
         }
     }
