@@ -8,7 +8,6 @@
 //! steps per run (default 2). Each mode runs a warm-up generation, then 3 timed ones.
 
 #[path = "../models/synthetic.rs"]
-#[allow(dead_code)]
 mod synthetic;
 
 use std::path::PathBuf;

@@ -58,6 +58,8 @@ pub fn temp_file_beside(
 /// Raises the soft limit on open files to at least `wanted` (capped at the hard limit), since
 /// a stored model can have thousands of blobs open while it loads. Returns the limit in force.
 #[cfg(unix)]
+// rlim_t is u64 on the platforms we build for, but not on every Unix.
+#[allow(clippy::unnecessary_cast)]
 pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

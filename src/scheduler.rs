@@ -96,7 +96,7 @@ mod tests {
         );
         assert_eq!(s.t_model(0), 0.0);
         assert_eq!(s.t_model(1), 0.045_454_59);
-        assert_eq!(s.t_model(7), 0.699_999_99);
+        assert_eq!(s.t_model(7), 0.7);
     }
 
     #[test]

@@ -117,6 +117,8 @@ fn cephes_log(x: f32) -> f32 {
     let x = m + tmp;
     let z = x * x;
     let mut y = 7.037_683_6e-2f32;
+    // The polynomial's coefficients as published, digit for digit.
+    #[allow(clippy::excessive_precision)]
     for p in [
         -1.151_461e-1f32,
         1.167_699_9e-1,

@@ -79,10 +79,14 @@ fn elementwise_maths() {
     close(&x.neg().unwrap(), &[-0.5, -1.0, -2.0], 0.0);
     close(
         &x.exp().unwrap(),
-        &[1.648_721_3, 2.718_281_8, 7.389_056],
+        &[1.648_721_3, std::f32::consts::E, 7.389_056],
         1e-6,
     );
-    close(&x.log().unwrap(), &[-0.693_147_2, 0.0, 0.693_147_2], 1e-6);
+    close(
+        &x.log().unwrap(),
+        &[-std::f32::consts::LN_2, 0.0, std::f32::consts::LN_2],
+        1e-6,
+    );
     close(
         &x.sin().unwrap(),
         &[0.479_425_55, 0.841_470_96, 0.909_297_4],
@@ -108,8 +112,16 @@ fn elementwise_maths() {
         &[0.311_229_65, 0.731_058_6, 1.761_594_2],
         1e-6,
     );
-    close(&x.sqrt().unwrap(), &[0.707_106_77, 1.0, 1.414_213_6], 1e-6);
-    close(&x.rsqrt().unwrap(), &[1.414_213_6, 1.0, 0.707_106_77], 1e-6);
+    close(
+        &x.sqrt().unwrap(),
+        &[0.707_106_77, 1.0, std::f32::consts::SQRT_2],
+        1e-6,
+    );
+    close(
+        &x.rsqrt().unwrap(),
+        &[std::f32::consts::SQRT_2, 1.0, 0.707_106_77],
+        1e-6,
+    );
     close(&x.square().unwrap(), &[0.25, 1.0, 4.0], 0.0);
     close(&arr(&[-1.5, 2.0], &[2]).abs().unwrap(), &[1.5, 2.0], 0.0);
     let y = arr(&[2.0, 1.0, 0.5], &[3]);
@@ -124,7 +136,7 @@ fn elementwise_maths() {
     close(&ops::minimum(&x, &y).unwrap(), &[0.5, 1.0, 0.5], 0.0);
     close(
         &ops::power(&x, &y).unwrap(),
-        &[0.25, 1.0, 1.414_213_6],
+        &[0.25, 1.0, std::f32::consts::SQRT_2],
         1e-6,
     );
     close(

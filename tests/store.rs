@@ -123,7 +123,10 @@ fn make_diffusers(dir: &Path, te_seed: f32, tr_seed: f32) {
     );
 }
 
-fn source_tensors(dir: &Path) -> BTreeMap<(String, String), (Dtype, Vec<u64>, Vec<u8>)> {
+/// (component, name) → (dtype, shape, bytes).
+type TensorBytes = BTreeMap<(String, String), (Dtype, Vec<u64>, Vec<u8>)>;
+
+fn source_tensors(dir: &Path) -> TensorBytes {
     let d = DiffusersDir::open(dir).unwrap();
     let mut out = BTreeMap::new();
     for (c, ts) in &d.tensors {

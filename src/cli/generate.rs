@@ -233,7 +233,7 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     }
     let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;
     pipeline.set_residency(plan.residency);
-    pipeline.set_tiling(plan.tiling.clone());
+    pipeline.set_tiling(plan.tiling);
 
     let bar = ProgressBar::new(req.steps as u64);
     bar.set_style(

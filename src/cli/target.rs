@@ -6,8 +6,15 @@ use zimage::formats::{self, FileKind, Listing};
 use zimage::store::{Store, StoredModel};
 
 pub enum Target {
-    File { path: PathBuf, kind: FileKind },
-    Model { store: Store, model: StoredModel },
+    File {
+        path: PathBuf,
+        kind: FileKind,
+    },
+    // Boxed: a model with its manifest is much larger than a path.
+    Model {
+        store: Store,
+        model: Box<StoredModel>,
+    },
 }
 
 /// A path that exists is a file; anything else is looked up as a model name.
@@ -32,7 +39,10 @@ pub fn resolve(store: Option<&Path>, target: &str) -> anyhow::Result<Target> {
     }
     let store = Store::locate(store)?;
     match store.open(target) {
-        Ok(model) => Ok(Target::Model { store, model }),
+        Ok(model) => Ok(Target::Model {
+            store,
+            model: Box::new(model),
+        }),
         Err(e) => anyhow::bail!("`{target}` is neither a file nor a stored model: {e}"),
     }
 }

@@ -289,12 +289,15 @@ fn small_hashes(rx: Receiver<Chunk>) -> (String, u32, String) {
     )
 }
 
+/// A safetensors header's `__metadata__` object.
+type HeaderMetadata = serde_json::Map<String, serde_json::Value>;
+
 /// `N` and the `__metadata__` object of a safetensors file; `None` for other files. Metadata
 /// that does not parse is left out: the hashes do not depend on it.
 fn safetensors_header(
     file: &mut impl Read,
     size: u64,
-) -> std::io::Result<Option<(u64, Option<serde_json::Map<String, serde_json::Value>>)>> {
+) -> std::io::Result<Option<(u64, Option<HeaderMetadata>)>> {
     let mut head = Vec::with_capacity(16);
     file.by_ref().take(16).read_to_end(&mut head)?;
     if FileKind::sniff(&head, size) != FileKind::Safetensors {
