@@ -31,6 +31,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    zimage::platform::settle_blas_threads();
     let model = std::env::var_os("ZIMAGE_BENCH_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny"));

@@ -110,9 +110,9 @@ pub fn gb(bytes: u64) -> String {
 /// Bytes the attention of one chunk of heads may hold in scores (the shim's CPU kernel).
 const SCORE_CHUNK_BYTES: u64 = 256 << 20;
 /// The buffer narrow weights are widened into, one tile at a time.
-const WIDEN_SCRATCH_BYTES: u64 = 16 << 20;
+const WIDEN_SCRATCH_BYTES: u64 = 64 << 20;
 /// What the process adds once it computes: BLAS thread buffers, MLX's worker state.
-const RUNTIME_BYTES: u64 = 96 << 20;
+const RUNTIME_BYTES: u64 = 48 << 20;
 
 /// Bytes of a component's weights as they will be held.
 fn weight_bytes(
@@ -134,6 +134,22 @@ fn weight_bytes(
             }
         })
         .sum()
+}
+
+/// The buffer linear layers widen their weights into, when any weight of the component will be
+/// held narrower than the compute dtype.
+fn widen_scratch(tensors: &[TensorSize], residency: Residency, compute_bytes: u64) -> u64 {
+    let narrow = tensors.iter().any(|t| {
+        t.packed
+            || (residency == Residency::Stored
+                && t.shape.len() == 2
+                && t.stored_bytes < t.numel() * compute_bytes)
+    });
+    if narrow {
+        WIDEN_SCRATCH_BYTES
+    } else {
+        0
+    }
 }
 
 /// Whether the text encoder path binds `name` (all layers but the last; no final norm, no head).
@@ -163,8 +179,12 @@ impl ModelSizes<'_> {
         let cb = req.compute_bytes;
         MemoryEstimate {
             base: base + RUNTIME_BYTES,
-            text: self.text_weights(residency, cb) + self.text_activations(req),
-            denoise: self.denoise_weights(residency, cb) + self.denoise_activations(req),
+            text: self.text_weights(residency, cb)
+                + self.text_activations(req)
+                + widen_scratch(self.text_encoder, residency, cb),
+            denoise: self.denoise_weights(residency, cb)
+                + self.denoise_activations(req)
+                + widen_scratch(self.transformer, residency, cb),
             decode: self.vae_weights(cb) + self.decode_activations(req, tiling),
         }
     }
@@ -194,7 +214,7 @@ impl ModelSizes<'_> {
         let q = (c.num_attention_heads * c.head_dim) as u64;
         // The residual stream and its norms, q/k/v/o, gate/up/product, and the scores.
         let values = l * (6 * h + 3 * q + 3 * i) + 2 * c.num_attention_heads as u64 * l * l;
-        values * 4 + WIDEN_SCRATCH_BYTES
+        values * 4
     }
 
     fn denoise_activations(&self, req: &RequestShape) -> u64 {
@@ -208,7 +228,7 @@ impl ModelSizes<'_> {
         let scores = (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4));
         // Residual stream, its norms and q/k/v/o in f32 whatever the dtype (RoPE), the three
         // feed-forward products, two copies of a chunk of scores (scores and exponentials).
-        s * dim * 4 * 12 + s * ffn * req.compute_bytes * 4 + 2 * scores + WIDEN_SCRATCH_BYTES
+        s * dim * 4 * 16 + s * ffn * req.compute_bytes * 4 + 2 * scores
     }
 
     fn decode_activations(&self, req: &RequestShape, tiling: Option<&Tiling>) -> u64 {

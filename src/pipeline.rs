@@ -88,7 +88,11 @@ pub struct Request {
 pub struct PhaseReport {
     pub phase: &'static str,
     pub seconds: f64,
+    /// MLX's peak allocation during the phase.
     pub peak_bytes: usize,
+    /// The process's peak resident memory so far, at the phase's end: the phase that raises it
+    /// holds the peak.
+    pub peak_resident_bytes: Option<u64>,
 }
 
 /// Progress callbacks from [`Pipeline::generate`].
@@ -460,6 +464,7 @@ fn measure<T, E>(
         phase,
         seconds: start.elapsed().as_secs_f64(),
         peak_bytes: mlx::memory::peak_memory(),
+        peak_resident_bytes: crate::platform::peak_resident_bytes(),
     });
     Ok(out)
 }

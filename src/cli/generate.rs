@@ -295,8 +295,12 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     )?;
     if verbose {
         for p in &out.phases {
+            let rss = p
+                .peak_resident_bytes
+                .map(|b| format!("   peak RSS so far {:>8.1} MB", b as f64 / 1e6))
+                .unwrap_or_default();
             eprintln!(
-                "{:<8} {:>8.3} s   peak {:>8.1} MB",
+                "{:<8} {:>8.3} s   MLX peak {:>8.1} MB{rss}",
                 p.phase,
                 p.seconds,
                 p.peak_bytes as f64 / 1e6
