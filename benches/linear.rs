@@ -2,19 +2,11 @@
 //! bf16 widened per tile, int8 and int4 dequantized per tile, all through sgemm, next to
 //! MLX's own `quantized_matmul` and dequantize + matmul. `cargo bench --bench linear`.
 
+mod common;
+
+use common::best_of;
 use std::time::Instant;
 use zimage::mlx::{self, fast, ops, random, Array, Dtype};
-
-fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
 
 fn main() {
     zimage::platform::settle_blas_threads();

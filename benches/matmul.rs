@@ -1,19 +1,10 @@
 //! f32 and bf16 matmul throughput through the MLX wrapper, next to the BLAS's own sgemm
 //! called directly in the same run. `cargo bench --bench matmul`.
 
-use std::time::Instant;
-use zimage::mlx::{self, ops, random, Dtype};
+mod common;
 
-fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
+use common::best_of;
+use zimage::mlx::{self, ops, random, Dtype};
 
 fn main() {
     zimage::platform::use_default_device().unwrap();

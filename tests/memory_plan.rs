@@ -146,24 +146,45 @@ fn request(side: u32) -> RequestShape {
 
 const BASE: u64 = 150_000_000;
 
+/// The real model's sizes and configs, owned, for [`RealModel::sizes`].
+struct RealModel {
+    text_encoder: Vec<TensorSize>,
+    transformer: Vec<TensorSize>,
+    vae: Vec<TensorSize>,
+    text_config: Qwen3Config,
+    dit_config: DitConfig,
+    vae_config: zimage::models::VaeConfig,
+}
+
+impl RealModel {
+    fn new() -> RealModel {
+        RealModel {
+            text_encoder: text_encoder(),
+            transformer: transformer(),
+            vae: vae(),
+            text_config: qwen3(),
+            dit_config: dit(),
+            vae_config: flux_vae_config(),
+        }
+    }
+
+    fn sizes(&self) -> ModelSizes<'_> {
+        ModelSizes {
+            text_encoder: &self.text_encoder,
+            transformer: &self.transformer,
+            vae: &self.vae,
+            text_config: &self.text_config,
+            dit_config: &self.dit_config,
+            vae_config: &self.vae_config,
+        }
+    }
+}
+
 #[test]
 fn real_sizes_per_phase_and_residency() {
-    let (te, tr, va, q, d, v) = (
-        text_encoder(),
-        transformer(),
-        vae(),
-        qwen3(),
-        dit(),
-        flux_vae_config(),
-    );
-    let m = ModelSizes {
-        text_encoder: &te,
-        transformer: &tr,
-        vae: &va,
-        text_config: &q,
-        dit_config: &d,
-        vae_config: &v,
-    };
+    let real = RealModel::new();
+    let m = real.sizes();
+    let tr = &real.transformer;
     // The transformer: 6.15 B parameters (spec), 24.6 GB in f32, 12.3 GB in bf16.
     let params: u64 = tr.iter().map(|t| t.shape.iter().product::<u64>()).sum();
     assert!((6_100_000_000..6_200_000_000).contains(&params), "{params}");
@@ -199,22 +220,8 @@ fn real_sizes_per_phase_and_residency() {
 
 #[test]
 fn the_plan_takes_the_fastest_mode_that_fits_and_refuses_what_cannot() {
-    let (te, tr, va, q, d, v) = (
-        text_encoder(),
-        transformer(),
-        vae(),
-        qwen3(),
-        dit(),
-        flux_vae_config(),
-    );
-    let m = ModelSizes {
-        text_encoder: &te,
-        transformer: &tr,
-        vae: &va,
-        text_config: &q,
-        dit_config: &d,
-        vae_config: &v,
-    };
+    let real = RealModel::new();
+    let m = real.sizes();
     // Plenty: f32 copies of everything, an untiled decode.
     let plan = m.plan(&request(1024), 64 * GB, "", BASE).unwrap();
     assert_eq!(plan.residency, Residency::Compute);
