@@ -4,6 +4,7 @@ use std::process::ExitCode;
 mod cli;
 
 fn main() -> ExitCode {
+    zimage::platform::end_quietly_on_closed_pipe();
     zimage::platform::settle_blas_threads();
     zimage::platform::return_freed_memory_to_the_system();
     let args = cli::Cli::parse();

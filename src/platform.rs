@@ -179,3 +179,15 @@ pub fn settle_blas_threads() {
         );
     }
 }
+
+/// Lets a write to a closed pipe end the process quietly, as in every Unix tool (`zimage list |
+/// head -0`): Rust ignores SIGPIPE, so `println!` would panic on the broken pipe instead. Call
+/// first thing in `main`, before any thread starts.
+pub fn end_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called before any other thread exists; restoring a signal's default disposition
+    // touches no memory of ours.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
