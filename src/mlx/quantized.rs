@@ -1,7 +1,7 @@
 //! A weight in one of MLX's quantizations, kept packed.
 
 use super::array::{call, check};
-use super::{fast, ffi, ops, Array, Result};
+use super::{fast, ffi, Array, Result};
 use std::ffi::CStr;
 
 /// MLX's quantization modes: affine (`w = scale · q + bias` per group) and the float formats
@@ -83,17 +83,6 @@ impl QuantizedTensor {
 
     /// The full-precision weight (in the scales' dtype in affine mode).
     pub fn dequantize(&self) -> Result<Array> {
-        if self.mode == QuantMode::Affine {
-            if let Some(biases) = &self.biases {
-                return ops::dequantize(
-                    &self.weight,
-                    &self.scales,
-                    biases,
-                    self.group_size,
-                    self.bits,
-                );
-            }
-        }
         // SAFETY: every pointer is a live array or null where the shim accepts null.
         call("dequantize", |out| unsafe {
             ffi::mlxs_dequantize_mode(
@@ -115,11 +104,6 @@ impl QuantizedTensor {
             *last = *last * 32 / self.bits.max(1);
         }
         shape
-    }
-
-    /// Bytes held in memory: packed values, scales and biases.
-    pub fn nbytes(&self) -> usize {
-        self.weight.nbytes() + self.scales.nbytes() + self.biases.as_ref().map_or(0, Array::nbytes)
     }
 
     /// The arrays to evaluate to hold it in memory.

@@ -42,13 +42,6 @@ impl Tiling {
         }
     }
 
-    /// What diffusers' `enable_tiling()` uses for this VAE: tiles of `sample_size` image pixels
-    /// (1024 for the FLUX.1 VAE, so 128 latent pixels). `None` without a `sample_size`.
-    pub fn diffusers_default(cfg: &VaeConfig) -> Option<Tiling> {
-        let sample = cfg.sample_size? as i32;
-        Some(Tiling::new(sample / cfg.scale_factor()))
-    }
-
     /// Latent pixels from one tile's start to the next's: `int(tile · (1 − overlap))`, as
     /// diffusers computes its `overlap_size`.
     pub fn step(&self) -> i32 {
