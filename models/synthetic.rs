@@ -467,7 +467,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -896,11 +896,11 @@ struct Job {
 /// A file written in place through a temp file beside its final path.
 struct PendingFile {
     path: PathBuf,
-    tmp: tempfile::NamedTempFile,
+    tmp: zimage::files::TempFile,
 }
 
-fn temp_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
-    zimage::platform::temp_file_beside(path, ".zimage-synthetic-")
+fn temp_beside(path: &Path) -> Result<zimage::files::TempFile> {
+    zimage::files::TempFile::beside(path, ".zimage-synthetic-")
         .with_context(|| format!("cannot create a temp file beside `{}`", path.display()))
 }
 

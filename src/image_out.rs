@@ -3,7 +3,6 @@
 //! Two text chunks travel with the pixels: `parameters`, the A1111 infotext that image tools
 //! read (see [`crate::formats::infotext`]), and `zimage`, the whole request as JSON.
 
-use std::io::Write;
 use std::path::Path;
 
 /// Keyword of the A1111-style infotext chunk.
@@ -23,6 +22,8 @@ pub enum Error {
         path: std::path::PathBuf,
         reason: String,
     },
+    #[error("writing {0}")]
+    Output(#[from] crate::files::FileError),
     #[error("`{}` is not a PNG this tool can read: {reason}", path.display())]
     Read {
         path: std::path::PathBuf,
@@ -61,14 +62,7 @@ pub fn write_png(
         w.write_image_data(rgb)
             .map_err(|e| encode_err(e.to_string()))?;
     }
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut tmp = crate::platform::temp_file_beside(path, ".zimage-png-").map_err(io)?;
-    tmp.write_all(&bytes).map_err(io)?;
-    tmp.as_file().sync_all().map_err(io)?;
-    tmp.persist(path).map_err(|e| io(e.error))?;
+    crate::files::write_output(path, &bytes)?;
     Ok(())
 }
 

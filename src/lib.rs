@@ -9,6 +9,7 @@
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline.
 
 pub mod diffusers_dir;
+pub mod files;
 pub mod formats;
 pub mod image_out;
 pub mod loader;

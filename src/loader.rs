@@ -250,7 +250,7 @@ fn infer_bits(weight: &Array, scales: &Array, group: i32) -> Option<i32> {
 fn read_blob(p: &Pending, path: ReadPath) -> Result<(HashMap<String, Array>, bool), StoreError> {
     if path == ReadPath::Mmap
         && p.header.tensors.len() == 1
-        && p.header.data_start() % page_size() == 0
+        && p.header.data_start().is_multiple_of(page_size())
     {
         let t = &p.header.tensors[0];
         if let Some(dtype) = Dtype::from_safetensors(t.dtype.name()) {

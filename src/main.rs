@@ -5,6 +5,7 @@ mod cli;
 
 fn main() -> ExitCode {
     zimage::platform::end_quietly_on_closed_pipe();
+    zimage::files::remove_temporaries_on_signal();
     zimage::platform::settle_blas_threads();
     zimage::platform::return_freed_memory_to_the_system();
     let args = cli::Cli::parse();

@@ -303,7 +303,11 @@ impl<S: ModelSource> Pipeline<S> {
     /// Checks a request against the model, before any weights load.
     pub fn validate(&self, req: &Request) -> Result<(), Error> {
         let cell = 2 * self.configs.vae.scale_factor() as u32;
-        if req.width == 0 || req.height == 0 || req.width % cell != 0 || req.height % cell != 0 {
+        if req.width == 0
+            || req.height == 0
+            || !req.width.is_multiple_of(cell)
+            || !req.height.is_multiple_of(cell)
+        {
             return Err(Error::Request(format!(
                 "width and height must be positive multiples of {cell}, got {}×{}",
                 req.width, req.height

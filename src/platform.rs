@@ -37,24 +37,6 @@ pub fn convolutions_as_matmuls() -> bool {
     mlx::default_device() == Device::Cpu
 }
 
-/// A temporary file in `target`'s folder, to be renamed over `target` once written: the way
-/// every output lands atomically. Created readable by all (0644) on Unix, as a file written in
-/// place would be, rather than the temp file default of owner-only.
-pub fn temp_file_beside(
-    target: &std::path::Path,
-    prefix: &str,
-) -> std::io::Result<tempfile::NamedTempFile> {
-    let dir = target
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(prefix);
-    #[cfg(unix)]
-    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-    builder.tempfile_in(dir)
-}
-
 /// Raises the soft limit on open files to at least `wanted` (capped at the hard limit), since
 /// a stored model can have thousands of blobs open while it loads. Returns the limit in force.
 #[cfg(unix)]

@@ -71,7 +71,7 @@ pub fn randn(seed: u64, numel: usize) -> Result<Vec<f32>, String> {
     for start in (0..=numel - 16).step_by(16) {
         box_muller_16(&mut data[start..start + 16]);
     }
-    if numel % 16 != 0 {
+    if !numel.is_multiple_of(16) {
         let tail = &mut data[numel - 16..];
         for v in tail.iter_mut() {
             *v = rng.uniform_f32();

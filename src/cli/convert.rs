@@ -248,7 +248,7 @@ fn write_safetensors(input: &Input, items: &[Item], path: &Path) -> anyhow::Resu
     let header = safetensors::header_bytes(&specs, input.metadata().as_ref(), 8)
         .map_err(|e| e.in_file(path))?;
     let io = |e: std::io::Error| anyhow::anyhow!("`{}`: {e}", path.display());
-    let tmp = zimage::platform::temp_file_beside(path, ".zimage-st-").map_err(io)?;
+    let tmp = zimage::files::TempFile::beside(path, ".zimage-st-").map_err(io)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
     out.write_all(&header).map_err(io)?;
     let mut size = header.len() as u64;

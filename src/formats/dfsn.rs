@@ -485,8 +485,8 @@ fn copy_hashing<R: Read, W: Write>(
     Ok((total, hasher.finalize().into()))
 }
 
-fn temp_beside(out: &Path) -> Result<tempfile::NamedTempFile, Error> {
-    crate::platform::temp_file_beside(out, ".zimage-dfsn-").map_err(io(out))
+fn temp_beside(out: &Path) -> Result<crate::files::TempFile, Error> {
+    crate::files::TempFile::beside(out, ".zimage-dfsn-").map_err(io(out))
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {

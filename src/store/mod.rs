@@ -399,7 +399,7 @@ fn read_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 /// Writes a file atomically: a temp file in the same folder, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let io = Store::io(path);
-    let mut tmp = crate::platform::temp_file_beside(path, ".zimage-").map_err(&io)?;
+    let mut tmp = crate::files::TempFile::beside(path, ".zimage-").map_err(&io)?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(&io)?;
     tmp.as_file().sync_all().map_err(&io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;

@@ -469,7 +469,7 @@ impl ZtFile {
 }
 
 pub(super) fn check_values_len(t: &TensorMeta, len: u64) -> Result<(), String> {
-    if len % t.dtype.size() != 0 {
+    if !len.is_multiple_of(t.dtype.size()) {
         return Err(format!(
             "holds {len} bytes, not a whole number of {} values",
             t.dtype.name()

@@ -1,10 +1,10 @@
 //! A .zt file as an import source: `zimage create NAME --from model.zt`.
 
 use super::{Error, ZtFile};
+use crate::files::TempFile;
 use crate::store::{SourceTensor, StoreError, TensorSource};
 use std::io::Write;
 use std::path::Path;
-use tempfile::NamedTempFile;
 
 /// A .zt file as a source for `zimage create`: every tensor under one component, dense and
 /// little-endian. Raw dense tensors are read in place; compressed or sparse ones are decoded
@@ -14,7 +14,7 @@ pub struct ZtSource {
     tensors: Vec<SourceTensor>,
     configs: Vec<(String, Vec<u8>)>,
     /// Holds the decoded tensors; removed when the source is dropped.
-    _decoded: Option<NamedTempFile>,
+    _decoded: Option<TempFile>,
 }
 
 impl ZtSource {
@@ -26,7 +26,7 @@ impl ZtSource {
             });
         }
         let zt = ZtFile::open(path)?;
-        let mut decoded: Option<(NamedTempFile, u64)> = None;
+        let mut decoded: Option<(TempFile, u64)> = None;
         let mut tensors = Vec::with_capacity(zt.len());
         for t in zt.tensors() {
             let (file, offset) = if let Some((offset, _)) = zt.raw_dense_range(t) {
@@ -36,7 +36,10 @@ impl ZtSource {
                 let bytes = zt.read_dense(&t.name)?;
                 let (tmp, end) = match &mut decoded {
                     Some(d) => d,
-                    none => none.insert((NamedTempFile::new().map_err(Error::io(path))?, 0)),
+                    none => none.insert((
+                        TempFile::in_temp_dir(".zimage-zt-decoded-").map_err(Error::io(path))?,
+                        0,
+                    )),
                 };
                 tmp.write_all(&bytes).map_err(Error::io(tmp.path()))?;
                 let at = *end;

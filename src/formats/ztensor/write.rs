@@ -9,10 +9,10 @@ use super::cbor;
 use super::digest::{Digest, Hasher};
 use super::read::Seen;
 use super::{numel, Error, ZDtype, ALIGNMENT, GENERATOR, MAGIC, VERSION};
+use crate::files::TempFile;
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use tempfile::NamedTempFile;
 
 /// Which digest each component gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +88,7 @@ struct StoredTensor {
 /// A .zt file being written.
 pub struct Writer {
     path: PathBuf,
-    out: BufWriter<NamedTempFile>,
+    out: BufWriter<TempFile>,
     pos: u64,
     opts: WriteOptions,
     tensors: BTreeMap<String, StoredTensor>,
@@ -97,8 +97,7 @@ pub struct Writer {
 impl Writer {
     /// Starts a file that will appear at `path` when [`Writer::finish`] succeeds.
     pub fn create(path: &Path, opts: WriteOptions) -> Result<Writer, Error> {
-        let tmp =
-            crate::platform::temp_file_beside(path, ".zimage-zt-").map_err(Error::io(path))?;
+        let tmp = crate::files::TempFile::beside(path, ".zimage-zt-").map_err(Error::io(path))?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(MAGIC).map_err(Error::io(path))?;
         Ok(Writer {
@@ -266,7 +265,7 @@ impl Writer {
         values: &[u8],
     ) -> Result<u64, Error> {
         let n = values.len() as u64;
-        if n % dtype.size() != 0 || n / dtype.size() > numel(shape).unwrap_or(0) {
+        if !n.is_multiple_of(dtype.size()) || n / dtype.size() > numel(shape).unwrap_or(0) {
             return Err(self.bad(
                 name,
                 format!(
@@ -412,7 +411,7 @@ impl Writer {
 
 /// The file as a component's bytes reach it: counted and hashed.
 struct Sink<'a> {
-    out: &'a mut BufWriter<NamedTempFile>,
+    out: &'a mut BufWriter<TempFile>,
     hasher: Hasher,
     written: u64,
 }
