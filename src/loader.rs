@@ -93,6 +93,9 @@ pub fn load_component(
             model.name.short()
         )));
     }
+    // Blobs are opened under the store lock, so that no `gc` sweeps between a manifest read
+    // and its blobs opened; once open, a blob outlives its removal.
+    let _lock = store.lock_for_reading()?;
     let _ = crate::platform::raise_open_file_limit(layers.len() as u64 + 256);
     let start = Instant::now();
     let mut pending = Vec::with_capacity(layers.len());
@@ -152,14 +155,10 @@ pub fn load_component(
             continue;
         }
         // v2 quantized: the main tensor with `.scale` and `.bias`.
-        let main = p
-            .header
-            .tensors
-            .iter()
-            .map(|t| t.name.as_str())
-            .find(|n| !n.ends_with(".scale") && !n.ends_with(".bias"))
+        let main = blob::main_tensor(&p.header)
             .ok_or_else(|| bad("holds no main tensor".into()))?
-            .to_string();
+            .name
+            .clone();
         let mut arrays = arrays;
         let take = |arrays: &mut HashMap<String, Array>, key: &str| {
             arrays

@@ -66,6 +66,28 @@ pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
     Ok(lim.rlim_cur as u64)
 }
 
+/// Bytes an unprivileged process may still write on the file system holding `path`.
+#[cfg(unix)]
+pub fn free_disk_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the struct's
+    // size; statvfs fills it completely when it returns 0.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so the struct is initialised.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between platforms
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+#[cfg(not(unix))]
+pub fn free_disk_bytes(_path: &std::path::Path) -> Option<u64> {
+    None
+}
+
 /// The memory this machine has, in bytes: physical memory, or a smaller cgroup limit on Linux.
 pub fn physical_memory() -> Option<u64> {
     // SAFETY: sysconf reads process-independent system values and has no preconditions.

@@ -352,8 +352,8 @@ fn shared_text_encoder_is_stored_once_and_gc_frees_exactly_the_rest() {
         .sum();
     let out = zimage(&store.root, &["rm", "b"]);
     assert!(out.status.success());
-    let (n, bytes) = store.gc().unwrap();
-    assert_eq!((n, bytes), (3, unshared));
+    let swept = store.gc(&|| {}).unwrap();
+    assert_eq!((swept.blobs, swept.bytes), (3, unshared));
     assert_eq!(blob_count(&store.root), after_a);
     assert!(store.verify("a").unwrap().problems.is_empty());
     assert!(store.open("b").is_err());
@@ -429,7 +429,7 @@ fn killed_import_leaves_nothing_partial_and_a_rerun_completes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(store.verify("big").unwrap().problems.is_empty());
-    store.gc().unwrap();
+    store.gc(&|| {}).unwrap();
     let leftovers = std::fs::read_dir(root.join("blobs"))
         .unwrap()
         .filter(|e| {

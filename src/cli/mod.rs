@@ -57,6 +57,9 @@ pub enum Command {
     Gc(store::GcArgs),
     /// Re-hash every blob of a model and check every header against its layer.
     Verify(store::VerifyArgs),
+    /// Find damaged manifests, models with missing blobs and leftover temporary files, and
+    /// remove what you confirm.
+    Doctor(store::DoctorArgs),
     /// Time loading a stored model, per component, against a plain sequential read.
     Profile(store::ProfileArgs),
     /// Describe a model file, blob, stored model or generated PNG.
@@ -82,6 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rm(a) => store::rm(store, a),
         Command::Gc(a) => store::gc(store, a),
         Command::Verify(a) => store::verify(store, a),
+        Command::Doctor(a) => store::doctor(store, a),
         Command::Profile(a) => store::profile(store, a),
         Command::Inspect(a) => inspect::run(store, a),
         Command::Hash(a) => hash::run(store, a),

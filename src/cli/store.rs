@@ -53,6 +53,13 @@ pub struct RmArgs {
 pub struct GcArgs {}
 
 #[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// Remove everything found without asking (for scripts).
+    #[arg(long, short)]
+    pub yes: bool,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct VerifyArgs {
     pub name: String,
 }
@@ -147,8 +154,18 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
 
 pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
+    let scan = store.scan()?;
+    for d in &scan.damaged {
+        eprintln!(
+            "warning: model `{}` has a damaged manifest (`{}`: {}); `zimage rm {}` removes it",
+            d.name,
+            d.path.display(),
+            d.reason,
+            d.name
+        );
+    }
     println!("{:<40} {:<14} {:>10}  MODIFIED", "NAME", "ID", "SIZE");
-    for m in store.list()? {
+    for m in scan.models {
         let id = m
             .manifest_digest
             .trim_start_matches("sha256:")
@@ -294,19 +311,71 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
 
 pub fn rm(s: Option<PathBuf>, a: RmArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
-    let name = store.remove(&a.name)?;
+    let removed = store.remove(&a.name)?;
+    if let Some(reason) = &removed.damaged {
+        eprintln!(
+            "warning: the manifest of {} was damaged ({reason})",
+            removed.name.short()
+        );
+    }
     println!(
         "deleted {} (run `zimage gc` to free its unshared blobs)",
-        name.short()
+        removed.name.short()
     );
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn gc(s: Option<PathBuf>, _a: GcArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
-    let (n, bytes) = store.gc()?;
-    println!("deleted {n} unreferenced blobs, freed {}", human(bytes));
+    let swept = store.gc(&|| {
+        eprintln!("waiting for other zimage processes (imports, loads) to finish with the store…")
+    })?;
+    println!(
+        "deleted {} unreferenced blobs, freed {}",
+        swept.blobs,
+        human(swept.bytes)
+    );
+    if swept.temporaries > 0 {
+        println!(
+            "deleted {} temporary files of interrupted writes",
+            swept.temporaries
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+pub fn doctor(s: Option<PathBuf>, a: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let store = open(s)?;
+    let found = store.examine()?;
+    if found.is_empty() {
+        println!("{}: no damage found", store.root.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut answers = std::io::stdin().lines();
+    let (mut fixed, mut left) = (0, 0);
+    for damage in &found {
+        println!("{damage}");
+        let confirmed = a.yes || {
+            eprint!("  {}? [y/N] ", damage.remedy());
+            matches!(
+                answers.next().transpose()?.as_deref().map(str::trim),
+                Some("y" | "Y" | "yes")
+            )
+        };
+        if confirmed {
+            store.repair(damage)?;
+            println!("  done: {}", damage.remedy());
+            fixed += 1;
+        } else {
+            left += 1;
+        }
+    }
+    println!("{fixed} repaired, {left} left as they are");
+    Ok(if left == 0 {
+        ExitCode::SUCCESS
+    } else {
+        super::exit_check_failed()
+    })
 }
 
 pub fn verify(s: Option<PathBuf>, a: VerifyArgs) -> anyhow::Result<ExitCode> {

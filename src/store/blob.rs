@@ -57,6 +57,7 @@ pub fn blob_path(root: &Path, digest: &str) -> Result<PathBuf, BlobError> {
 pub struct BlobWriter {
     root: PathBuf,
     tmp: PathBuf,
+    _registered: crate::files::Registered,
     out: Option<BufWriter<File>>,
     hasher: Sha256,
     size: u64,
@@ -81,6 +82,7 @@ impl BlobWriter {
         })?;
         Ok(BlobWriter {
             root: root.to_path_buf(),
+            _registered: crate::files::register_temporary(&tmp),
             tmp,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             hasher: Sha256::new(),
@@ -134,6 +136,19 @@ impl Drop for BlobWriter {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// The main tensor of a tensor blob: the one that is no companion. A companion is `W.scale` or
+/// `W.bias` beside a `W` in the same blob (a quantized weight); a blob holding one tensor holds
+/// its main tensor, whatever its name (a plain `x.bias` included).
+pub fn main_tensor(header: &Header) -> Option<&safetensors::TensorInfo> {
+    let is_companion = |name: &str| {
+        [".scale", ".bias"].iter().any(|suffix| {
+            name.strip_suffix(suffix)
+                .is_some_and(|stem| header.tensor(stem).is_some())
+        })
+    };
+    header.tensors.iter().find(|t| !is_companion(&t.name))
 }
 
 /// Writes a whole blob from bytes in memory.

@@ -8,7 +8,8 @@
 
 use super::blob::{self, BlobError, BlobWriter};
 use super::manifest::{
-    config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, TENSOR_MEDIA_TYPE,
+    config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, MAX_MANIFEST_BYTES,
+    TENSOR_MEDIA_TYPE,
 };
 use super::{Store, StoreError};
 use crate::diffusers_dir::DiffusersDir;
@@ -142,9 +143,101 @@ fn convertible(d: Dtype) -> bool {
     matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16)
 }
 
+/// Refuses, before anything is written, a source whose manifest could not be read back: the
+/// manifest of its tensors, with every digest and size at full length, over the limit.
+fn check_manifest_fits(
+    name: &super::ModelName,
+    tensors: &[SourceTensor],
+) -> Result<(), StoreError> {
+    let digest = format!("sha256:{}", "0".repeat(64));
+    let layers: Vec<Layer> = tensors
+        .iter()
+        .map(|t| tensor_layer(t, digest.clone(), u64::MAX, t.dtype, t.shape.clone()))
+        .collect();
+    let config = Layer {
+        media_type: CONFIG_MEDIA_TYPE.into(),
+        digest: digest.clone(),
+        size: u64::MAX,
+        from: None,
+        name: None,
+        dtype: None,
+        shape: None,
+    };
+    // Config files add a few layers; a margin covers them.
+    let predicted = Manifest::new(config, layers).to_bytes().len() as u64 + (64 << 10);
+    if predicted > MAX_MANIFEST_BYTES {
+        return Err(StoreError::Invalid(format!(
+            "`{}` would have {} tensors and a manifest of about {} MiB, more than the {} MiB a \
+             manifest may be; nothing was written (merge tensors, or import the components \
+             one by one)",
+            name.short(),
+            tensors.len(),
+            predicted >> 20,
+            MAX_MANIFEST_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
 impl Store {
-    /// Imports `source` as `name`; `progress` receives source bytes processed so far.
+    /// Every blob `manifest` references is in place with its size, and the blobs folder is
+    /// synced, so the manifest about to be written never names a blob that is not there.
+    fn check_blobs_present(&self, manifest: &Manifest) -> Result<(), StoreError> {
+        for layer in std::iter::once(&manifest.config).chain(&manifest.layers) {
+            let path = self.blob_path(&layer.digest)?;
+            let size = std::fs::metadata(&path).map(|m| m.len()).ok();
+            if size != Some(layer.size) {
+                return Err(StoreError::Invalid(format!(
+                    "blob `{}` written by this import is {} (another program removed it from \
+                     `{}`?); no manifest was written: run the import again",
+                    layer.digest,
+                    size.map_or("missing".into(), |s| format!(
+                        "{s} bytes, not {}",
+                        layer.size
+                    )),
+                    self.root.join("blobs").display()
+                )));
+            }
+        }
+        sync_dir(&self.root.join("blobs"))
+    }
+
+    /// Imports `source` as `name`; `progress` receives source bytes processed so far. A
+    /// failed import writes no manifest; the blobs it completed stay for a rerun to reuse.
     pub fn create(
+        &self,
+        name: &str,
+        source: &dyn TensorSourceSync,
+        opts: &ImportOptions,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<ImportSummary, StoreError> {
+        self.create_inner(name, source, opts, progress)
+            .map_err(|e| self.explain_full_disk(e, source))
+    }
+
+    /// A full disk, said with the sizes that let the user act.
+    fn explain_full_disk(&self, e: StoreError, source: &dyn TensorSourceSync) -> StoreError {
+        if !is_disk_full(&e) {
+            return e;
+        }
+        let needed = source
+            .tensors()
+            .iter()
+            .fold(0u64, |n, t| n.saturating_add(t.nbytes));
+        let free = crate::platform::free_disk_bytes(&self.root)
+            .map_or("unknown".to_string(), |b| {
+                format!("{:.1} MB", b as f64 / 1e6)
+            });
+        StoreError::Invalid(format!(
+            "no space left on the disk holding `{}`: the import needs up to {:.1} MB (less what \
+             the store already holds), {free} are free; no manifest was written and no partial \
+             blob is left; free some space (or import with `--quantize`) and run it again",
+            self.root.display(),
+            needed as f64 / 1e6
+        ))
+    }
+
+    fn create_inner(
         &self,
         name: &str,
         source: &dyn TensorSourceSync,
@@ -165,8 +258,11 @@ impl Store {
                 opts.align
             )));
         }
-        self.remove_stale_partials();
         let tensors = source.tensors();
+        check_manifest_fits(&name, &tensors)?;
+        // Held until the manifest is written: a `gc` cannot sweep the blobs written so far,
+        // which no manifest references yet.
+        let _lock = self.lock_for_writing()?;
         let done = AtomicU64::new(0);
         let layers: Vec<Vec<(Layer, bool)>> = tensors
             .par_iter()
@@ -223,7 +319,9 @@ impl Store {
             dtype: None,
             shape: None,
         };
-        self.write_manifest(&name, &Manifest::new(config, all))?;
+        let manifest = Manifest::new(config, all);
+        self.check_blobs_present(&manifest)?;
+        self.write_manifest(&name, &manifest)?;
         Ok(summary)
     }
 
@@ -281,7 +379,20 @@ impl Store {
                 path: t.file.clone(),
                 source,
             })?;
-        let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+        let shape = t
+            .shape
+            .iter()
+            .map(|&d| i32::try_from(d))
+            .collect::<Result<Vec<i32>, _>>()
+            .map_err(|_| {
+                StoreError::Invalid(format!(
+                    "`{}`: tensor `{}` has shape {:?}, a dimension past what MLX can quantize \
+                     (2^31 - 1); import it without `--quantize`",
+                    t.file.display(),
+                    t.name,
+                    t.shape
+                ))
+            })?;
         let mlx_dtype =
             crate::mlx::Dtype::from_safetensors(t.dtype.name()).expect("float dtypes map to MLX");
         let full = format!("{}/{}", t.component, t.name);
@@ -297,6 +408,7 @@ impl Store {
             std::process::id(),
             next_id()
         ));
+        let _registered = crate::files::register_temporary(&tmp);
         let result = (|| -> Result<(), mlx::Error> {
             let w = mlx::Array::from_bytes(&bytes, &shape, mlx_dtype)?;
             let w = if mlx_dtype == mlx::Dtype::F32 {
@@ -331,6 +443,34 @@ impl Store {
             new,
         )])
     }
+}
+
+/// The error, somewhere in its chain, is the disk being full.
+fn is_disk_full(e: &StoreError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::StorageFull {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// Makes the renames into a folder durable (on Unix a folder is synced through a handle on it).
+fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 /// Imports run their tensors on rayon's pool, so sources are shared between threads.

@@ -8,6 +8,11 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// The largest manifest read or written. A real Z-Image manifest is about 1 MB (a few thousand
+/// layers); the bound keeps a hostile file from being read whole, and an import whose manifest
+/// could not be read back is refused before it writes anything.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.docker.container.image.v1+json";
 pub const TENSOR_MEDIA_TYPE: &str = "application/vnd.ollama.image.tensor";
@@ -63,6 +68,28 @@ impl Manifest {
             config,
             layers,
         }
+    }
+
+    /// Parses and validates manifest bytes: schema version 2, and well-formed digests.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if manifest.schema_version != 2 {
+            return Err(format!(
+                "`schemaVersion` is {}, expected 2",
+                manifest.schema_version
+            ));
+        }
+        for digest in manifest.digests() {
+            super::blob::digest_hex(digest).map_err(|e| e.to_string())?;
+        }
+        Ok(manifest)
+    }
+
+    /// Bytes of every blob referenced (saturating: a hostile manifest cannot wrap it).
+    pub fn total_size(&self) -> u64 {
+        std::iter::once(&self.config)
+            .chain(&self.layers)
+            .fold(0u64, |n, l| n.saturating_add(l.size))
     }
 
     /// The bytes written to disk: compact JSON and a newline, as Go's encoder writes.

@@ -10,12 +10,15 @@
 pub mod blob;
 pub mod file_source;
 pub mod import;
+pub mod lock;
 pub mod manifest;
 pub mod name;
+pub mod repair;
 
 pub use file_source::SafetensorsFile;
 pub use import::{ImportOptions, ImportSummary, Quantization, SourceTensor, TensorSource};
-pub use manifest::{Layer, Manifest};
+pub use lock::StoreLock;
+pub use manifest::{Layer, Manifest, MAX_MANIFEST_BYTES};
 pub use name::ModelName;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -30,6 +33,18 @@ pub enum StoreError {
     NotFound(String),
     #[error("manifest `{}`: {reason}", path.display())]
     BadManifest { path: PathBuf, reason: String },
+    #[error(
+        "model `{name}` has a damaged manifest (`{}`: {reason}), so its blobs cannot be told \
+         from garbage; remove it with `zimage rm {name}`, or see every problem with `zimage doctor`",
+        path.display()
+    )]
+    Damaged {
+        name: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error(transparent)]
     Blob(blob::BlobError),
     #[error(transparent)]
@@ -64,7 +79,7 @@ pub struct StoredModel {
 impl StoredModel {
     /// Bytes of every blob the model references.
     pub fn size(&self) -> u64 {
-        self.manifest.config.size + self.manifest.layers.iter().map(|l| l.size).sum::<u64>()
+        self.manifest.total_size()
     }
 }
 
@@ -74,6 +89,56 @@ pub struct VerifyReport {
     pub blobs_checked: usize,
     pub bytes_checked: u64,
     pub problems: Vec<String>,
+}
+
+/// A manifest file that cannot be read as a model.
+#[derive(Debug, Clone)]
+pub struct DamagedModel {
+    /// The name its path spells.
+    pub name: String,
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Everything under `manifests/`.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub models: Vec<StoredModel>,
+    pub damaged: Vec<DamagedModel>,
+    /// Manifests that read well at a path that is no model name we accept (another tool's
+    /// spelling): their blobs are in use all the same.
+    pub foreign: Vec<(PathBuf, Manifest)>,
+    /// Temporary files of interrupted manifest writes.
+    pub temporaries: Vec<PathBuf>,
+}
+
+impl Scan {
+    /// The hex digest (lowercase) of every blob some readable manifest references.
+    pub fn referenced(&self) -> HashSet<String> {
+        self.models
+            .iter()
+            .map(|m| &m.manifest)
+            .chain(self.foreign.iter().map(|(_, m)| m))
+            .flat_map(|m| m.digests())
+            .filter_map(|d| blob::digest_hex(d).ok().map(|h| h.to_ascii_lowercase()))
+            .collect()
+    }
+}
+
+/// What a `remove` took away.
+#[derive(Debug, Clone)]
+pub struct Removed {
+    pub name: ModelName,
+    /// Why the manifest could not be read, when it could not.
+    pub damaged: Option<String>,
+}
+
+/// What a `gc` swept.
+#[derive(Debug, Clone, Default)]
+pub struct Swept {
+    pub blobs: usize,
+    pub bytes: u64,
+    pub temporaries: usize,
 }
 
 impl Store {
@@ -127,24 +192,17 @@ impl Store {
     }
 
     fn read_manifest(&self, name: ModelName, path: &Path) -> Result<StoredModel, StoreError> {
-        let bytes = std::fs::read(path).map_err(Self::io(path))?;
         let bad = |reason: String| StoreError::BadManifest {
             path: path.to_path_buf(),
             reason,
         };
-        if bytes.len() > 64 << 20 {
-            return Err(bad("larger than 64 MiB".into()));
-        }
-        let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-        if manifest.schema_version != 2 {
-            return Err(bad(format!(
-                "`schemaVersion` is {}, expected 2",
-                manifest.schema_version
-            )));
-        }
-        for digest in manifest.digests() {
-            blob::digest_hex(digest).map_err(|e| bad(e.to_string()))?;
-        }
+        let bytes = crate::files::read_bounded(path, MAX_MANIFEST_BYTES, "manifest").map_err(
+            |e| match e {
+                crate::files::FileError::Io { source, .. } => bad(source.to_string()),
+                other => bad(other.to_string()),
+            },
+        )?;
+        let manifest = Manifest::parse(&bytes).map_err(bad)?;
         let modified = std::fs::metadata(path)
             .and_then(|m| m.modified())
             .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -165,29 +223,53 @@ impl Store {
         let path = self.root.join(name.manifest_path());
         let dir = path.parent().expect("manifest paths have parents");
         std::fs::create_dir_all(dir).map_err(Self::io(dir))?;
-        write_atomic(&path, &manifest.to_bytes())
+        let bytes = manifest.to_bytes();
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "the manifest of `{}` would be {} bytes, more than the {MAX_MANIFEST_BYTES} a \
+                 manifest may be; nothing was written",
+                name.short(),
+                bytes.len()
+            )));
+        }
+        write_atomic(&path, &bytes)
     }
 
-    /// Every model in the store, sorted by name. Unreadable manifests are reported as errors.
+    /// Every readable model in the store, sorted by name. Damaged manifests are left out:
+    /// [`Store::scan`] reports them.
     pub fn list(&self) -> Result<Vec<StoredModel>, StoreError> {
-        let mut out = Vec::new();
+        Ok(self.scan()?.models)
+    }
+
+    /// Every manifest in the store, read: models, damaged manifests, manifests at paths that
+    /// are no model name, and temporaries of interrupted writes.
+    pub fn scan(&self) -> Result<Scan, StoreError> {
+        let mut out = Scan::default();
         let base = self.root.join("manifests");
         if !base.is_dir() {
             return Ok(out);
         }
-        for host in read_dirs(&base)? {
-            for ns in read_dirs(&host)? {
-                for model in read_dirs(&ns)? {
+        for host in read_dirs(&base, &mut out.temporaries)? {
+            for ns in read_dirs(&host, &mut out.temporaries)? {
+                for model in read_dirs(&ns, &mut out.temporaries)? {
+                    let mut tags: Vec<PathBuf> = Vec::new();
                     for tag in std::fs::read_dir(&model).map_err(Self::io(&model))? {
-                        let tag = tag.map_err(Self::io(&model))?.path();
-                        if !tag.is_file() {
-                            continue;
-                        }
+                        tags.push(tag.map_err(Self::io(&model))?.path());
+                    }
+                    tags.sort();
+                    for tag in tags {
                         let part = |p: &Path| {
                             p.file_name()
                                 .map(|n| n.to_string_lossy().into_owned())
                                 .unwrap_or_default()
                         };
+                        if is_temporary(&part(&tag)) {
+                            out.temporaries.push(tag);
+                            continue;
+                        }
+                        if !tag.is_file() {
+                            continue;
+                        }
                         let spelled = format!(
                             "{}/{}/{}:{}",
                             part(&host),
@@ -195,53 +277,87 @@ impl Store {
                             part(&model),
                             part(&tag)
                         );
-                        let Ok(name) = ModelName::parse(&spelled) else {
-                            continue;
-                        };
-                        out.push(self.read_manifest(name, &tag)?);
+                        let parsed = ModelName::parse(&spelled).ok();
+                        let short = parsed.as_ref().map_or(spelled.clone(), |n| n.short());
+                        let named = parsed.is_some();
+                        let placeholder = || ModelName::parse("unnamed").expect("a valid name");
+                        match self.read_manifest(parsed.unwrap_or_else(placeholder), &tag) {
+                            Ok(m) if named => out.models.push(m),
+                            Ok(m) => out.foreign.push((tag, m.manifest)),
+                            Err(e) => out.damaged.push(DamagedModel {
+                                name: short,
+                                path: tag,
+                                reason: match e {
+                                    StoreError::BadManifest { reason, .. } => reason,
+                                    other => other.to_string(),
+                                },
+                            }),
+                        }
                     }
                 }
             }
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.models.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
 
-    /// Deletes a model's manifest; its blobs stay until [`Store::gc`].
-    pub fn remove(&self, name: &str) -> Result<ModelName, StoreError> {
-        let model = self.open(name)?;
-        let path = self.root.join(model.name.manifest_path());
+    /// Deletes a model's manifest; its blobs stay until [`Store::gc`]. A manifest that cannot
+    /// be read is removed all the same, and the reason returned.
+    pub fn remove(&self, name: &str) -> Result<Removed, StoreError> {
+        let parsed = ModelName::parse(name)?;
+        let path = self.root.join(parsed.manifest_path());
+        if !path.is_file() {
+            return Err(StoreError::NotFound(parsed.short()));
+        }
+        let _lock = self.lock_for_writing()?;
+        let damaged = match self.read_manifest(parsed.clone(), &path) {
+            Ok(_) => None,
+            Err(StoreError::BadManifest { reason, .. }) => Some(reason),
+            Err(e) => return Err(e),
+        };
         std::fs::remove_file(&path).map_err(Self::io(&path))?;
-        // Tidy empty parent folders up to `manifests/`.
+        self.tidy_manifest_dirs(&path);
+        Ok(Removed {
+            name: parsed,
+            damaged,
+        })
+    }
+
+    /// Removes the folders a removed manifest leaves empty, up to `manifests/`.
+    fn tidy_manifest_dirs(&self, removed: &Path) {
         let stop = self.root.join("manifests");
-        let mut dir = path.parent();
+        let mut dir = removed.parent();
         while let Some(d) = dir {
             if d == stop || std::fs::remove_dir(d).is_err() {
                 break;
             }
             dir = d.parent();
         }
-        Ok(model.name)
     }
 
-    /// Deletes every blob no manifest references, and leftovers of interrupted writes.
-    /// Returns (blobs deleted, bytes freed).
-    pub fn gc(&self) -> Result<(usize, u64), StoreError> {
-        let referenced: HashSet<String> = self
-            .list()?
-            .iter()
-            .flat_map(|m| {
-                m.manifest
-                    .digests()
-                    .map(|d| blob::digest_hex(d).map(|h| h.to_ascii_lowercase()))
-                    .collect::<Vec<_>>()
-            })
-            .collect::<Result<_, _>>()?;
-        self.remove_stale_partials();
+    /// Deletes every blob no manifest references, and the leftovers of interrupted writes.
+    /// Holds the store exclusively; `waiting` is called if other processes hold it first.
+    /// Refuses to run while a manifest is damaged, since the blobs it references are unknown.
+    pub fn gc(&self, waiting: &dyn Fn()) -> Result<Swept, StoreError> {
+        let _lock = self.lock_for_sweeping(waiting)?;
+        let scan = self.scan()?;
+        if let Some(d) = scan.damaged.first() {
+            return Err(StoreError::Damaged {
+                name: d.name.clone(),
+                path: d.path.clone(),
+                reason: d.reason.clone(),
+            });
+        }
+        let referenced = scan.referenced();
+        let mut swept = Swept::default();
+        for t in scan.temporaries.iter().chain(&self.partial_blobs()) {
+            if remove_if_present(t)? {
+                swept.temporaries += 1;
+            }
+        }
         let dir = self.root.join("blobs");
-        let (mut count, mut bytes) = (0, 0);
         if !dir.is_dir() {
-            return Ok((0, 0));
+            return Ok(swept);
         }
         for entry in std::fs::read_dir(&dir).map_err(Self::io(&dir))? {
             let path = entry.map_err(Self::io(&dir))?.path();
@@ -258,40 +374,36 @@ impl Store {
                 continue;
             }
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            std::fs::remove_file(&path).map_err(Self::io(&path))?;
-            count += 1;
-            bytes += size;
-        }
-        Ok((count, bytes))
-    }
-
-    /// Removes temporary blob files whose writing process is gone.
-    pub fn remove_stale_partials(&self) {
-        let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix(blob::PARTIAL_PREFIX) else {
-                continue;
-            };
-            let pid = rest
-                .trim_start_matches('q')
-                .trim_start_matches('-')
-                .split('-')
-                .next()
-                .and_then(|p| p.parse::<u32>().ok());
-            let alive = pid.is_some_and(|p| {
-                p == std::process::id() || Path::new(&format!("/proc/{p}")).exists()
-            });
-            if !alive || !Path::new("/proc").is_dir() && pid != Some(std::process::id()) {
-                let _ = std::fs::remove_file(e.path());
+            if remove_if_present(&path)? {
+                swept.blobs += 1;
+                swept.bytes = swept.bytes.saturating_add(size);
             }
         }
+        Ok(swept)
+    }
+
+    /// Temporary blob files: an import's, until it renames them into place. Only a holder of
+    /// the exclusive lock may take them for leftovers.
+    pub fn partial_blobs(&self) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else {
+            return Vec::new();
+        };
+        let mut out: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(blob::PARTIAL_PREFIX)
+            })
+            .map(|e| e.path())
+            .collect();
+        out.sort();
+        out
     }
 
     /// Re-hashes every blob of a model and checks every tensor blob's header against its layer.
     pub fn verify(&self, name: &str) -> Result<VerifyReport, StoreError> {
+        let _lock = self.lock_for_reading()?;
         let model = self.open(name)?;
         let mut report = VerifyReport::default();
         let m = &model.manifest;
@@ -306,14 +418,14 @@ impl Store {
             }
             let (digest, size) = blob::hash_file(&path)?;
             report.blobs_checked += 1;
-            report.bytes_checked += size;
+            report.bytes_checked = report.bytes_checked.saturating_add(size);
             if size != layer.size {
                 report.problems.push(format!(
                     "`{label}`: blob `{}` is {size} bytes, the manifest says {}",
                     layer.digest, layer.size
                 ));
             }
-            if !digest.eq_ignore_ascii_case(&layer.digest) {
+            if !same_digest(&digest, &layer.digest) {
                 report.problems.push(format!(
                     "`{label}`: blob `{}` hashes to `{digest}`",
                     layer.digest
@@ -364,11 +476,7 @@ impl Store {
 
 /// A tensor layer's declared dtype and shape (when present) must match its blob's header.
 fn check_layer_header(layer: &Layer, header: &crate::safetensors::Header) -> Result<(), String> {
-    let main = header
-        .tensors
-        .iter()
-        .find(|t| !t.name.ends_with(".scale") && !t.name.ends_with(".bias"))
-        .ok_or("blob holds no tensor")?;
+    let main = blob::main_tensor(header).ok_or("blob holds no tensor")?;
     if let Some(d) = &layer.dtype {
         let quantized = header.tensors.len() > 1;
         if !quantized && d != main.dtype.name() {
@@ -386,20 +494,53 @@ fn check_layer_header(layer: &Layer, header: &crate::safetensors::Header) -> Res
     Ok(())
 }
 
-fn read_dirs(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(Store::io(dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
+/// The folders in `dir`, sorted; temporary files met on the way go to `temporaries`.
+fn read_dirs(dir: &Path, temporaries: &mut Vec<PathBuf>) -> Result<Vec<PathBuf>, StoreError> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(Store::io(dir))? {
+        let e = e.map_err(Store::io(dir))?;
+        let p = e.path();
+        if p.is_dir() {
+            v.push(p);
+        } else if is_temporary(&e.file_name().to_string_lossy()) {
+            temporaries.push(p);
+        }
+    }
     v.sort();
     Ok(v)
+}
+
+/// Prefix of the temporary files manifests are written to before they are renamed.
+const MANIFEST_TEMP_PREFIX: &str = ".zimage-";
+
+fn is_temporary(file_name: &str) -> bool {
+    file_name.starts_with(MANIFEST_TEMP_PREFIX)
+}
+
+/// Removes a file another process may have removed first; says whether this one did.
+fn remove_if_present(path: &Path) -> Result<bool, StoreError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Two digests name the same blob, however they are spelled (`sha256:` or `sha256-`, case).
+pub fn same_digest(a: &str, b: &str) -> bool {
+    match (blob::digest_hex(a), blob::digest_hex(b)) {
+        (Ok(x), Ok(y)) => x.eq_ignore_ascii_case(y),
+        _ => false,
+    }
 }
 
 /// Writes a file atomically: a temp file in the same folder, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let io = Store::io(path);
-    let mut tmp = crate::files::TempFile::beside(path, ".zimage-").map_err(&io)?;
+    let mut tmp = crate::files::TempFile::beside(path, MANIFEST_TEMP_PREFIX).map_err(&io)?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(&io)?;
     tmp.as_file().sync_all().map_err(&io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;
@@ -428,7 +569,7 @@ pub fn summarize(
         };
         let s = out.entry(component.to_string()).or_default();
         s.tensors += 1;
-        s.bytes += layer.size;
+        s.bytes = s.bytes.saturating_add(layer.size);
         let (dtype, shape, quantized) = match (&layer.dtype, &layer.shape) {
             (Some(d), Some(sh)) => {
                 let (_, h) = blob::read_blob_header(&store.root, &layer.digest)?;
@@ -436,16 +577,7 @@ pub fn summarize(
             }
             _ => {
                 let (_, h) = blob::read_blob_header(&store.root, &layer.digest)?;
-                // A quantized blob holds `W` with its companions `W.scale` and `W.bias`; a
-                // plain bias tensor (`x.bias`) is a main tensor in a blob of its own.
-                let is_companion = |name: &str| {
-                    [".scale", ".bias"].iter().any(|sfx| {
-                        name.strip_suffix(sfx)
-                            .is_some_and(|stem| h.tensors.iter().any(|o| o.name == stem))
-                    })
-                };
-                let main = h.tensors.iter().find(|t| !is_companion(&t.name));
-                let main = main.ok_or_else(|| {
+                let main = blob::main_tensor(&h).ok_or_else(|| {
                     StoreError::Invalid(format!("blob `{}` holds no tensor", layer.digest))
                 })?;
                 (
@@ -455,7 +587,8 @@ pub fn summarize(
                 )
             }
         };
-        s.parameters += shape.iter().product::<u64>();
+        let count = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        s.parameters = s.parameters.saturating_add(count.unwrap_or(u64::MAX));
         *s.dtypes.entry(dtype).or_default() += 1;
         if quantized {
             s.quantized_tensors += 1;
