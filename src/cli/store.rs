@@ -129,6 +129,8 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
     if from.is_dir() {
         return Ok(Box::new(DiffusersDir::open(from)?));
     }
+    // A FIFO or a device would block or never end: refused before anything opens it.
+    zimage::files::open_regular(from)?;
     let kind =
         FileKind::of_file(from).with_context(|| format!("cannot read `{}`", from.display()))?;
     let len = std::fs::metadata(from)?.len();
@@ -145,9 +147,14 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
             Box::new(source)
         }
         other => bail!(
-            "`{}` is not something `--from` takes (a diffusers directory, or a .safetensors, .zt or .dfsn file); its content looks like: {}",
+            "`{}` is {}; `--from` takes a diffusers directory, or a .safetensors, .zt or .dfsn file",
             from.display(),
-            other.name()
+            match other {
+                FileKind::Png => "a PNG image",
+                FileKind::Ckpt => "a pickled PyTorch checkpoint (convert it to safetensors first)",
+                FileKind::Gguf => "a GGUF file (a format for language models)",
+                _ => "no model file zimage knows (its first bytes match no format)",
+            }
         ),
     })
 }
