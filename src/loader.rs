@@ -96,7 +96,19 @@ pub fn load_component(
     // Blobs are opened under the store lock, so that no `gc` sweeps between a manifest read
     // and its blobs opened; once open, a blob outlives its removal.
     let _lock = store.lock_for_reading()?;
-    let _ = crate::platform::raise_open_file_limit(layers.len() as u64 + 256);
+    // Every blob of a component stays open until it is evaluated; a limit below that would
+    // fail deep in MLX with a bare "failed to open file".
+    let wanted = layers.len() as u64 + 256;
+    if let Ok(limit) = crate::platform::raise_open_file_limit(wanted) {
+        if limit < layers.len() as u64 + 32 {
+            return Err(StoreError::Invalid(format!(
+                "model `{}`: `{component}` has {} blobs to hold open, but this process may open \
+                 only {limit} files (the hard limit); raise it, e.g. `ulimit -n {wanted}`",
+                model.name.short(),
+                layers.len()
+            )));
+        }
+    }
     let start = Instant::now();
     let mut pending = Vec::with_capacity(layers.len());
     let mut bytes = 0;

@@ -425,3 +425,39 @@ fn a_quantized_import_of_a_dimension_past_i32_is_a_clear_error() {
     assert!(err.contains("proj.weight"), "{err}");
     assert!(err.contains("without `--quantize`"), "{err}");
 }
+
+#[test]
+fn too_few_open_files_is_named_with_the_limit_to_raise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.safetensors");
+    let names: Vec<String> = (0..48).map(|i| format!("blocks.{i}.weight")).collect();
+    let tensors: Vec<(&str, Dtype, Vec<u64>, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), Dtype::F32, vec![4], vec![i as u8; 16]))
+        .collect();
+    write_safetensors(&path, &tensors);
+    let root = dir.path().join("store");
+    let out = zimage_in(&root, &["create", "m", "--from", s(&path)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_zimage"));
+    cmd.arg("--store").arg(&root).args(["profile", "m"]);
+    // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let lim = libc::rlimit {
+                rlim_cur: 24,
+                rlim_max: 24,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("48 blobs to hold open"), "{err}");
+    assert!(err.contains("ulimit -n"), "{err}");
+}
