@@ -461,3 +461,24 @@ fn too_few_open_files_is_named_with_the_limit_to_raise() {
     assert!(err.contains("48 blobs to hold open"), "{err}");
     assert!(err.contains("ulimit -n"), "{err}");
 }
+
+#[test]
+fn a_blob_that_links_outside_the_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let store = store_with_bias_blob(&root, |d| d.to_string());
+    let digest = store.open("bias").unwrap().manifest.layers[0]
+        .digest
+        .clone();
+    let blob = store.blob_path(&digest).unwrap();
+    let outside = dir.path().join("secret");
+    std::fs::copy(&blob, &outside).unwrap();
+    std::fs::remove_file(&blob).unwrap();
+    std::os::unix::fs::symlink(&outside, &blob).unwrap();
+    for args in [["verify", "bias"], ["show", "bias"]] {
+        let out = zimage_in(&root, &args);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        let err = stderr_of(&out) + &String::from_utf8_lossy(&out.stdout);
+        assert!(err.contains("outside the store"), "{args:?}: {err}");
+    }
+}

@@ -176,6 +176,32 @@ pub fn tensor_blob_header(
     )
 }
 
+/// A blob that is a symlink must lead to a file inside the store: a store unpacked from
+/// somewhere else must not make zimage read (and later upload) files elsewhere on the disk.
+pub fn check_inside_store(root: &Path, digest: &str, path: &Path) -> Result<(), BlobError> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(());
+    }
+    let io = |source| BlobError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let target = std::fs::canonicalize(path).map_err(io)?;
+    let root = std::fs::canonicalize(root).map_err(io)?;
+    if target.starts_with(&root) && target.is_file() {
+        return Ok(());
+    }
+    Err(BlobError::Layout {
+        digest: digest.to_string(),
+        reason: format!(
+            "`{}` is a symlink to `{}`, outside the store; replace it with the file itself",
+            path.display(),
+            target.display()
+        ),
+    })
+}
+
 /// Reads and validates a blob's safetensors header.
 pub fn read_blob_header(root: &Path, digest: &str) -> Result<(PathBuf, Header), BlobError> {
     let path = blob_path(root, digest)?;
@@ -185,6 +211,7 @@ pub fn read_blob_header(root: &Path, digest: &str) -> Result<(PathBuf, Header), 
             dir: root.join("blobs"),
         });
     }
+    check_inside_store(root, digest, &path)?;
     let header = safetensors::read_header_file(&path).map_err(|source| BlobError::Header {
         digest: digest.into(),
         source,

@@ -416,6 +416,10 @@ impl Store {
                     .push(format!("`{label}`: blob `{}` is missing", layer.digest));
                 continue;
             }
+            if let Err(e) = blob::check_inside_store(&self.root, &layer.digest, &path) {
+                report.problems.push(format!("`{label}`: {e}"));
+                continue;
+            }
             let (digest, size) = blob::hash_file(&path)?;
             report.blobs_checked += 1;
             report.bytes_checked = report.bytes_checked.saturating_add(size);
@@ -470,7 +474,13 @@ impl Store {
             return Ok(None);
         };
         let p = self.blob_path(&layer.digest)?;
-        Ok(Some(std::fs::read(&p).map_err(Self::io(&p))?))
+        blob::check_inside_store(&self.root, &layer.digest, &p)?;
+        // Config layers are JSON and tokenizer files: a real one is a few MB.
+        Ok(Some(crate::files::read_bounded(
+            &p,
+            CONFIG_LAYER_LIMIT,
+            "config layer",
+        )?))
     }
 }
 
@@ -509,6 +519,9 @@ fn read_dirs(dir: &Path, temporaries: &mut Vec<PathBuf>) -> Result<Vec<PathBuf>,
     v.sort();
     Ok(v)
 }
+
+/// The largest config layer read (`tokenizer.json` of Qwen3 is 11 MB).
+pub const CONFIG_LAYER_LIMIT: u64 = 64 << 20;
 
 /// Prefix of the temporary files manifests are written to before they are renamed.
 const MANIFEST_TEMP_PREFIX: &str = ".zimage-";
