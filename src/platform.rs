@@ -47,6 +47,7 @@ pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: `lim` is a live, writable rlimit; getrlimit writes only into it.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -60,6 +61,7 @@ pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
     #[cfg(not(target_os = "macos"))]
     let hard = lim.rlim_max as u64;
     lim.rlim_cur = wanted.min(hard) as libc::rlim_t;
+    // SAFETY: `lim` is a live rlimit; setrlimit only reads it.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }

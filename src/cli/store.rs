@@ -23,14 +23,48 @@ pub struct CreateArgs {
     #[arg(long, default_value = "model")]
     pub component: String,
     /// Convert float tensors to this dtype.
-    #[arg(long, value_parser = ["bf16", "f16", "f32"])]
-    pub dtype: Option<String>,
+    #[arg(long, value_enum)]
+    pub dtype: Option<StoredDtype>,
     /// Quantize linear weights (MLX affine, group 64; norms, embeddings, biases and the VAE stay as they are).
-    #[arg(long, value_parser = ["int8", "int4"])]
-    pub quantize: Option<String>,
+    #[arg(long, value_enum)]
+    pub quantize: Option<QuantizeArg>,
     /// Start tensor data on this boundary (e.g. 16384) so blobs can be mapped without a copy.
     #[arg(long, default_value_t = 8)]
     pub align: u64,
+}
+
+/// The float dtypes an import can convert to.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredDtype {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl From<StoredDtype> for Dtype {
+    fn from(d: StoredDtype) -> Dtype {
+        match d {
+            StoredDtype::Bf16 => Dtype::BF16,
+            StoredDtype::F16 => Dtype::F16,
+            StoredDtype::F32 => Dtype::F32,
+        }
+    }
+}
+
+/// The quantizations an import can write.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantizeArg {
+    Int8,
+    Int4,
+}
+
+impl From<QuantizeArg> for Quantization {
+    fn from(q: QuantizeArg) -> Quantization {
+        match q {
+            QuantizeArg::Int8 => Quantization::Int8,
+            QuantizeArg::Int4 => Quantization::Int4,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -83,18 +117,8 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
     let source = open_source(&a.from, &a.component)?;
     let opts = ImportOptions {
-        dtype: a.dtype.as_deref().map(|d| match d {
-            "bf16" => Dtype::BF16,
-            "f16" => Dtype::F16,
-            _ => Dtype::F32,
-        }),
-        quantize: a.quantize.as_deref().map(|q| {
-            if q == "int4" {
-                Quantization::Int4
-            } else {
-                Quantization::Int8
-            }
-        }),
+        dtype: a.dtype.map(Dtype::from),
+        quantize: a.quantize.map(Quantization::from),
         align: a.align,
     };
     let total: u64 = source.tensors().iter().map(|t| t.nbytes).sum();
