@@ -413,9 +413,12 @@ pub fn tensor_sizes(model: &StoredModel, component: &str) -> Vec<crate::memory_p
                 "F16" | "BF16" => 2,
                 _ => 0,
             };
-            let numel: u64 = shape.iter().product();
+            // Saturating: the manifest is input, and its numbers may be anything.
+            let numel = shape.iter().fold(1u64, |n, &d| n.saturating_mul(d));
             let companion = name.ends_with("_scale") || name.ends_with("_qbias");
-            let packed = float_bytes == 0 || companion || layer.size * 3 < numel * float_bytes * 2;
+            let packed = float_bytes == 0
+                || companion
+                || layer.size.saturating_mul(3) < numel.saturating_mul(float_bytes * 2);
             Some(crate::memory_plan::TensorSize {
                 name: name.to_string(),
                 shape,

@@ -30,8 +30,9 @@ pub struct TensorSize {
 }
 
 impl TensorSize {
+    /// Saturating: shapes come from manifests, which are input.
     fn numel(&self) -> u64 {
-        self.shape.iter().product()
+        self.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d))
     }
 }
 
@@ -68,7 +69,8 @@ pub struct MemoryEstimate {
 impl MemoryEstimate {
     /// The process's expected peak resident memory.
     pub fn peak(&self) -> u64 {
-        self.base + self.text.max(self.denoise).max(self.decode)
+        self.base
+            .saturating_add(self.text.max(self.denoise).max(self.decode))
     }
 }
 
@@ -130,10 +132,10 @@ fn weight_bytes(
             if t.packed || is_table || (is_linear && residency == Residency::Stored) {
                 t.stored_bytes
             } else {
-                t.numel() * compute_bytes
+                t.numel().saturating_mul(compute_bytes)
             }
         })
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
 /// The buffer linear layers widen their weights into, when any weight of the component will be
@@ -143,7 +145,7 @@ fn widen_scratch(tensors: &[TensorSize], residency: Residency, compute_bytes: u6
         t.packed
             || (residency == Residency::Stored
                 && t.shape.len() == 2
-                && t.stored_bytes < t.numel() * compute_bytes)
+                && t.stored_bytes < t.numel().saturating_mul(compute_bytes))
     });
     if narrow {
         WIDEN_SCRATCH_BYTES
@@ -177,15 +179,21 @@ impl ModelSizes<'_> {
         base: u64,
     ) -> MemoryEstimate {
         let cb = req.compute_bytes;
+        // Saturating throughout: weight sizes come from manifests, which are input.
+        let sum = |parts: &[u64]| parts.iter().fold(0u64, |n, &p| n.saturating_add(p));
         MemoryEstimate {
-            base: base + RUNTIME_BYTES,
-            text: self.text_weights(residency, cb)
-                + self.text_activations(req)
-                + widen_scratch(self.text_encoder, residency, cb),
-            denoise: self.denoise_weights(residency, cb)
-                + self.denoise_activations(req)
-                + widen_scratch(self.transformer, residency, cb),
-            decode: self.vae_weights(cb) + self.decode_activations(req, tiling),
+            base: base.saturating_add(RUNTIME_BYTES),
+            text: sum(&[
+                self.text_weights(residency, cb),
+                self.text_activations(req),
+                widen_scratch(self.text_encoder, residency, cb),
+            ]),
+            denoise: sum(&[
+                self.denoise_weights(residency, cb),
+                self.denoise_activations(req),
+                widen_scratch(self.transformer, residency, cb),
+            ]),
+            decode: sum(&[self.vae_weights(cb), self.decode_activations(req, tiling)]),
         }
     }
 

@@ -482,3 +482,41 @@ fn a_blob_that_links_outside_the_store_is_refused() {
         assert!(err.contains("outside the store"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn layer_sizes_near_the_top_of_u64_are_planned_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    let out = zimage_in(&root, &["create", "huge", "--from", s(&demo)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let store = Store::at(&root);
+    let mut m = store.open("huge").unwrap().manifest;
+    for l in &mut m.layers {
+        l.size = u64::MAX;
+    }
+    store
+        .write_manifest(&ModelName::parse("huge").unwrap(), &m)
+        .unwrap();
+    let png = dir.path().join("o.png");
+    for args in [
+        vec!["show", "huge"],
+        vec![
+            "generate",
+            "x",
+            "--model",
+            "huge",
+            "--steps",
+            "1",
+            "-o",
+            s(&png),
+        ],
+    ] {
+        let out = zimage_in(&root, &args);
+        assert!(
+            matches!(out.status.code(), Some(0 | 2)),
+            "{args:?}: {}",
+            stderr_of(&out)
+        );
+    }
+}

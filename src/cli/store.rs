@@ -121,7 +121,10 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         quantize: a.quantize.map(Quantization::from),
         align: a.align,
     };
-    let total: u64 = source.tensors().iter().map(|t| t.nbytes).sum();
+    let total = source
+        .tensors()
+        .iter()
+        .fold(0u64, |n, t| n.saturating_add(t.nbytes));
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template(
@@ -269,7 +272,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             (!others.is_empty()).then(|| (l.name.as_deref().unwrap_or(""), l.size, others))
         })
         .collect();
-    let shared_bytes: u64 = shared.iter().map(|s| s.1).sum();
+    let shared_bytes = shared.iter().fold(0u64, |n, s| n.saturating_add(s.1));
     let quantized: usize = summary.values().map(|c| c.quantized_tensors).sum();
     let quant = if quantized > 0 {
         format!("MLX affine ({quantized} tensors)")

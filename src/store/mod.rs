@@ -161,6 +161,12 @@ impl Store {
                 }
             },
         };
+        if root.exists() && !root.is_dir() {
+            return Err(StoreError::Invalid(format!(
+                "the store `{}` is not a directory; give `--store` (or ZIMAGE_MODELS) a folder",
+                root.display()
+            )));
+        }
         Ok(Store { root })
     }
 

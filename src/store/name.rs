@@ -30,7 +30,7 @@ pub struct NameError {
 impl ModelName {
     pub fn parse(name: &str) -> Result<ModelName, NameError> {
         let err = |reason: &str| NameError {
-            name: name.to_string(),
+            name: printable(name),
             reason: reason.to_string(),
         };
         let (path, tag) = match (name.rfind(':'), name.rfind('/')) {
@@ -98,22 +98,39 @@ impl fmt::Display for ModelName {
     }
 }
 
+/// A name as an error may print it: control characters escaped, and cut at 80 characters, so a
+/// hostile name cannot break the one-line message or flood the terminal.
+fn printable(name: &str) -> String {
+    let escaped: String = name.escape_debug().collect();
+    match escaped.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &escaped[..at]),
+        None => escaped,
+    }
+}
+
 fn check_part(part: &str, max: usize, is_host: bool) -> Result<(), String> {
     if part.is_empty() || part.len() > max {
         return Err(format!("must be 1 to {max} characters"));
     }
     let first = part.chars().next().expect("non-empty");
     if !(first.is_ascii_alphanumeric() || first == '_') {
-        return Err(format!("`{part}` must start with a letter, digit or `_`"));
+        return Err(format!(
+            "`{}` must start with a letter, digit or `_`",
+            printable(part)
+        ));
     }
     let ok = |c: char| {
         c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') || (is_host && c == ':')
     };
     if let Some(c) = part.chars().find(|&c| !ok(c)) {
-        return Err(format!("`{part}` contains `{c}`"));
+        return Err(format!(
+            "`{}` contains `{}`",
+            printable(part),
+            c.escape_debug()
+        ));
     }
     if part.contains("..") {
-        return Err(format!("`{part}` contains `..`"));
+        return Err(format!("`{}` contains `..`", printable(part)));
     }
     Ok(())
 }
