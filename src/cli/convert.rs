@@ -142,13 +142,15 @@ impl Input {
             Input::ZTensor(zt) => Ok(zt.copy_dense(&item.name, out)?),
         }
     }
-
 }
 
 /// A safetensors tensor's bytes, read forward from its offset.
 fn st_range<'a>(mut file: &'a File, item: &Item) -> std::io::Result<impl Read + 'a> {
     file.seek(SeekFrom::Start(item.offset))?;
-    Ok(std::io::BufReader::with_capacity(1 << 20, file).take(item.nbytes))
+    // A buffer no larger than the tensor: a file of many small tensors makes no large
+    // allocation per tensor.
+    let capacity = item.nbytes.clamp(8 << 10, 1 << 20) as usize;
+    Ok(std::io::BufReader::with_capacity(capacity, file).take(item.nbytes))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -201,7 +203,9 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<ExitCode> {
         ),
         Output::Safetensors => String::new(),
     };
-    let data = items.iter().fold(0u64, |sum, i| sum.saturating_add(i.nbytes));
+    let data = items
+        .iter()
+        .fold(0u64, |sum, i| sum.saturating_add(i.nbytes));
     println!(
         "converted {} `{}` to `{}`: {} tensors, {} of data, {} written{how}",
         input.kind(),

@@ -2,8 +2,8 @@
 //! JSON. Files are told by their content, not their extension.
 
 use super::store::human;
-use anyhow::Context;
 use super::target::{self, Target};
+use anyhow::Context;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

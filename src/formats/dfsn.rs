@@ -146,7 +146,8 @@ impl Container {
             path: path.to_path_buf(),
             reason,
         };
-        let (mut file, len) = crate::files::open_regular(path).map_err(|e| invalid(e.to_string()))?;
+        let (mut file, len) =
+            crate::files::open_regular(path).map_err(|e| invalid(e.to_string()))?;
         if len < HEADER_LEN {
             return Err(invalid(format!(
                 "truncated: {len} bytes, shorter than the {HEADER_LEN}-byte DFSN header"

@@ -434,8 +434,9 @@ impl ZtFile {
         out: &mut dyn Write,
     ) -> Result<(), Error> {
         self.check_stored(t, role, c)?;
-        let damaged =
-            |e: std::io::Error| self.component_error(t, role, format!("zstd data is damaged ({e})"));
+        let damaged = |e: std::io::Error| {
+            self.component_error(t, role, format!("zstd data is damaged ({e})"))
+        };
         let stored = At {
             file: &self.file,
             at: c.offset,
@@ -696,9 +697,10 @@ pub const MAX_DENSE_BYTES_VAR: &str = "ZIMAGE_MAX_DENSE_BYTES";
 pub fn max_dense_bytes() -> Result<u64, String> {
     match std::env::var(MAX_DENSE_BYTES_VAR) {
         Err(std::env::VarError::NotPresent) => Ok(DEFAULT_MAX_DENSE_BYTES),
-        Ok(v) => v.trim().parse::<u64>().map_err(|_| {
-            format!("{MAX_DENSE_BYTES_VAR} is `{v}`, not a whole number of bytes")
-        }),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{MAX_DENSE_BYTES_VAR} is `{v}`, not a whole number of bytes")),
         Err(std::env::VarError::NotUnicode(v)) => Err(format!(
             "{MAX_DENSE_BYTES_VAR} is {v:?}, not a whole number of bytes"
         )),
