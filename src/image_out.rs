@@ -24,6 +24,9 @@ pub enum Error {
     },
     #[error("writing {0}")]
     Output(#[from] crate::files::FileError),
+    /// A PNG to read that is missing, unreadable or not a regular file.
+    #[error("{0}")]
+    Input(crate::files::FileError),
     #[error("`{}` is not a PNG this tool can read: {reason}", path.display())]
     Read {
         path: std::path::PathBuf,
@@ -66,36 +69,73 @@ pub fn write_png(
     Ok(())
 }
 
-/// The text chunks of a PNG (tEXt, zTXt and iTXt), in file order.
+/// The most a single compressed text chunk (zTXt, iTXt) may inflate to. A1111 infotext and
+/// ComfyUI workflows are kilobytes; anything near this is a decompression bomb.
+pub const MAX_TEXT_CHUNK_BYTES: usize = 8 << 20;
+/// The most all text chunks of one PNG may inflate to together.
+pub const MAX_TEXT_TOTAL_BYTES: usize = 32 << 20;
+/// The most text chunks one PNG may have.
+pub const MAX_TEXT_CHUNKS: usize = 1024;
+/// The most bytes of chunk data the decoder may hold before the image data (the png crate's
+/// own default is 64 MiB).
+const MAX_DECODER_BYTES: usize = 16 << 20;
+
+/// The text chunks of a PNG (tEXt, zTXt and iTXt), in file order. Compressed chunks are
+/// inflated within [`MAX_TEXT_CHUNK_BYTES`] each and [`MAX_TEXT_TOTAL_BYTES`] together, and a
+/// PNG with more than [`MAX_TEXT_CHUNKS`] is refused, so a small file cannot take much memory.
 pub fn read_png_text(path: &Path) -> Result<Vec<(String, String)>, Error> {
     let read_err = |reason: String| Error::Read {
         path: path.to_path_buf(),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    let (file, _) = crate::files::open_regular(path).map_err(Error::Input)?;
+    let mut decoder = png::Decoder::new_with_limits(
+        std::io::BufReader::new(file),
+        png::Limits {
+            bytes: MAX_DECODER_BYTES,
+        },
+    );
     decoder.set_ignore_text_chunk(false);
     let reader = decoder.read_info().map_err(|e| read_err(e.to_string()))?;
     let info = reader.info();
-    let mut out: Vec<(String, String)> = info
-        .uncompressed_latin1_text
-        .iter()
-        .map(|t| (t.keyword.clone(), t.text.clone()))
-        .collect();
+    let count = info.uncompressed_latin1_text.len()
+        + info.compressed_latin1_text.len()
+        + info.utf8_text.len();
+    if count > MAX_TEXT_CHUNKS {
+        return Err(read_err(format!(
+            "it has {count} text chunks, more than the {MAX_TEXT_CHUNKS} a PNG may have here"
+        )));
+    }
+    let mut budget = MAX_TEXT_TOTAL_BYTES;
+    let mut out: Vec<(String, String)> = Vec::with_capacity(count);
+    for t in &info.uncompressed_latin1_text {
+        out.push((t.keyword.clone(), t.text.clone()));
+    }
     for t in &info.compressed_latin1_text {
-        out.push((
-            t.keyword.clone(),
-            t.get_text().map_err(|e| read_err(e.to_string()))?,
-        ));
+        let mut t = t.clone();
+        let limit = MAX_TEXT_CHUNK_BYTES.min(budget);
+        t.decompress_text_with_limit(limit)
+            .map_err(|e| read_err(inflate_error(&t.keyword, limit, e)))?;
+        let text = t.get_text().map_err(|e| read_err(e.to_string()))?;
+        budget -= text.len().min(budget);
+        out.push((t.keyword, text));
     }
     for t in &info.utf8_text {
-        out.push((
-            t.keyword.clone(),
-            t.get_text().map_err(|e| read_err(e.to_string()))?,
-        ));
+        let mut t = t.clone();
+        let limit = MAX_TEXT_CHUNK_BYTES.min(budget);
+        t.decompress_text_with_limit(limit)
+            .map_err(|e| read_err(inflate_error(&t.keyword, limit, e)))?;
+        let text = t.get_text().map_err(|e| read_err(e.to_string()))?;
+        budget -= text.len().min(budget);
+        out.push((t.keyword, text));
     }
     Ok(out)
+}
+
+/// Why a compressed text chunk was not read: the limit it was read within, and the decoder's
+/// complaint (damaged data, or more text than the limit).
+fn inflate_error(keyword: &str, limit: usize, e: png::DecodingError) -> String {
+    format!(
+        "text chunk `{keyword}` does not inflate within {limit} bytes ({e}); a text chunk may hold {MAX_TEXT_CHUNK_BYTES} bytes and all of them {MAX_TEXT_TOTAL_BYTES}"
+    )
 }

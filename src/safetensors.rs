@@ -14,7 +14,7 @@
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -166,6 +166,9 @@ pub struct Header {
     pub metadata: Option<BTreeMap<String, String>>,
     /// `N`, the JSON length including any padding.
     pub header_len: u64,
+    /// Position of each tensor in `tensors`, built once at parsing so that a lookup by name does
+    /// not scan a header of many tensors.
+    index: HashMap<String, usize>,
 }
 
 impl Header {
@@ -183,10 +186,19 @@ impl Header {
     }
     /// Total file size this header describes.
     pub fn file_len(&self) -> u64 {
-        self.data_start() + self.data_len()
+        // Offsets come from the file: a sum past 64 bits is no file's length.
+        self.data_start().saturating_add(self.data_len())
     }
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensors.iter().find(|t| t.name == name)
+        let indexed = self.index.get(name).and_then(|&i| self.tensors.get(i));
+        match indexed {
+            Some(t) if t.name == name => Some(t),
+            // `tensors` is public: when it no longer matches the index, it is searched.
+            _ if self.index.len() != self.tensors.len() || indexed.is_some() => {
+                self.tensors.iter().find(|t| t.name == name)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -243,6 +255,9 @@ pub enum Error {
     LengthMismatch { expected: u64, got: u64 },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The file is missing, unreadable or not a regular file; the message names it.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("`{}`: {source}", path.display())]
     InFile { path: PathBuf, source: Box<Error> },
 }
@@ -251,7 +266,7 @@ impl Error {
     /// Attaches the file this error came from (once).
     pub fn in_file(self, path: &Path) -> Error {
         match self {
-            e @ Error::InFile { .. } => e,
+            e @ (Error::InFile { .. } | Error::File(_)) => e,
             e => Error::InFile {
                 path: path.to_path_buf(),
                 source: Box::new(e),
@@ -306,8 +321,7 @@ pub fn read_header<R: Read>(reader: &mut R, file_len: u64) -> Result<Header> {
 /// Reads and validates the header of the file at `path`; errors name the file.
 pub fn read_header_file(path: &Path) -> Result<Header> {
     let run = || -> Result<Header> {
-        let mut f = std::fs::File::open(path)?;
-        let len = f.metadata()?.len();
+        let (mut f, len) = crate::files::open_regular(path)?;
         read_header(&mut std::io::BufReader::new(&mut f), len)
     };
     run().map_err(|e| e.in_file(path))
@@ -319,24 +333,29 @@ pub fn parse_header_json(json: &[u8], n: u64, file_len: u64) -> Result<Header> {
     let entries: OrderedEntries =
         serde_json::from_str(text).map_err(|e| Error::InvalidJson(e.to_string()))?;
 
-    let mut seen = std::collections::HashSet::new();
+    let mut seen_metadata = false;
     let mut metadata = None;
     let mut tensors = Vec::with_capacity(entries.0.len());
+    let mut index = HashMap::with_capacity(entries.0.len());
     for (key, value) in entries.0 {
-        if !seen.insert(key.clone()) {
+        if key == METADATA_KEY {
+            if std::mem::replace(&mut seen_metadata, true) {
+                return Err(Error::DuplicateKey(key));
+            }
+            metadata = parse_metadata(value)?;
+            continue;
+        }
+        if index.insert(key.clone(), tensors.len()).is_some() {
             return Err(Error::DuplicateKey(key));
         }
-        if key == METADATA_KEY {
-            metadata = parse_metadata(value)?;
-        } else {
-            tensors.push(parse_entry(key, value)?);
-        }
+        tensors.push(parse_entry(key, value)?);
     }
     validate(&tensors)?;
     let header = Header {
         tensors,
         metadata,
         header_len: n,
+        index,
     };
     if header.file_len() != file_len {
         return Err(Error::LengthMismatch {

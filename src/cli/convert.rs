@@ -35,6 +35,8 @@ struct Item {
     dtype: Dtype,
     shape: Vec<u64>,
     nbytes: u64,
+    /// Where a safetensors tensor's bytes start in the file (unused for zTensor).
+    offset: u64,
 }
 
 enum Input {
@@ -52,10 +54,20 @@ impl Input {
         match kind {
             FileKind::Safetensors => {
                 let header = safetensors::read_header_file(path)?;
-                let file = File::open(path).with_context(|| format!("`{}`", path.display()))?;
+                let (file, _) = zimage::files::open_regular(path)?;
                 Ok(Input::Safetensors { path: path.to_path_buf(), file, header })
             }
-            FileKind::ZTensor => Ok(Input::ZTensor(ZtFile::open(path)?)),
+            FileKind::ZTensor => {
+                let zt = ZtFile::open(path)?;
+                // Every tensor that must be decoded is checked against the limit before
+                // anything is written.
+                for t in zt.tensors() {
+                    if zt.raw_dense_range(t).is_none() {
+                        zt.check_dense_limit(t)?;
+                    }
+                }
+                Ok(Input::ZTensor(zt))
+            }
             other => bail!("`{}` is neither safetensors nor zTensor v1.0 (it looks like: {}); `convert` reads only those", path.display(), other.name()),
         }
     }
@@ -79,6 +91,7 @@ impl Input {
                         dtype: t.dtype,
                         shape: t.shape.clone(),
                         nbytes: t.nbytes(),
+                        offset: header.data_start() + t.data_offsets.0,
                     })
                     .collect()
             }
@@ -89,6 +102,7 @@ impl Input {
                     dtype: t.dtype.safetensors(),
                     shape: t.shape.clone(),
                     nbytes: t.dense_len,
+                    offset: 0,
                 })
                 .collect(),
         }
@@ -111,9 +125,9 @@ impl Input {
     /// Writes one tensor's dense little-endian bytes to `out`.
     fn copy(&self, item: &Item, out: &mut dyn Write) -> anyhow::Result<()> {
         match self {
-            Input::Safetensors { path, file, header } => {
+            Input::Safetensors { path, file, .. } => {
                 let io = || format!("`{}`: tensor `{}`", path.display(), item.name);
-                let mut reader = self.st_range(file, header, item).with_context(io)?;
+                let mut reader = st_range(file, item).with_context(io)?;
                 let n = std::io::copy(&mut reader, out).with_context(io)?;
                 if n != item.nbytes {
                     bail!(
@@ -128,19 +142,15 @@ impl Input {
             Input::ZTensor(zt) => Ok(zt.copy_dense(&item.name, out)?),
         }
     }
+}
 
-    fn st_range<'a>(
-        &self,
-        mut file: &'a File,
-        header: &Header,
-        item: &Item,
-    ) -> std::io::Result<impl Read + 'a> {
-        let t = header
-            .tensor(&item.name)
-            .expect("items come from the header");
-        file.seek(SeekFrom::Start(header.data_start() + t.data_offsets.0))?;
-        Ok(std::io::BufReader::with_capacity(1 << 20, file).take(item.nbytes))
-    }
+/// A safetensors tensor's bytes, read forward from its offset.
+fn st_range<'a>(mut file: &'a File, item: &Item) -> std::io::Result<impl Read + 'a> {
+    file.seek(SeekFrom::Start(item.offset))?;
+    // A buffer no larger than the tensor: a file of many small tensors makes no large
+    // allocation per tensor.
+    let capacity = item.nbytes.clamp(8 << 10, 1 << 20) as usize;
+    Ok(std::io::BufReader::with_capacity(capacity, file).take(item.nbytes))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -193,7 +203,9 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<ExitCode> {
         ),
         Output::Safetensors => String::new(),
     };
-    let data: u64 = items.iter().map(|i| i.nbytes).sum();
+    let data = items
+        .iter()
+        .fold(0u64, |sum, i| sum.saturating_add(i.nbytes));
     println!(
         "converted {} `{}` to `{}`: {} tensors, {} of data, {} written{how}",
         input.kind(),
@@ -221,16 +233,15 @@ fn write_zt(input: &Input, items: &[Item], path: &Path, opts: WriteOptions) -> a
     let mut w = ztensor::Writer::create(path, opts)?;
     for (item, dtype) in items.iter().zip(dtypes) {
         match input {
-            Input::Safetensors { file, header, .. } => {
-                let mut reader = input
-                    .st_range(file, header, item)
+            Input::Safetensors { file, .. } => {
+                let mut reader = st_range(file, item)
                     .with_context(|| format!("`{}`", input_path(input).display()))?;
                 w.add_dense_from(&item.name, dtype, &item.shape, &mut reader)?;
             }
-            // Decoded one tensor at a time: digests are checked before the bytes are used.
-            Input::ZTensor(zt) => {
-                w.add_dense(&item.name, dtype, &item.shape, &zt.read_dense(&item.name)?)?
-            }
+            // Streamed one tensor at a time; a digest mismatch fails the whole output.
+            Input::ZTensor(zt) => w.add_dense_with(&item.name, dtype, &item.shape, &mut |out| {
+                zt.copy_dense(&item.name, out)
+            })?,
         }
     }
     Ok(w.finish()?)
@@ -248,7 +259,8 @@ fn write_safetensors(input: &Input, items: &[Item], path: &Path) -> anyhow::Resu
     let header = safetensors::header_bytes(&specs, input.metadata().as_ref(), 8)
         .map_err(|e| e.in_file(path))?;
     let io = |e: std::io::Error| anyhow::anyhow!("`{}`: {e}", path.display());
-    let tmp = zimage::files::TempFile::beside(path, ".zimage-st-").map_err(io)?;
+    let target = zimage::files::output_path(path)?;
+    let tmp = zimage::files::TempFile::beside(&target, ".zimage-st-").map_err(io)?;
     let mut out = BufWriter::with_capacity(1 << 20, tmp);
     out.write_all(&header).map_err(io)?;
     let mut size = header.len() as u64;
@@ -258,7 +270,7 @@ fn write_safetensors(input: &Input, items: &[Item], path: &Path) -> anyhow::Resu
     }
     let tmp = out.into_inner().map_err(|e| io(e.into_error()))?;
     tmp.as_file().sync_all().map_err(io)?;
-    tmp.persist(path).map_err(|e| io(e.error))?;
+    tmp.persist(&target).map_err(|e| io(e.error))?;
     Ok(size)
 }
 

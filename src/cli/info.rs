@@ -5,8 +5,9 @@ use zimage::mlx::{self, ops, random, Device, Dtype};
 
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
-    /// Matrix size of the quick matmul throughput figure (0 skips it).
-    #[arg(long, default_value_t = 1024)]
+    /// Matrix size of the quick matmul throughput figure (0 skips it; at most 8192, whose
+    /// three f32 matrices take 768 MiB).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(i32).range(0..=8192))]
     pub matmul_size: i32,
 }
 

@@ -3,6 +3,7 @@
 
 use super::store::human;
 use super::target::{self, Target};
+use anyhow::Context;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -58,7 +59,9 @@ pub fn run(store: Option<PathBuf>, a: InspectArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
-    let size = std::fs::metadata(path)?.len();
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("`{}`", path.display()))?
+        .len();
     let mut facts = vec![
         ("path", json!(path.display().to_string())),
         ("size", json!(size)),
@@ -163,12 +166,15 @@ fn inspect_model(t: &Target, component: Option<&str>) -> anyhow::Result<Report> 
 }
 
 fn tensor_totals(l: &Listing) -> Vec<(&'static str, Value)> {
-    let params: u64 = l
+    // Shapes and lengths come from the file: totals saturate rather than overflow.
+    let params = l.tensors.iter().fold(0u64, |sum, t| {
+        let n = t.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d));
+        sum.saturating_add(n)
+    });
+    let bytes = l
         .tensors
         .iter()
-        .map(|t| t.shape.iter().product::<u64>())
-        .sum();
-    let bytes: u64 = l.tensors.iter().map(|t| t.byte_length).sum();
+        .fold(0u64, |sum, t| sum.saturating_add(t.byte_length));
     let mut dtypes = std::collections::BTreeMap::<String, usize>::new();
     for t in &l.tensors {
         *dtypes.entry(t.dtype.to_uppercase()).or_default() += 1;

@@ -169,6 +169,12 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
             if c.model_type != dfsn::ModelType::Safetensors {
                 bail!("`{}` holds a pickled checkpoint; only safetensors models can be imported", from.display());
             }
+            // The container vouches for its model with a hash: a model that does not match it
+            // was damaged or changed, and is not imported.
+            let v = dfsn::verify(from)?;
+            if !v.ok() {
+                bail!("`{}`: the model bytes hash to {}, but the container says {}; the file is damaged or was changed, so it is not imported (see `zimage dfsn verify`)", from.display(), v.actual_sha256, v.stored_sha256);
+            }
             let mut source = SafetensorsFile::open(from, c.model_offset, c.model_len, component)?;
             source.extra_metadata = Some(c.metadata);
             Box::new(source)

@@ -146,8 +146,8 @@ impl Container {
             path: path.to_path_buf(),
             reason,
         };
-        let mut file = std::fs::File::open(path).map_err(io(path))?;
-        let len = file.metadata().map_err(io(path))?.len();
+        let (mut file, len) =
+            crate::files::open_regular(path).map_err(|e| invalid(e.to_string()))?;
         if len < HEADER_LEN {
             return Err(invalid(format!(
                 "truncated: {len} bytes, shorter than the {HEADER_LEN}-byte DFSN header"
@@ -346,7 +346,8 @@ pub fn pack(model: &Path, metadata: &serde_json::Value, out: &Path) -> Result<Co
     let area = metadata_area(metadata, MODEL_OFFSET - METADATA_OFFSET, out)?;
     let mut src = std::fs::File::open(model).map_err(io(model))?;
 
-    let mut tmp = temp_beside(out)?;
+    let target = output_target(out)?;
+    let mut tmp = temp_beside(&target, out)?;
     let mut header = vec![0u8; METADATA_OFFSET as usize];
     header[..4].copy_from_slice(MAGIC);
     header[4..6].copy_from_slice(&model_type.code().to_be_bytes());
@@ -360,7 +361,7 @@ pub fn pack(model: &Path, metadata: &serde_json::Value, out: &Path) -> Result<Co
     file.seek(SeekFrom::Start(6)).map_err(io(out))?;
     file.write_all(&sha256).map_err(io(out))?;
     file.sync_all().map_err(io(out))?;
-    tmp.persist(out).map_err(|e| io(out)(e.error))?;
+    tmp.persist(&target).map_err(|e| io(out)(e.error))?;
     Ok(Container {
         model_type,
         sha256,
@@ -425,7 +426,8 @@ pub fn unpack(path: &Path, out: &Path) -> Result<Container, Error> {
     let mut src = std::fs::File::open(path).map_err(io(path))?;
     src.seek(SeekFrom::Start(container.model_offset))
         .map_err(io(path))?;
-    let mut tmp = temp_beside(out)?;
+    let target = output_target(out)?;
+    let mut tmp = temp_beside(&target, out)?;
     let (_, actual) = copy_hashing(&mut src, tmp.as_file_mut(), path, out)?;
     if actual != container.sha256 {
         return Err(Error::HashMismatch {
@@ -435,7 +437,7 @@ pub fn unpack(path: &Path, out: &Path) -> Result<Container, Error> {
         });
     }
     tmp.as_file().sync_all().map_err(io(out))?;
-    tmp.persist(out).map_err(|e| io(out)(e.error))?;
+    tmp.persist(&target).map_err(|e| io(out)(e.error))?;
     Ok(container)
 }
 
@@ -485,8 +487,17 @@ fn copy_hashing<R: Read, W: Write>(
     Ok((total, hasher.finalize().into()))
 }
 
-fn temp_beside(out: &Path) -> Result<crate::files::TempFile, Error> {
-    crate::files::TempFile::beside(out, ".zimage-dfsn-").map_err(io(out))
+/// The file an output path names: itself, or a symlink's target; special files are refused,
+/// since the container is built in a temporary file and renamed into place.
+fn output_target(out: &Path) -> Result<PathBuf, Error> {
+    crate::files::output_path(out).map_err(|e| Error::Invalid {
+        path: out.to_path_buf(),
+        reason: format!("cannot write here: {e}"),
+    })
+}
+
+fn temp_beside(target: &Path, out: &Path) -> Result<crate::files::TempFile, Error> {
+    crate::files::TempFile::beside(target, ".zimage-dfsn-").map_err(io(out))
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {

@@ -97,6 +97,8 @@ pub fn parse(text: &str) -> Infotext {
         }
         target.push_str(line);
     }
+    // Where each key sits in `params`, so that a line of many pairs stays linear.
+    let mut place: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (k, v) in pairs {
         // A1111 reads `v[0]`, which raises on an empty value and drops the pair.
         if v.is_empty() {
@@ -107,9 +109,12 @@ pub fn parse(text: &str) -> Infotext {
         } else {
             v
         };
-        match out.params.iter_mut().find(|(key, _)| *key == k) {
-            Some(slot) => slot.1 = v,
-            None => out.params.push((k, v)),
+        match place.get(&k) {
+            Some(&i) => out.params[i].1 = v,
+            None => {
+                place.insert(k.clone(), out.params.len());
+                out.params.push((k, v));
+            }
         }
     }
     out
@@ -121,33 +126,39 @@ fn unquote(v: &str) -> String {
 }
 
 /// Every `(key, raw value)` the parameter regex finds in `line`, as Python's `findall`.
+///
+/// Linear in the line: a failed match tells where the next one can start (every start inside
+/// the whitespace or key run it scanned fails the same way), and a quoted value's scan stops at
+/// the next unescaped quote, which no later scan passes either.
 fn find_pairs(line: &str) -> Vec<(String, String)> {
     let c: Vec<char> = line.chars().collect();
     let mut out = Vec::new();
     let mut p = 0;
     while p < c.len() {
         match match_at(&c, p) {
-            Some((end, key, value)) => {
+            Ok((end, key, value)) => {
                 out.push((key, value));
                 p = end.max(p + 1);
             }
-            None => p += 1,
+            Err(next) => p = next.max(p + 1),
         }
     }
     out
 }
 
-/// One match of the parameter regex starting at `p`: (end, key, value). No backtracking is
-/// needed: `\s` and `\w` are disjoint and `:` is outside the key class, so the greedy key is
-/// the only one, and the unquoted value alternative always matches where the quoted one fails.
-fn match_at(c: &[char], p: usize) -> Option<(usize, String, String)> {
+/// One match of the parameter regex starting at `p`: (end, key, value), or where the next
+/// match can start. No backtracking is needed: `\s` and `\w` are disjoint and `:` is outside
+/// the key class, so the greedy key is the only one, and the unquoted value alternative always
+/// matches where the quoted one fails.
+fn match_at(c: &[char], p: usize) -> Result<(usize, String, String), usize> {
     let mut i = p;
     while c.get(i).is_some_and(|&ch| is_space(ch)) {
         i += 1;
     }
     let key_start = i;
     if !c.get(i).is_some_and(|&ch| is_word(ch)) {
-        return None;
+        // Starting anywhere in the whitespace run ends at this same character.
+        return Err(i + 1);
     }
     i += 1;
     let run = i;
@@ -158,7 +169,9 @@ fn match_at(c: &[char], p: usize) -> Option<(usize, String, String)> {
         i += 1;
     }
     if i == run || c.get(i) != Some(&':') {
-        return None;
+        // A start later in the run reaches the same end, where `:` is still missing (or the
+        // key is shorter still); the end itself may start a match.
+        return Err(i);
     }
     let key: String = c[key_start..i].iter().collect();
     i += 1;
@@ -172,14 +185,14 @@ fn match_at(c: &[char], p: usize) -> Option<(usize, String, String)> {
         } else {
             close
         };
-        return Some((end, key, value));
+        return Ok((end, key, value));
     }
     let start = i;
     while c.get(i).is_some_and(|&ch| ch != ',') {
         i += 1;
     }
     let value: String = c[start..i].iter().collect();
-    Some((if i < c.len() { i + 1 } else { i }, key, value))
+    Ok((if i < c.len() { i + 1 } else { i }, key, value))
 }
 
 /// `"(?:\\.|[^\\"])+"` followed by `,` or the end: the index just past the closing quote.

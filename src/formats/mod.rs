@@ -120,13 +120,26 @@ impl FileKind {
         }
     }
 
-    /// Opens `path` and tells its kind.
+    /// Opens `path` and tells its kind. Only a regular file is opened: a FIFO would block and
+    /// a directory has no content; either is an error that says what it is.
     pub fn of_file(path: &Path) -> std::io::Result<FileKind> {
-        let mut file = std::fs::File::open(path)?;
-        let len = file.metadata()?.len();
+        let (mut file, len) = crate::files::open_regular(path).map_err(|e| match e {
+            crate::files::FileError::Io { source, .. } => source,
+            e => std::io::Error::new(std::io::ErrorKind::InvalidInput, not_regular(&e)),
+        })?;
         let mut head = Vec::with_capacity(16);
         file.by_ref().take(16).read_to_end(&mut head)?;
         Ok(FileKind::sniff(&head, len))
+    }
+}
+
+/// A [`crate::files::FileError`] without the path it starts with, for callers that name the
+/// file themselves.
+fn not_regular(e: &crate::files::FileError) -> String {
+    let text = e.to_string();
+    match text.split_once("` ") {
+        Some((_, rest)) if text.starts_with('`') => rest.to_string(),
+        _ => text,
     }
 }
 
@@ -136,19 +149,25 @@ pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
         path: path.to_path_buf(),
         source,
     };
+    let open = |path: &Path| {
+        crate::files::open_regular(path).map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, not_regular(&e)),
+        })
+    };
     match FileKind::of_file(path).map_err(io)? {
         FileKind::ZTensor => Ok(ztensor::listing(path)?),
         FileKind::Dfsn => Ok(dfsn::listing(path)?),
         FileKind::Safetensors => {
-            let mut file = std::fs::File::open(path).map_err(io)?;
-            let len = file.metadata().map_err(io)?.len();
+            let (file, len) = open(path)?;
+            let mut file = std::io::BufReader::new(file);
             Ok(structural::read_safetensors_listing(&mut file, len, path)?)
         }
         // Content that looks like nothing known is read as safetensors (as weight-inspect
         // does), so that a damaged safetensors file gets the reader's precise complaint.
         FileKind::Unknown => {
-            let mut file = std::fs::File::open(path).map_err(io)?;
-            let len = file.metadata().map_err(io)?.len();
+            let (file, len) = open(path)?;
+            let mut file = std::io::BufReader::new(file);
             structural::read_safetensors_listing(&mut file, len, path).map_err(|source| {
                 Error::Unrecognised {
                     path: path.to_path_buf(),

@@ -33,7 +33,10 @@ pub mod source;
 pub mod write;
 
 pub use digest::Digest;
-pub use read::{Component, Encoding, Layout, TensorMeta, ZtFile};
+pub use read::{
+    max_dense_bytes, Component, Encoding, Layout, TensorMeta, ZtFile, DEFAULT_MAX_DENSE_BYTES,
+    MAX_DENSE_BYTES_VAR,
+};
 pub use source::ZtSource;
 pub use write::{Checksum, WriteOptions, Writer};
 

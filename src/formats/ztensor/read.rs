@@ -116,8 +116,10 @@ impl ZtFile {
     /// Opens `path` and checks its structure; reads the manifest only.
     pub fn open(path: &Path) -> Result<ZtFile, Error> {
         let io = Error::io(path);
-        let file = File::open(path).map_err(&io)?;
-        let file_len = file.metadata().map_err(&io)?.len();
+        let (file, file_len) = crate::files::open_regular(path).map_err(|e| Error::Invalid {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         let bad = |reason: String| Error::Invalid {
             path: path.to_path_buf(),
             reason,
@@ -213,13 +215,15 @@ impl ZtFile {
         }
     }
 
-    /// Streams a raw dense tensor's bytes to `out` (any other tensor is decoded first), checking
-    /// its digest; on a mismatch the bytes already written must be discarded by the caller.
+    /// Streams a tensor's dense little-endian bytes to `out`: a raw dense tensor as stored
+    /// (its digest checked at the end: on a mismatch the caller must discard what was written),
+    /// any other decoded without holding its dense form in memory. A compressed or sparse
+    /// tensor is refused when its dense size is over [`max_dense_bytes`], before anything is
+    /// written.
     pub fn copy_dense(&self, name: &str, out: &mut dyn Write) -> Result<(), Error> {
         let t = self.tensor(name)?;
         let Some((offset, length)) = self.raw_dense_range(t) else {
-            let bytes = self.read_dense(name)?;
-            return out.write_all(&bytes).map_err(Error::io(&self.path));
+            return self.copy_decoded(t, out);
         };
         let Layout::Dense { data } = &t.layout else {
             unreachable!("raw_dense_range is dense only")
@@ -243,28 +247,63 @@ impl ZtFile {
     pub fn verify(&self) -> Result<(), Error> {
         for t in self.tensors.values() {
             for (role, c) in t.layout.components() {
-                if c.digest.is_some() {
-                    self.stored_bytes(t, role, c)?;
-                }
+                self.check_stored(t, role, c)?;
             }
         }
         Ok(())
     }
 
     /// A tensor's dense little-endian bytes: decompressed, digests checked, sparse tensors
-    /// scattered into zeros.
+    /// scattered into zeros. A compressed or sparse tensor is bounded by [`max_dense_bytes`].
     pub fn read_dense(&self, name: &str) -> Result<Vec<u8>, Error> {
         let t = self.tensor(name)?;
+        if self.raw_dense_range(t).is_none() {
+            self.check_dense_limit(t)?;
+        }
+        let len = usize::try_from(t.dense_len).map_err(|_| Error::Tensor {
+            path: self.path.clone(),
+            tensor: t.name.clone(),
+            reason: "too large for this machine's memory".into(),
+        })?;
+        let mut out = Vec::with_capacity(len);
+        self.copy_dense(name, &mut out)?;
+        Ok(out)
+    }
+
+    /// Refuses to decode a tensor whose dense form is larger than the user allows
+    /// ([`max_dense_bytes`]).
+    pub fn check_dense_limit(&self, t: &TensorMeta) -> Result<(), Error> {
+        let limit = max_dense_bytes().map_err(|reason| Error::Invalid {
+            path: self.path.clone(),
+            reason,
+        })?;
+        if t.dense_len > limit {
+            return Err(Error::Tensor {
+                path: self.path.clone(),
+                tensor: t.name.clone(),
+                reason: format!(
+                    "its {} form of shape {:?} ({}) is {} bytes, more than the {limit} bytes zimage decodes for one tensor; set {MAX_DENSE_BYTES_VAR} to a larger number of bytes to allow it",
+                    t.layout.format(),
+                    t.shape,
+                    t.dtype.name(),
+                    t.dense_len
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// A compressed dense or a sparse tensor, written out dense.
+    fn copy_decoded(&self, t: &TensorMeta, out: &mut dyn Write) -> Result<(), Error> {
+        self.check_dense_limit(t)?;
         let size = t.dtype.size();
         let bad = |reason: String| Error::Tensor {
             path: self.path.clone(),
             tensor: t.name.clone(),
             reason,
         };
-        let dense_len = usize::try_from(t.dense_len)
-            .map_err(|_| bad("too large for this machine's memory".into()))?;
         match &t.layout {
-            Layout::Dense { data } => self.decoded(t, "data", data, t.dense_len, Some(t.dense_len)),
+            Layout::Dense { data } => self.copy_zstd(t, "data", data, out),
             Layout::Csr {
                 values,
                 indices,
@@ -301,8 +340,7 @@ impl ZtFile {
                         format!("decreases at row {r} ({} then {})", ptr[r], ptr[r + 1]),
                     ));
                 }
-                let mut out = vec![0u8; dense_len];
-                let mut seen = Seen::new(t.numel);
+                let mut places = Vec::with_capacity(idx.len());
                 for r in 0..rows as usize {
                     for k in ptr[r]..ptr[r + 1] {
                         let col = idx[k as usize];
@@ -314,17 +352,14 @@ impl ZtFile {
                                 ),
                             ));
                         }
-                        let at = r as u64 * cols + col;
-                        if !seen.insert(at) {
-                            return Err(cerr(
-                                "indices",
-                                format!("row {r} lists column {col} twice"),
-                            ));
-                        }
-                        scatter(&mut out, &vals, k, at, size);
+                        places.push((r as u64 * cols + col, k));
                     }
                 }
-                Ok(out)
+                let repeat = |at: u64| {
+                    let (r, col) = (at / cols, at % cols);
+                    cerr("indices", format!("row {r} lists column {col} twice"))
+                };
+                write_scattered(t, places, &vals, out, repeat).map_err(|e| self.write_error(e))
             }
             Layout::Coo { values, coords } => {
                 let ndim = t.shape.len() as u64;
@@ -341,8 +376,7 @@ impl ZtFile {
                         ))
                     })?;
                 let coords = u64s(self.decoded(t, "coords", coords, want, Some(want))?);
-                let mut out = vec![0u8; dense_len];
-                let mut seen = Seen::new(t.numel);
+                let mut places = Vec::with_capacity(nnz as usize);
                 for k in 0..nnz {
                     let mut at = 0u64;
                     for (d, &dim) in t.shape.iter().enumerate() {
@@ -356,23 +390,110 @@ impl ZtFile {
                                 ),
                             ));
                         }
+                        // Below numel, which fits in 64 bits: no overflow.
                         at = at * dim + i;
                     }
-                    if !seen.insert(at) {
-                        return Err(self.component_error(
-                            t,
-                            "coords",
-                            format!("value {k} repeats an earlier coordinate"),
-                        ));
-                    }
-                    scatter(&mut out, &vals, k, at, size);
+                    places.push((at, k));
                 }
-                Ok(out)
+                let repeat = |at: u64| {
+                    let mut index = vec![0u64; t.shape.len()];
+                    let mut rest = at;
+                    for (slot, &dim) in index.iter_mut().zip(&t.shape).rev() {
+                        *slot = rest % dim;
+                        rest /= dim;
+                    }
+                    self.component_error(
+                        t,
+                        "coords",
+                        format!("coordinate {index:?} is given twice"),
+                    )
+                };
+                write_scattered(t, places, &vals, out, repeat).map_err(|e| self.write_error(e))
             }
             Layout::Other { format, .. } => Err(bad(format!(
                 "format `{format}` is not one zimage can decode (dense, sparse_csr, sparse_coo)"
             ))),
         }
+    }
+
+    fn write_error(&self, e: Scatter) -> Error {
+        match e {
+            Scatter::Repeat(e) => e,
+            Scatter::Io(e) => Error::io(&self.path)(e),
+        }
+    }
+
+    /// A zstd dense component, streamed: its stored bytes' digest is checked first, then it is
+    /// decoded to exactly the tensor's dense size (a stream that would give more is refused
+    /// after that many bytes, so a small file cannot inflate without bound).
+    fn copy_zstd(
+        &self,
+        t: &TensorMeta,
+        role: &str,
+        c: &Component,
+        out: &mut dyn Write,
+    ) -> Result<(), Error> {
+        self.check_stored(t, role, c)?;
+        let damaged = |e: std::io::Error| {
+            self.component_error(t, role, format!("zstd data is damaged ({e})"))
+        };
+        let stored = At {
+            file: &self.file,
+            at: c.offset,
+            end: c.offset + c.length,
+        };
+        let mut decoder = zstd::stream::read::Decoder::new(stored).map_err(&damaged)?;
+        let mut buf = vec![0u8; CHUNK.min(t.dense_len.max(1) as usize)];
+        let mut written = 0u64;
+        while written < t.dense_len {
+            let want = (t.dense_len - written).min(buf.len() as u64) as usize;
+            let n = match decoder.read(&mut buf[..want]) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(damaged(e)),
+            };
+            out.write_all(&buf[..n]).map_err(Error::io(&self.path))?;
+            written += n as u64;
+        }
+        let more = written == t.dense_len && decoder.read(&mut [0u8; 1]).map_err(&damaged)? > 0;
+        if written != t.dense_len || more {
+            let got = if more {
+                format!("more than {}", t.dense_len)
+            } else {
+                written.to_string()
+            };
+            return Err(self.component_error(
+                t,
+                role,
+                format!(
+                    "decodes to {got} bytes, but {} are needed (shape {:?} of {})",
+                    t.dense_len,
+                    t.shape,
+                    t.dtype.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a component's digest by streaming its stored bytes.
+    fn check_stored(&self, t: &TensorMeta, role: &str, c: &Component) -> Result<(), Error> {
+        if c.digest.is_none() {
+            return Ok(());
+        }
+        let mut hasher = Hasher::like(c.digest.as_ref());
+        let mut buf = vec![0u8; CHUNK.min(c.length as usize)];
+        let mut at = c.offset;
+        while at < c.offset + c.length {
+            let n = (c.offset + c.length - at).min(buf.len() as u64) as usize;
+            self.file
+                .read_exact_at(&mut buf[..n], at)
+                .map_err(Error::io(&self.path))?;
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        self.check_digest(t, role, c.digest.as_ref(), hasher)
     }
 
     fn component_error(&self, t: &TensorMeta, role: &str, reason: String) -> Error {
@@ -428,6 +549,20 @@ impl ZtFile {
         limit: u64,
         exact: Option<u64>,
     ) -> Result<Vec<u8>, Error> {
+        let max = max_dense_bytes().map_err(|reason| Error::Invalid {
+            path: self.path.clone(),
+            reason,
+        })?;
+        if c.encoding == Encoding::Zstd && exact.unwrap_or(limit) > max {
+            return Err(self.component_error(
+                t,
+                role,
+                format!(
+                    "would decode to {} bytes, more than the {max} bytes zimage decodes for one tensor; set {MAX_DENSE_BYTES_VAR} to a larger number of bytes to allow it",
+                    exact.unwrap_or(limit)
+                ),
+            ));
+        }
         let stored = self.stored_bytes(t, role, c)?;
         let bytes = match c.encoding {
             Encoding::Raw => stored,
@@ -486,9 +621,90 @@ pub(super) fn check_values_len(t: &TensorMeta, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn scatter(out: &mut [u8], vals: &[u8], k: u64, at: u64, size: u64) {
-    let (k, at, size) = (k as usize, at as usize, size as usize);
-    out[at * size..(at + 1) * size].copy_from_slice(&vals[k * size..(k + 1) * size]);
+/// Why scattering sparse values stopped.
+enum Scatter {
+    /// Two values at one position: whether they add up or overwrite would be a guess.
+    Repeat(Error),
+    Io(std::io::Error),
+}
+
+/// Writes the dense form of a sparse tensor: zeros, with value `k` at element `at` for each
+/// `(at, k)` of `places`. Sorting the places first keeps memory to the values and their places,
+/// however large the dense form; a place given twice is refused through `repeat`.
+fn write_scattered(
+    t: &TensorMeta,
+    mut places: Vec<(u64, u64)>,
+    vals: &[u8],
+    out: &mut dyn Write,
+    repeat: impl Fn(u64) -> Error,
+) -> Result<(), Scatter> {
+    places.sort_unstable();
+    if let Some(w) = places.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Scatter::Repeat(repeat(w[0].0)));
+    }
+    let size = t.dtype.size();
+    let mut written = 0u64;
+    for (at, k) in places {
+        // `at` is below numel and `k` below nnz, so these products stay under the sizes
+        // already checked.
+        let start = at * size;
+        write_zeros(out, start - written).map_err(Scatter::Io)?;
+        let k = (k * size) as usize;
+        out.write_all(&vals[k..k + size as usize])
+            .map_err(Scatter::Io)?;
+        written = start + size;
+    }
+    write_zeros(out, t.dense_len - written).map_err(Scatter::Io)
+}
+
+fn write_zeros(out: &mut dyn Write, mut n: u64) -> std::io::Result<()> {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        out.write_all(&ZEROS[..k])?;
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+/// A byte range of a file as a reader, with positioned reads (the file's cursor is shared).
+struct At<'a> {
+    file: &'a File,
+    at: u64,
+    end: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.end - self.at).min(buf.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..n], self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// How many bytes one tensor may decode to when nothing else is said: compressed and sparse
+/// tensors are written out dense, and a small file can declare any size.
+pub const DEFAULT_MAX_DENSE_BYTES: u64 = 4 << 30;
+/// The environment variable that raises (or lowers) [`DEFAULT_MAX_DENSE_BYTES`].
+pub const MAX_DENSE_BYTES_VAR: &str = "ZIMAGE_MAX_DENSE_BYTES";
+
+/// The most bytes one compressed or sparse tensor may decode to: `ZIMAGE_MAX_DENSE_BYTES`, or
+/// [`DEFAULT_MAX_DENSE_BYTES`].
+pub fn max_dense_bytes() -> Result<u64, String> {
+    match std::env::var(MAX_DENSE_BYTES_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_MAX_DENSE_BYTES),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{MAX_DENSE_BYTES_VAR} is `{v}`, not a whole number of bytes")),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+            "{MAX_DENSE_BYTES_VAR} is {v:?}, not a whole number of bytes"
+        )),
+    }
 }
 
 fn u64s(bytes: Vec<u8>) -> Vec<u64> {
@@ -498,18 +714,8 @@ fn u64s(bytes: Vec<u8>) -> Vec<u64> {
         .collect()
 }
 
-/// Which dense positions a sparse tensor has filled: a repeated position would leave it unclear
-/// whether values add up or overwrite, so it is refused.
-pub(super) struct Seen(Vec<u64>);
-
-impl Seen {
-    pub(super) fn new(n: u64) -> Seen {
-        Seen(vec![0; n.div_ceil(64) as usize])
-    }
-    pub(super) fn insert(&mut self, i: u64) -> bool {
-        let (word, bit) = ((i / 64) as usize, 1u64 << (i % 64));
-        let fresh = self.0[word] & bit == 0;
-        self.0[word] |= bit;
-        fresh
-    }
+/// The first place given twice among `places`, which are sorted in place.
+pub(super) fn first_repeat(places: &mut [u64]) -> Option<u64> {
+    places.sort_unstable();
+    places.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }

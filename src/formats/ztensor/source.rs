@@ -33,7 +33,6 @@ impl ZtSource {
                 zt.copy_dense(&t.name, &mut std::io::sink())?;
                 (path.to_path_buf(), offset)
             } else {
-                let bytes = zt.read_dense(&t.name)?;
                 let (tmp, end) = match &mut decoded {
                     Some(d) => d,
                     none => none.insert((
@@ -41,9 +40,14 @@ impl ZtSource {
                         0,
                     )),
                 };
-                tmp.write_all(&bytes).map_err(Error::io(tmp.path()))?;
+                // Streamed: a sparse or compressed tensor is never whole in memory.
+                {
+                    let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+                    zt.copy_dense(&t.name, &mut out)?;
+                    out.flush().map_err(Error::io(path))?;
+                }
                 let at = *end;
-                *end += bytes.len() as u64;
+                *end += t.dense_len;
                 (tmp.path().to_path_buf(), at)
             };
             tensors.push(SourceTensor {

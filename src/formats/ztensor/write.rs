@@ -7,7 +7,7 @@
 
 use super::cbor;
 use super::digest::{Digest, Hasher};
-use super::read::Seen;
+use super::read::first_repeat;
 use super::{numel, Error, ZDtype, ALIGNMENT, GENERATOR, MAGIC, VERSION};
 use crate::files::TempFile;
 use std::collections::BTreeMap;
@@ -88,6 +88,8 @@ struct StoredTensor {
 /// A .zt file being written.
 pub struct Writer {
     path: PathBuf,
+    /// Where the file lands: `path`, or the file a symlink at `path` points to.
+    target: PathBuf,
     out: BufWriter<TempFile>,
     pos: u64,
     opts: WriteOptions,
@@ -97,11 +99,16 @@ pub struct Writer {
 impl Writer {
     /// Starts a file that will appear at `path` when [`Writer::finish`] succeeds.
     pub fn create(path: &Path, opts: WriteOptions) -> Result<Writer, Error> {
-        let tmp = crate::files::TempFile::beside(path, ".zimage-zt-").map_err(Error::io(path))?;
+        let target = crate::files::output_path(path).map_err(|e| Error::Invalid {
+            path: path.to_path_buf(),
+            reason: format!("cannot write a .zt file here: {e}"),
+        })?;
+        let tmp = TempFile::beside(&target, ".zimage-zt-").map_err(Error::io(path))?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(MAGIC).map_err(Error::io(path))?;
         Ok(Writer {
             path: path.to_path_buf(),
+            target,
             out,
             pos: MAGIC.len() as u64,
             opts,
@@ -153,6 +160,21 @@ impl Writer {
         Ok(())
     }
 
+    /// Adds a dense tensor whose little-endian bytes `fill` writes: exactly the shape's size must
+    /// be written. For sources that push bytes (a decoder) rather than being read.
+    pub fn add_dense_with(
+        &mut self,
+        name: &str,
+        dtype: ZDtype,
+        shape: &[u64],
+        fill: &mut dyn FnMut(&mut dyn Write) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let len = self.check_new(name, shape, dtype)?;
+        let data = self.write_component_with(name, len, fill)?;
+        self.insert(name, dtype, shape, "dense", vec![("data", data)]);
+        Ok(())
+    }
+
     /// Adds a 2-D CSR tensor: `values` little-endian, `indices` the column of each value,
     /// `indptr` where each row's values start (rows + 1 entries).
     pub fn add_csr(
@@ -183,16 +205,22 @@ impl Writer {
         {
             return Err(self.bad(name, format!("indptr must rise from 0 to {nnz}")));
         }
-        let mut seen = Seen::new(rows * cols);
+        let mut places = Vec::with_capacity(indices.len());
         for r in 0..rows as usize {
             for &col in &indices[indptr[r] as usize..indptr[r + 1] as usize] {
-                if col >= cols || !seen.insert(r as u64 * cols + col) {
+                if col >= cols {
                     return Err(self.bad(
                         name,
-                        format!("row {r}: column {col} is out of range or repeated"),
+                        format!("row {r}: column {col} is outside the {cols} columns"),
                     ));
                 }
+                // Below rows × cols, which `check_new` found to fit in 64 bits.
+                places.push(r as u64 * cols + col);
             }
+        }
+        if let Some(at) = first_repeat(&mut places) {
+            let (r, col) = (at / cols, at % cols);
+            return Err(self.bad(name, format!("row {r}: column {col} is repeated")));
         }
         let v = self.write_component(name, &mut &values[..], values.len() as u64)?;
         let i = self.write_component(name, &mut &le_bytes(indices)[..], nnz * 8)?;
@@ -228,7 +256,7 @@ impl Writer {
                 ),
             ));
         }
-        let mut seen = Seen::new(numel(shape).unwrap_or(0));
+        let mut places = Vec::with_capacity(nnz as usize);
         for k in 0..nnz as usize {
             let mut at = 0;
             for (d, &dim) in shape.iter().enumerate() {
@@ -241,9 +269,13 @@ impl Writer {
                 }
                 at = at * dim + i;
             }
-            if !seen.insert(at) {
-                return Err(self.bad(name, format!("value {k} repeats an earlier coordinate")));
-            }
+            places.push(at);
+        }
+        if let Some(at) = first_repeat(&mut places) {
+            return Err(self.bad(
+                name,
+                format!("two values share the coordinate at element {at}"),
+            ));
         }
         let v = self.write_component(name, &mut &values[..], values.len() as u64)?;
         let c = self.write_component(name, &mut &le_bytes(coords)[..], coords.len() as u64 * 8)?;
@@ -305,6 +337,22 @@ impl Writer {
         data: &mut dyn Read,
         len: u64,
     ) -> Result<StoredComponent, Error> {
+        let path = self.path.clone();
+        self.write_component_with(tensor, len, &mut |out| {
+            std::io::copy(data, out)
+                .map(|_| ())
+                .map_err(Error::io(&path))
+        })
+    }
+
+    /// Pads to the next multiple of 64, then stores what `fill` writes, which must be `len`
+    /// bytes, compressing and hashing the stored bytes on the way.
+    fn write_component_with(
+        &mut self,
+        tensor: &str,
+        len: u64,
+        fill: &mut dyn FnMut(&mut dyn Write) -> Result<(), Error>,
+    ) -> Result<StoredComponent, Error> {
         let io = Error::io(&self.path);
         let pad = self.pos.next_multiple_of(ALIGNMENT) - self.pos;
         self.out
@@ -316,17 +364,28 @@ impl Writer {
             hasher: self.opts.checksum.hasher(),
             written: 0,
         };
-        let copied = if self.opts.compress {
+        let (copied, filled) = if self.opts.compress {
             let mut enc = zstd::stream::write::Encoder::new(&mut sink, ZSTD_LEVEL).map_err(&io)?;
-            let n = std::io::copy(data, &mut enc).map_err(&io)?;
+            let mut counted = Counted {
+                out: &mut enc,
+                n: 0,
+            };
+            let filled = fill(&mut counted);
+            let n = counted.n;
             enc.finish().map_err(&io)?;
-            n
+            (n, filled)
         } else {
-            std::io::copy(data, &mut sink).map_err(&io)?
+            let mut counted = Counted {
+                out: &mut sink,
+                n: 0,
+            };
+            let filled = fill(&mut counted);
+            (counted.n, filled)
         };
         let (length, digest) = (sink.written, sink.hasher.finish());
         // Whatever happens next, later components must start past these bytes.
         self.pos = offset + length;
+        filled?;
         if copied != len {
             return Err(self.bad(
                 tensor,
@@ -352,7 +411,7 @@ impl Writer {
             .map_err(&io)?;
         let tmp = self.out.into_inner().map_err(|e| io(e.into_error()))?;
         tmp.as_file().sync_all().map_err(&io)?;
-        tmp.persist(&self.path).map_err(|e| io(e.error))?;
+        tmp.persist(&self.target).map_err(|e| io(e.error))?;
         Ok(self.pos + manifest.len() as u64 + 8)
     }
 
@@ -421,6 +480,23 @@ impl Write for Sink<'_> {
         let n = self.out.write(buf)?;
         self.hasher.update(&buf[..n]);
         self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// A writer that counts what passes through it.
+struct Counted<'a> {
+    out: &'a mut dyn Write,
+    n: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.n += n as u64;
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
