@@ -36,7 +36,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Classifier-free guidance scale, ≥ 0; 0 turns it off (Turbo: 0).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub guidance: f32,
     /// Negative prompt, used when guidance > 0.
     #[arg(long)]
