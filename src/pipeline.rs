@@ -188,11 +188,7 @@ impl<S: ModelSource> Pipeline<S> {
     /// Reads the configs and the tokenizer; weights load when they are first needed.
     pub fn new(source: S, dtype: Dtype, keep_models: bool) -> Result<Pipeline<S>, Error> {
         let configs = ModelConfigs {
-            text_encoder: parse_config(
-                &source,
-                "text_encoder/config.json",
-                Qwen3Config::validate,
-            )?,
+            text_encoder: parse_config(&source, "text_encoder/config.json", Qwen3Config::validate)?,
             transformer: parse_config(&source, "transformer/config.json", DitConfig::validate)?,
             vae: parse_config(&source, "vae/config.json", VaeConfig::validate)?,
             scheduler: parse_config(
@@ -511,9 +507,8 @@ impl<S: ModelSource> Pipeline<S> {
 /// The bounds every request must keep whatever the model: the same the command line checks
 /// its flags against before loading anything.
 pub fn check_request_ranges(req: &Request) -> Result<(), Error> {
-    request_range_error(req.steps as u64, req.guidance, req.width, req.height).map_or(Ok(()), |e| {
-        Err(Error::Request(e))
-    })
+    request_range_error(req.steps as u64, req.guidance, req.width, req.height)
+        .map_or(Ok(()), |e| Err(Error::Request(e)))
 }
 
 /// What is wrong with these request values, if anything: one line naming the setting and its
@@ -521,7 +516,9 @@ pub fn check_request_ranges(req: &Request) -> Result<(), Error> {
 pub fn request_range_error(steps: u64, guidance: f32, width: u32, height: u32) -> Option<String> {
     let max_steps = crate::scheduler::MAX_STEPS as u64;
     if !(1..=max_steps).contains(&steps) {
-        return Some(format!("--steps is {steps}; it must be within 1..={max_steps}"));
+        return Some(format!(
+            "--steps is {steps}; it must be within 1..={max_steps}"
+        ));
     }
     if !guidance.is_finite() || guidance < 0.0 {
         return Some(format!(

@@ -169,7 +169,11 @@ fn output_through_a_symlink_writes_its_target_and_keeps_the_link() {
     assert_eq!((img.width(), img.height()), (64, 64));
     let mut names = leftovers(dir.path());
     names.sort();
-    assert_eq!(names, ["link.png", "target.png"], "no temporary left beside");
+    assert_eq!(
+        names,
+        ["link.png", "target.png"],
+        "no temporary left beside"
+    );
 }
 
 #[test]
@@ -240,7 +244,10 @@ fn a_failed_generate_leaves_nothing_in_the_output_folder() {
 fn numeric_flags_out_of_range_are_refused_before_any_model_loads() {
     let dir = tempfile::tempdir().unwrap();
     let cases: &[(&[&str], &[&str])] = &[
-        (&["--steps", "18446744073709551615"], &["--steps", "1..=1000"]),
+        (
+            &["--steps", "18446744073709551615"],
+            &["--steps", "1..=1000"],
+        ),
         (&["--steps", "1000000000"], &["--steps", "1..=1000"]),
         (&["--steps", "0"], &["--steps", "1..=1000"]),
         (&["--steps", "1001"], &["--steps", "1..=1000"]),
@@ -261,7 +268,10 @@ fn numeric_flags_out_of_range_are_refused_before_any_model_loads() {
         ),
         (&["--memory-limit", "lots"], &["--memory-limit", "lots"]),
         (&["--memory-limit", "10"], &["--memory-limit", "too small"]),
-        (&["--memory-limit", "12 parsecs"], &["--memory-limit", "unit"]),
+        (
+            &["--memory-limit", "12 parsecs"],
+            &["--memory-limit", "unit"],
+        ),
     ];
     for (flags, needles) in cases {
         let mut args = vec!["x", "--model", "absent-model"];
@@ -332,7 +342,15 @@ fn noise_larger_than_its_shape_needs_is_refused_by_size() {
     let noise = dir.path().join("noise.safetensors");
     sparse_file(&noise, 1 << 30);
     let out = generate_on(dir.path(), &model, &["--noise", s(&noise)]);
-    assert_refused(&out, &["--noise", "noise.safetensors", "1073741824 bytes", "more than"]);
+    assert_refused(
+        &out,
+        &[
+            "--noise",
+            "noise.safetensors",
+            "1073741824 bytes",
+            "more than",
+        ],
+    );
 }
 
 #[test]
@@ -366,7 +384,11 @@ fn an_oversized_tokenizer_json_is_refused_without_reading_it() {
     let out = generate_on(dir.path(), &model, &[]);
     assert_refused(
         &out,
-        &["tokenizer.json", "2147483648 bytes", "67108864 bytes a tokenizer file"],
+        &[
+            "tokenizer.json",
+            "2147483648 bytes",
+            "67108864 bytes a tokenizer file",
+        ],
     );
     assert!(start.elapsed() < Duration::from_secs(10));
 }
@@ -405,7 +427,12 @@ fn an_oversized_config_json_is_refused_by_size() {
 fn a_directory_that_is_not_a_zimage_pipeline_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = model_copy(dir.path());
-    edit_config(&model, "model_index.json", "_class_name", json!("FluxPipeline"));
+    edit_config(
+        &model,
+        "model_index.json",
+        "_class_name",
+        json!("FluxPipeline"),
+    );
     let out = generate_on(dir.path(), &model, &[]);
     assert_refused(&out, &["model_index.json", "_class_name", "FluxPipeline"]);
     let empty = dir.path().join("empty");
@@ -440,7 +467,12 @@ fn bad_transformer_configs_are_refused_naming_the_key() {
     assert_bad_configs(&[
         (T, "axes_lens", json!([1536]), "axes_lens"),
         (T, "axes_lens", json!([1536, 512, 0]), "axes_lens"),
-        (T, "axes_lens", json!([2_000_000_000, 512, 512]), "axes_lens"),
+        (
+            T,
+            "axes_lens",
+            json!([2_000_000_000, 512, 512]),
+            "axes_lens",
+        ),
         (T, "axes_lens", json!([1536, 512, 70000]), "axes_lens"),
         (T, "axes_dims", json!([32, 48]), "axes_dims"),
         (T, "axes_dims", json!([-2, 82, 48]), "axes_dims"),
@@ -464,8 +496,18 @@ fn bad_vae_configs_are_refused_naming_the_key() {
     const V: &str = "vae/config.json";
     assert_bad_configs(&[
         (V, "block_out_channels", json!([]), "block_out_channels"),
-        (V, "block_out_channels", json!(vec![64; 40]), "block_out_channels"),
-        (V, "block_out_channels", json!([32, 32, 0, 64]), "block_out_channels"),
+        (
+            V,
+            "block_out_channels",
+            json!(vec![64; 40]),
+            "block_out_channels",
+        ),
+        (
+            V,
+            "block_out_channels",
+            json!([32, 32, 0, 64]),
+            "block_out_channels",
+        ),
         (V, "norm_num_groups", json!(0), "norm_num_groups"),
         (V, "norm_num_groups", json!(7), "norm_num_groups"),
         (V, "layers_per_block", json!(-1), "layers_per_block"),
@@ -502,7 +544,12 @@ fn bad_scheduler_configs_are_refused_naming_the_key() {
         (S, "shift", json!(0.0), "shift"),
         (S, "shift", json!(-3.0), "shift"),
         (S, "num_train_timesteps", json!(0), "num_train_timesteps"),
-        (S, "use_dynamic_shifting", json!(true), "use_dynamic_shifting"),
+        (
+            S,
+            "use_dynamic_shifting",
+            json!(true),
+            "use_dynamic_shifting",
+        ),
     ]);
 }
 
@@ -544,7 +591,15 @@ fn a_size_beyond_the_position_tables_is_refused() {
     );
     let out = generate(
         dir.path(),
-        &["x", "--model", s(&model), "--width", "128", "--height", "64"],
+        &[
+            "x",
+            "--model",
+            s(&model),
+            "--width",
+            "128",
+            "--height",
+            "64",
+        ],
     );
     assert_refused(&out, &["position tables"]);
 }

@@ -208,12 +208,7 @@ fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
         .checked_add(t.data_offsets.0)
         .zip(header.data_start().checked_add(t.data_offsets.1))
         .and_then(|(start, end)| bytes.get(start as usize..end as usize))
-        .with_context(|| {
-            format!(
-                "`{}`: tensor `noise` lies outside the file",
-                path.display()
-            )
-        })?;
+        .with_context(|| format!("`{}`: tensor `noise` lies outside the file", path.display()))?;
     Ok(data
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -40,9 +40,16 @@ pub(crate) fn check_range(
 }
 
 /// Checks that a floating-point `key` is finite and, when `positive`, above 0.
-pub(crate) fn check_finite(what: &str, key: &str, value: f64, positive: bool) -> Result<(), String> {
+pub(crate) fn check_finite(
+    what: &str,
+    key: &str,
+    value: f64,
+    positive: bool,
+) -> Result<(), String> {
     if !value.is_finite() {
-        return Err(format!("{what} `{key}` is {value}; it must be a finite number"));
+        return Err(format!(
+            "{what} `{key}` is {value}; it must be a finite number"
+        ));
     }
     if positive && value <= 0.0 {
         return Err(format!("{what} `{key}` is {value}; it must be above 0"));

@@ -57,10 +57,30 @@ impl Qwen3Config {
         const WHAT: &str = "text encoder";
         check_range(WHAT, "vocab_size", self.vocab_size, 1..=MAX_VOCAB)?;
         check_range(WHAT, "hidden_size", self.hidden_size, 1..=MAX_WIDTH)?;
-        check_range(WHAT, "intermediate_size", self.intermediate_size, 1..=MAX_WIDTH * 4)?;
-        check_range(WHAT, "num_hidden_layers", self.num_hidden_layers, 2..=MAX_COUNT)?;
-        check_range(WHAT, "num_attention_heads", self.num_attention_heads, 1..=MAX_COUNT)?;
-        check_range(WHAT, "num_key_value_heads", self.num_key_value_heads, 1..=MAX_COUNT)?;
+        check_range(
+            WHAT,
+            "intermediate_size",
+            self.intermediate_size,
+            1..=MAX_WIDTH * 4,
+        )?;
+        check_range(
+            WHAT,
+            "num_hidden_layers",
+            self.num_hidden_layers,
+            2..=MAX_COUNT,
+        )?;
+        check_range(
+            WHAT,
+            "num_attention_heads",
+            self.num_attention_heads,
+            1..=MAX_COUNT,
+        )?;
+        check_range(
+            WHAT,
+            "num_key_value_heads",
+            self.num_key_value_heads,
+            1..=MAX_COUNT,
+        )?;
         check_range(WHAT, "head_dim", self.head_dim, 2..=MAX_HEAD_DIM)?;
         if self.head_dim % 2 != 0 {
             return Err(format!(

@@ -57,7 +57,12 @@ impl DitConfig {
         check_range(WHAT, "dim", self.dim, 1..=MAX_WIDTH)?;
         check_range(WHAT, "n_heads", self.n_heads, 1..=MAX_COUNT)?;
         check_range(WHAT, "n_layers", self.n_layers, 1..=MAX_COUNT)?;
-        check_range(WHAT, "n_refiner_layers", self.n_refiner_layers, 0..=MAX_COUNT)?;
+        check_range(
+            WHAT,
+            "n_refiner_layers",
+            self.n_refiner_layers,
+            0..=MAX_COUNT,
+        )?;
         check_range(WHAT, "cap_feat_dim", self.cap_feat_dim, 1..=MAX_WIDTH)?;
         check_finite(WHAT, "norm_eps", self.norm_eps as f64, true)?;
         check_finite(WHAT, "rope_theta", self.rope_theta, true)?;

@@ -78,7 +78,12 @@ impl VaeConfig {
                 self.norm_num_groups
             ));
         }
-        check_range(WHAT, "layers_per_block", self.layers_per_block, 0..=MAX_COUNT)?;
+        check_range(
+            WHAT,
+            "layers_per_block",
+            self.layers_per_block,
+            0..=MAX_COUNT,
+        )?;
         check_range(WHAT, "latent_channels", self.latent_channels, 1..=MAX_COUNT)?;
         if self.out_channels != 3 {
             return Err(format!(
