@@ -30,6 +30,19 @@ pub const CONFIG_FILES: [&str; 10] = [
     "tokenizer/special_tokens_map.json",
 ];
 
+/// The most bytes a model's JSON config (`model_index.json`, `*/config.json`, a shard index)
+/// may hold: real ones are a few kilobytes, a shard index about 100 KB.
+pub const CONFIG_LIMIT: u64 = 16 << 20;
+
+/// The most bytes the config or tokenizer file at `path` (diffusers layout) may hold, and
+/// what to call it in errors.
+pub fn config_limit(path: &str) -> (u64, &'static str) {
+    match path.strip_prefix("tokenizer/") {
+        Some(name) => crate::text::file_limit(name),
+        None => (CONFIG_LIMIT, "config file"),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("`{}` is not a diffusers model directory: {reason}", dir.display())]
@@ -43,6 +56,8 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
 }
 
 /// One tensor of a component: where its bytes are.
@@ -72,9 +87,12 @@ impl DiffusersDir {
             dir: root.to_path_buf(),
             reason,
         };
-        if !root.join("model_index.json").is_file() {
+        let index = root.join("model_index.json");
+        if !index.exists() {
             return Err(not_a_model("no `model_index.json`".into()));
         }
+        // A FIFO or a device in a model's place is named, not read or taken as absent.
+        crate::files::open_regular(&index)?;
         let mut tensors = BTreeMap::new();
         for component in WEIGHT_COMPONENTS {
             let dir = root.join(component);
@@ -120,6 +138,7 @@ fn scan_component(component: &str, dir: &Path) -> Result<Vec<TensorLocation>, Er
     let mut out = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for file in &files {
+        crate::files::open_regular(file)?;
         let header = safetensors::read_header_file(file)?;
         let mut names: Vec<&safetensors::TensorInfo> = header.tensors.iter().collect();
         names.sort_by(|a, b| a.name.cmp(&b.name));
@@ -156,7 +175,7 @@ fn check_index(dir: &Path, found: &HashMap<String, PathBuf>) -> Result<(), Error
         path: index.clone(),
         reason,
     };
-    let text = std::fs::read_to_string(&index).map_err(io(&index))?;
+    let text = crate::files::read_text_bounded(&index, CONFIG_LIMIT, "shard index")?;
     let json: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     let map = json
@@ -201,13 +220,11 @@ impl crate::pipeline::ModelSource for DiffusersDir {
 
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, crate::pipeline::SourceError> {
         let p = self.root.join(path);
-        if p.is_file() {
-            Ok(Some(
-                std::fs::read(&p).map_err(|e| format!("`{}`: {e}", p.display()))?,
-            ))
-        } else {
-            Ok(None)
+        if !p.exists() {
+            return Ok(None);
         }
+        let (limit, what) = config_limit(path);
+        Ok(Some(crate::files::read_bounded(&p, limit, what)?))
     }
 
     fn tensor_sizes(

@@ -8,6 +8,7 @@
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline.
 
+pub mod component;
 pub mod diffusers_dir;
 pub mod files;
 pub mod formats;

@@ -136,61 +136,104 @@ pub struct Pipeline<S: ModelSource> {
     vae: Option<VaeDecoder>,
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(
+/// The widest or tallest image a request may ask for: Z-Image's position tables end at 8192
+/// pixels.
+pub const MAX_IMAGE_SIDE: u32 = 8192;
+/// The most pixels a request may ask for (4096², 16 MP: 16× what Z-Image was trained at),
+/// which keeps every latent, token and pixel count far inside `i32`.
+pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
+
+/// Reads, parses and validates one config file.
+fn parse_config<T: serde::de::DeserializeOwned>(
     source: &impl ModelSource,
     path: &str,
+    validate: impl Fn(&T) -> Result<(), String>,
 ) -> Result<T, Error> {
     let bytes = read_config(source, path)?.ok_or_else(|| Error::MissingConfig {
         model: source.name(),
         path: path.to_string(),
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::BadConfig {
+    let bad = |reason: String| Error::BadConfig {
         model: source.name(),
         path: path.into(),
-        reason: e.to_string(),
-    })
+        reason,
+    };
+    let config = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    validate(&config).map_err(bad)?;
+    Ok(config)
 }
 
+/// The bytes of a config or tokenizer file, refused above the file's limit whatever the
+/// source (a store's blob is read before it can be measured; it is still not parsed).
 fn read_config(source: &impl ModelSource, path: &str) -> Result<Option<Vec<u8>>, Error> {
-    source.config_file(path).map_err(|e| Error::Source {
+    let bytes = source.config_file(path).map_err(|e| Error::Source {
         model: source.name(),
         source: e,
-    })
+    })?;
+    let (limit, what) = crate::diffusers_dir::config_limit(path);
+    match bytes {
+        Some(b) if b.len() as u64 > limit => Err(Error::BadConfig {
+            model: source.name(),
+            path: path.into(),
+            reason: format!(
+                "{} bytes, more than the {limit} bytes a {what} may be",
+                b.len()
+            ),
+        }),
+        other => Ok(other),
+    }
 }
 
 impl<S: ModelSource> Pipeline<S> {
     /// Reads the configs and the tokenizer; weights load when they are first needed.
     pub fn new(source: S, dtype: Dtype, keep_models: bool) -> Result<Pipeline<S>, Error> {
         let configs = ModelConfigs {
-            text_encoder: parse_json(&source, "text_encoder/config.json")?,
-            transformer: parse_json(&source, "transformer/config.json")?,
-            vae: parse_json(&source, "vae/config.json")?,
-            scheduler: parse_json(&source, "scheduler/scheduler_config.json")?,
+            text_encoder: parse_config(&source, "text_encoder/config.json", Qwen3Config::validate)?,
+            transformer: parse_config(&source, "transformer/config.json", DitConfig::validate)?,
+            vae: parse_config(&source, "vae/config.json", VaeConfig::validate)?,
+            scheduler: parse_config(
+                &source,
+                "scheduler/scheduler_config.json",
+                SchedulerConfig::validate,
+            )?,
         };
-        if configs.scheduler.use_dynamic_shifting {
-            return Err(Error::BadConfig {
-                model: source.name(),
-                path: "scheduler/scheduler_config.json".into(),
-                reason:
-                    "`use_dynamic_shifting: true` is not supported (Z-Image uses a static shift)"
-                        .into(),
-            });
-        }
+        let bad = |path: &str, reason: String| Error::BadConfig {
+            model: source.name(),
+            path: path.into(),
+            reason,
+        };
         if configs.transformer.cap_feat_dim != configs.text_encoder.hidden_size {
-            return Err(Error::BadConfig {
-                model: source.name(),
-                path: "transformer/config.json".into(),
-                reason: format!(
+            return Err(bad(
+                "transformer/config.json",
+                format!(
                     "`cap_feat_dim` {} differs from the text encoder's `hidden_size` {}",
                     configs.transformer.cap_feat_dim, configs.text_encoder.hidden_size
                 ),
-            });
+            ));
+        }
+        if configs.transformer.in_channels != configs.vae.latent_channels {
+            return Err(bad(
+                "transformer/config.json",
+                format!(
+                    "`in_channels` {} differs from the VAE's `latent_channels` {}",
+                    configs.transformer.in_channels, configs.vae.latent_channels
+                ),
+            ));
         }
         let tokenizer = PromptTokenizer::from_files(|name| {
-            read_config(&source, &format!("tokenizer/{name}"))
-                .ok()
-                .flatten()
+            read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
         })?;
+        if let Some(id) = tokenizer.max_id() {
+            if id >= configs.text_encoder.vocab_size as u64 {
+                return Err(bad(
+                    "text_encoder/config.json",
+                    format!(
+                        "`vocab_size` is {}, but the tokenizer has token id {id}",
+                        configs.text_encoder.vocab_size
+                    ),
+                ));
+            }
+        }
         Ok(Pipeline {
             source,
             configs,
@@ -302,12 +345,9 @@ impl<S: ModelSource> Pipeline<S> {
 
     /// Checks a request against the model, before any weights load.
     pub fn validate(&self, req: &Request) -> Result<(), Error> {
+        check_request_ranges(req)?;
         let cell = 2 * self.configs.vae.scale_factor() as u32;
-        if req.width == 0
-            || req.height == 0
-            || !req.width.is_multiple_of(cell)
-            || !req.height.is_multiple_of(cell)
-        {
+        if !req.width.is_multiple_of(cell) || !req.height.is_multiple_of(cell) {
             return Err(Error::Request(format!(
                 "width and height must be positive multiples of {cell}, got {}×{}",
                 req.width, req.height
@@ -321,8 +361,17 @@ impl<S: ModelSource> Pipeline<S> {
                 req.width, req.height, lens[1], lens[2]
             )));
         }
-        if req.steps == 0 {
-            return Err(Error::Request("steps must be at least 1".into()));
+        // Caption tokens take positions 1..=Lp on the first axis and image tokens Lp + 1,
+        // with Lp the longest prompt's token count rounded up to the padding multiple.
+        let tokens = self.request_shape(req)?.prompt_tokens;
+        let multiple = models::transformer::SEQ_MULTI_OF as u32;
+        let last = (tokens.div_ceil(multiple) * multiple + 1) as i32;
+        if last >= lens[0] {
+            return Err(Error::Request(format!(
+                "the prompt needs {} caption positions, more than the model's `axes_lens[0]` {} holds; shorten the prompt",
+                last + 1,
+                lens[0]
+            )));
         }
         if let Some(noise) = &req.noise {
             let expected = self.latent_shape(req).iter().product::<i32>() as usize;
@@ -333,6 +382,12 @@ impl<S: ModelSource> Pipeline<S> {
                     req.width,
                     req.height,
                     self.latent_shape(req)
+                )));
+            }
+            if let Some(i) = noise.iter().position(|v| !v.is_finite()) {
+                return Err(Error::Request(format!(
+                    "noise value {i} is {}; initial latents must be finite",
+                    noise[i]
                 )));
             }
         }
@@ -447,6 +502,43 @@ impl<S: ModelSource> Pipeline<S> {
             latents,
         })
     }
+}
+
+/// The bounds every request must keep whatever the model: the same the command line checks
+/// its flags against before loading anything.
+pub fn check_request_ranges(req: &Request) -> Result<(), Error> {
+    request_range_error(req.steps as u64, req.guidance, req.width, req.height)
+        .map_or(Ok(()), |e| Err(Error::Request(e)))
+}
+
+/// What is wrong with these request values, if anything: one line naming the setting and its
+/// bounds. Steps, guidance, width and height are named as the command line's flags name them.
+pub fn request_range_error(steps: u64, guidance: f32, width: u32, height: u32) -> Option<String> {
+    let max_steps = crate::scheduler::MAX_STEPS as u64;
+    if !(1..=max_steps).contains(&steps) {
+        return Some(format!(
+            "--steps is {steps}; it must be within 1..={max_steps}"
+        ));
+    }
+    if !guidance.is_finite() || guidance < 0.0 {
+        return Some(format!(
+            "--guidance is {guidance}; it must be a finite number ≥ 0 (0 turns guidance off)"
+        ));
+    }
+    for (flag, v) in [("--width", width), ("--height", height)] {
+        if !(16..=MAX_IMAGE_SIDE).contains(&v) || v % 16 != 0 {
+            return Some(format!(
+                "{flag} is {v}; widths and heights are multiples of 16 within 16..={MAX_IMAGE_SIDE}"
+            ));
+        }
+    }
+    let pixels = width as u64 * height as u64;
+    if pixels > MAX_IMAGE_PIXELS {
+        return Some(format!(
+            "--width × --height is {width}×{height} = {pixels} pixels, more than {MAX_IMAGE_PIXELS} (4096×4096)"
+        ));
+    }
+    None
 }
 
 /// Hands a finished phase's buffers back to the system, so the next phase starts lean.

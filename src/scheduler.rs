@@ -15,6 +15,33 @@ pub struct SchedulerConfig {
     pub use_dynamic_shifting: bool,
 }
 
+/// The most denoising steps a request may ask for: the scheduler was trained on 1000
+/// timesteps, so more steps than that only sample the same model more finely at more cost,
+/// and the bound keeps the schedule and the run's length sane.
+pub const MAX_STEPS: usize = 1000;
+
+impl SchedulerConfig {
+    /// Checks the keys the schedule divides by, before anything runs.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.shift.is_finite() || self.shift <= 0.0 {
+            return Err(format!(
+                "scheduler `shift` is {}; it must be a finite number above 0",
+                self.shift
+            ));
+        }
+        if self.num_train_timesteps == 0 {
+            return Err("scheduler `num_train_timesteps` is 0; it must be at least 1".into());
+        }
+        if self.use_dynamic_shifting {
+            return Err(
+                "scheduler `use_dynamic_shifting: true` is not supported (Z-Image uses a static shift)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 fn default_train_steps() -> u32 {
     1000
 }

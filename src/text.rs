@@ -29,6 +29,9 @@ pub enum Error {
     Load { dir: PathBuf, reason: String },
     #[error("tokenizing the prompt failed: {0}")]
     Encode(String),
+    /// A tokenizer file could not be read (the message names it).
+    #[error("{0}")]
+    Read(String),
 }
 
 /// The prompt as the pipeline feeds it to the tokenizer.
@@ -44,30 +47,41 @@ pub struct PromptTokenizer {
 impl PromptTokenizer {
     /// Loads from a diffusers `tokenizer/` directory.
     pub fn from_dir(dir: &Path) -> Result<PromptTokenizer, Error> {
-        PromptTokenizer::from_files(|name| std::fs::read(dir.join(name)).ok()).map_err(
-            |e| match e {
-                Error::Load { reason, .. } => Error::Load {
-                    dir: dir.to_path_buf(),
-                    reason,
-                },
-                other => other,
+        let read = |name: &str| {
+            let path = dir.join(name);
+            if !path.exists() {
+                return Ok(None);
+            }
+            let (limit, what) = file_limit(name);
+            crate::files::read_bounded(&path, limit, what)
+                .map(Some)
+                .map_err(|e| e.to_string())
+        };
+        PromptTokenizer::from_files(read).map_err(|e| match e {
+            Error::Load { reason, .. } => Error::Load {
+                dir: dir.to_path_buf(),
+                reason,
             },
-        )
+            other => other,
+        })
     }
 
     /// Loads from the tokenizer files `read(name)` returns (`None` when absent), as stored in
-    /// a model's `tokenizer/` folder.
-    pub fn from_files(read: impl Fn(&str) -> Option<Vec<u8>>) -> Result<PromptTokenizer, Error> {
+    /// a model's `tokenizer/` folder; a file that cannot be read is an error, not an absence.
+    pub fn from_files(
+        read: impl Fn(&str) -> Result<Option<Vec<u8>>, String>,
+    ) -> Result<PromptTokenizer, Error> {
+        let read = |name: &str| read(name).map_err(Error::Read);
         let fail = |reason: String| Error::Load {
             dir: PathBuf::from("tokenizer"),
             reason,
         };
-        if let Some(json) = read("tokenizer.json") {
+        if let Some(json) = read("tokenizer.json")? {
             let inner =
                 Tokenizer::from_bytes(&json).map_err(|e| fail(format!("`tokenizer.json`: {e}")))?;
             return Ok(PromptTokenizer { inner });
         }
-        let (Some(vocab), Some(merges)) = (read("vocab.json"), read("merges.txt")) else {
+        let (Some(vocab), Some(merges)) = (read("vocab.json")?, read("merges.txt")?) else {
             return Err(fail(
                 "needs `tokenizer.json`, or `vocab.json` and `merges.txt`".into(),
             ));
@@ -91,7 +105,7 @@ impl PromptTokenizer {
             vec![split.into(), ByteLevel::new(false, true, false).into()];
         inner.with_pre_tokenizer(Some(Sequence::new(pre)));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let config = read("tokenizer_config.json")
+        let config = read("tokenizer_config.json")?
             .ok_or_else(|| fail("no `tokenizer_config.json`".into()))?;
         let added = added_tokens(&config).map_err(fail)?;
         let tokens: Vec<AddedToken> = added
@@ -100,6 +114,15 @@ impl PromptTokenizer {
             .collect();
         inner.add_special_tokens(&tokens);
         Ok(PromptTokenizer { inner })
+    }
+
+    /// The largest token id the tokenizer can produce, if it has any tokens.
+    pub fn max_id(&self) -> Option<u64> {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map(|&id| id as u64)
     }
 
     /// Ids of `text` as is (no template), without special-token additions.
@@ -116,6 +139,15 @@ impl PromptTokenizer {
         let mut ids = self.encode_raw(&chat_template(prompt))?;
         ids.truncate(MAX_SEQUENCE_LENGTH);
         Ok(ids)
+    }
+}
+
+/// The most bytes a tokenizer file may hold, and its name for errors: `tokenizer.json` holds
+/// the whole vocabulary and merges (Qwen's is 11 MB); the others are a fraction of that.
+pub fn file_limit(name: &str) -> (u64, &'static str) {
+    match name {
+        "tokenizer.json" => (64 << 20, "tokenizer file"),
+        _ => (16 << 20, "tokenizer file"),
     }
 }
 

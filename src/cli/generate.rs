@@ -1,16 +1,17 @@
 //! `zimage generate`: prompt → PNG.
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::files;
 use zimage::formats::infotext;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::memory_plan::{self, gb, MemoryPlan};
 use zimage::mlx::{self, Dtype};
 use zimage::models::Residency;
-use zimage::pipeline::{ModelSource, Pipeline, Progress, Request};
+use zimage::pipeline::{self, ModelSource, Pipeline, Progress, Request};
 use zimage::safetensors;
 use zimage::store::{ImportOptions, Store};
 
@@ -18,23 +19,24 @@ use zimage::store::{ImportOptions, Store};
 pub struct GenerateArgs {
     /// The prompt.
     pub prompt: String,
-    /// Stored model to use (default: the first Z-Image in the store, else the embedded demo model).
+    /// Stored model to use, or a diffusers directory (default: the first Z-Image in the store,
+    /// else the embedded demo model).
     #[arg(long)]
     pub model: Option<String>,
-    /// Image width in pixels (a multiple of 16; default: the model's VAE sample size).
-    #[arg(long)]
+    /// Image width in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
+    #[arg(long, allow_negative_numbers = true)]
     pub width: Option<u32>,
-    /// Image height in pixels (a multiple of 16; default: the model's VAE sample size).
-    #[arg(long)]
+    /// Image height in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
+    #[arg(long, allow_negative_numbers = true)]
     pub height: Option<u32>,
-    /// Denoising steps (Turbo: 8).
-    #[arg(long, default_value_t = 8)]
+    /// Denoising steps, 1 to 1000 (Turbo: 8).
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub steps: usize,
     /// Seed of the initial noise (drawn as torch's CPU generator draws it).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Classifier-free guidance scale; 0 turns it off (Turbo: 0).
-    #[arg(long, default_value_t = 0.0)]
+    /// Classifier-free guidance scale, ≥ 0; 0 turns it off (Turbo: 0).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub guidance: f32,
     /// Negative prompt, used when guidance > 0.
     #[arg(long)]
@@ -169,9 +171,17 @@ fn plan_memory<S: ModelSource>(
     Ok(plan)
 }
 
-/// Reads `--noise`: one f32 tensor `noise` of shape [1, C, h, w].
+/// The most bytes a noise file may hold beyond its values: the length prefix and a header
+/// naming one tensor (with room for metadata).
+const NOISE_HEADER_LIMIT: u64 = 64 << 10;
+
+/// Reads `--noise`: one f32 tensor `noise` of shape [1, C, h, w]. The file is refused by its
+/// size before it is read, so a device or a huge file costs nothing.
 fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading `{}`", path.display()))?;
+    let values: u64 = expected.iter().map(|&d| d as u64).product();
+    let limit = values * 4 + 8 + NOISE_HEADER_LIMIT;
+    let bytes = files::read_bounded(path, limit, "noise file for this size")
+        .map_err(|e| anyhow!("--noise: {e}"))?;
     let header = safetensors::parse(&bytes).map_err(|e| e.in_file(path))?;
     let t = header
         .tensor("noise")
@@ -193,25 +203,102 @@ fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
             t.shape
         );
     }
-    let start = (header.data_start() + t.data_offsets.0) as usize;
-    let end = (header.data_start() + t.data_offsets.1) as usize;
-    Ok(bytes[start..end]
+    let data = header
+        .data_start()
+        .checked_add(t.data_offsets.0)
+        .zip(header.data_start().checked_add(t.data_offsets.1))
+        .and_then(|(start, end)| bytes.get(start as usize..end as usize))
+        .with_context(|| format!("`{}`: tensor `noise` lies outside the file", path.display()))?;
+    Ok(data
         .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
 }
 
+/// Checks every numeric flag against its bounds, before anything loads. A side left to the
+/// model's default is checked once the model is read; 16 stands in for it here, since it
+/// passes every bound on its own.
+fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
+    let side = |v: Option<u32>| v.unwrap_or(16);
+    if let Some(e) =
+        pipeline::request_range_error(a.steps as u64, a.guidance, side(a.width), side(a.height))
+    {
+        bail!("{e}");
+    }
+    if let Some(limit) = &a.memory_limit {
+        memory_plan::parse_size(limit).map_err(|e| anyhow!("--memory-limit: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Refuses an output path that can never be written, before any work: a directory, or a
+/// file in a folder that does not exist.
+fn check_output(path: &Path) -> anyhow::Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        bail!(
+            "--output `{}` is a directory; give the path of a PNG file",
+            path.display()
+        );
+    }
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if std::fs::symlink_metadata(path).is_err() && !folder.is_dir() {
+        bail!(
+            "--output `{}`: folder `{}` does not exist; create it first",
+            path.display(),
+            folder.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--model` as a diffusers directory, when it names one.
+fn model_dir(model: Option<&str>) -> Option<&Path> {
+    model.map(Path::new).filter(|p| p.is_dir())
+}
+
+/// A diffusers directory as a pipeline source, checked to be a Z-Image pipeline.
+fn open_model_dir(dir: &Path) -> anyhow::Result<DiffusersDir> {
+    let source = DiffusersDir::open(dir)?;
+    let index = source
+        .config_file("model_index.json")
+        .map_err(|e| anyhow!("{e}"))?
+        .unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_slice(&index)
+        .with_context(|| format!("`{}`", dir.join("model_index.json").display()))?;
+    if json["_class_name"] != "ZImagePipeline" {
+        bail!(
+            "`{}`: `_class_name` is {}, not \"ZImagePipeline\"",
+            dir.join("model_index.json").display(),
+            json["_class_name"]
+        );
+    }
+    Ok(source)
+}
+
 pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    check_flags(&a)?;
+    check_output(&a.output)?;
     zimage::platform::use_default_device()?;
     let dtype = match a.dtype.as_deref() {
         Some("bf16") => Dtype::BF16,
         Some(_) => Dtype::F32,
         None => zimage::platform::default_compute_dtype(),
     };
+    if let Some(dir) = model_dir(a.model.as_deref()) {
+        return generate(open_model_dir(dir)?, dtype, a);
+    }
     let (source, demo) = resolve_model(store, a.model.as_deref())?;
     if demo {
         eprintln!("note: no Z-Image in the store; running the embedded demo model, whose weights are random");
     }
+    generate(source, dtype, a)
+}
+
+/// Runs one request on `source` and writes the PNG.
+fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow::Result<ExitCode> {
     let model_name = source.name();
     let identity = source.identity();
     let mut pipeline = Pipeline::new(source, dtype, false)?;
@@ -230,6 +317,7 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     pipeline.validate(&req)?;
     if let Some(path) = &a.noise {
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
+        pipeline.validate(&req)?;
     }
     let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;
     pipeline.set_residency(plan.residency);

@@ -20,6 +20,49 @@ pub use transformer::{DitConfig, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
 pub use weights::{Checkpoint, LoadError, Residency};
 
+/// Checks that `key` of `what`'s config lies within `range`: every count, width and length a
+/// config gives is bounded, so that the products of them (shapes, table sizes, memory
+/// estimates) cannot overflow and no allocation is sized by an absurd value.
+pub(crate) fn check_range(
+    what: &str,
+    key: &str,
+    value: i32,
+    range: std::ops::RangeInclusive<i32>,
+) -> Result<(), String> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} `{key}` is {value}; it must be within {}..={}",
+        range.start(),
+        range.end()
+    ))
+}
+
+/// Checks that a floating-point `key` is finite and, when `positive`, above 0.
+pub(crate) fn check_finite(
+    what: &str,
+    key: &str,
+    value: f64,
+    positive: bool,
+) -> Result<(), String> {
+    if !value.is_finite() {
+        return Err(format!(
+            "{what} `{key}` is {value}; it must be a finite number"
+        ));
+    }
+    if positive && value <= 0.0 {
+        return Err(format!("{what} `{key}` is {value}; it must be above 0"));
+    }
+    Ok(())
+}
+
+/// The widest hidden size, channel count or head width a config may give: 4× the widest
+/// model of this family, and small enough that a product of two stays within `i32`.
+pub(crate) const MAX_WIDTH: i32 = 1 << 15;
+/// The most layers or heads a config may give.
+pub(crate) const MAX_COUNT: i32 = 1024;
+
 /// Why a component could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -40,12 +40,55 @@ pub struct RopeParameters {
     pub rope_type: Option<String>,
 }
 
+/// The largest vocabulary a config may give: 8× Qwen3's.
+const MAX_VOCAB: i32 = 1 << 20;
+/// The widest attention head a config may give: 32× Qwen3's.
+const MAX_HEAD_DIM: i32 = 4096;
+
 fn default_act() -> String {
     "silu".into()
 }
 
 impl Qwen3Config {
+    /// Checks every key the encoder divides by, indexes with, or sizes a shape by, before
+    /// anything is allocated.
     pub fn validate(&self) -> Result<(), String> {
+        use super::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
+        const WHAT: &str = "text encoder";
+        check_range(WHAT, "vocab_size", self.vocab_size, 1..=MAX_VOCAB)?;
+        check_range(WHAT, "hidden_size", self.hidden_size, 1..=MAX_WIDTH)?;
+        check_range(
+            WHAT,
+            "intermediate_size",
+            self.intermediate_size,
+            1..=MAX_WIDTH * 4,
+        )?;
+        check_range(
+            WHAT,
+            "num_hidden_layers",
+            self.num_hidden_layers,
+            2..=MAX_COUNT,
+        )?;
+        check_range(
+            WHAT,
+            "num_attention_heads",
+            self.num_attention_heads,
+            1..=MAX_COUNT,
+        )?;
+        check_range(
+            WHAT,
+            "num_key_value_heads",
+            self.num_key_value_heads,
+            1..=MAX_COUNT,
+        )?;
+        check_range(WHAT, "head_dim", self.head_dim, 2..=MAX_HEAD_DIM)?;
+        if self.head_dim % 2 != 0 {
+            return Err(format!(
+                "text encoder `head_dim` is {}; RoPE rotates pairs, so it must be even",
+                self.head_dim
+            ));
+        }
+        check_finite(WHAT, "rms_norm_eps", self.rms_norm_eps as f64, true)?;
         if self.hidden_act != "silu" {
             return Err(format!(
                 "text encoder `hidden_act` is `{}`; only `silu` is supported",
@@ -72,16 +115,14 @@ impl Qwen3Config {
                 ));
             }
         }
-        if self.theta().is_none() {
-            return Err(
-                "text encoder config has neither `rope_theta` nor `rope_parameters.rope_theta`"
-                    .into(),
-            );
-        }
-        if self.num_hidden_layers < 2 {
-            return Err(
-                "text encoder needs at least 2 layers (it returns the second-to-last)".into(),
-            );
+        match self.theta() {
+            None => {
+                return Err(
+                    "text encoder config has neither `rope_theta` nor `rope_parameters.rope_theta`"
+                        .into(),
+                )
+            }
+            Some(theta) => check_finite(WHAT, "rope_theta", theta as f64, true)?,
         }
         Ok(())
     }

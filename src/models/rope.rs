@@ -39,11 +39,17 @@ impl RopeTables {
         let mut sin = Vec::with_capacity(positions.len() * half);
         for pos in positions {
             for (axis, &p) in pos.iter().enumerate() {
-                assert!(
-                    p < self.lens[axis],
-                    "position {p} beyond the RoPE table of axis {axis} ({} long)",
-                    self.lens[axis]
-                );
+                // The pipeline checks positions against the tables before it runs; this keeps
+                // a caller that did not from reading outside them.
+                if !(0..self.lens[axis]).contains(&p) {
+                    return Err(mlx::Error::new(
+                        "rope",
+                        format!(
+                            "position {p} beyond the RoPE table of axis {axis} ({} long)",
+                            self.lens[axis]
+                        ),
+                    ));
+                }
                 let h = self.halves[axis];
                 for &a in &self.angles[axis][p as usize * h..(p as usize + 1) * h] {
                     cos.push(a.cos());

@@ -16,6 +16,11 @@ const FREQUENCY_EMBEDDING_SIZE: i32 = 256;
 const T_MLP_HIDDEN: i32 = 1024;
 /// Caption and image token counts are padded to multiples of this.
 pub const SEQ_MULTI_OF: i32 = 32;
+/// The longest RoPE axis a config may give: 64× Z-Image's longest.
+const MAX_ROPE_POSITIONS: i32 = 1 << 16;
+/// The most angles the three RoPE tables may hold together (256 MiB of f32): Z-Image's hold
+/// 49 152.
+const MAX_ROPE_TABLE: i64 = 1 << 26;
 
 /// `transformer/config.json`.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -37,28 +42,65 @@ pub struct DitConfig {
 }
 
 impl DitConfig {
+    /// Checks every key the transformer divides by, indexes with, or sizes a shape or a table
+    /// by, before anything is allocated.
     pub fn validate(&self) -> Result<(), String> {
+        use super::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
+        const WHAT: &str = "transformer";
         if self.all_patch_size != [2] || self.all_f_patch_size != [1] {
             return Err(format!(
-                "transformer patch sizes {:?}/{:?} are not supported (Z-Image uses [2]/[1])",
+                "transformer `all_patch_size` {:?} / `all_f_patch_size` {:?} are not supported (Z-Image uses [2]/[1])",
                 self.all_patch_size, self.all_f_patch_size
             ));
         }
+        check_range(WHAT, "in_channels", self.in_channels, 1..=MAX_COUNT)?;
+        check_range(WHAT, "dim", self.dim, 1..=MAX_WIDTH)?;
+        check_range(WHAT, "n_heads", self.n_heads, 1..=MAX_COUNT)?;
+        check_range(WHAT, "n_layers", self.n_layers, 1..=MAX_COUNT)?;
+        check_range(
+            WHAT,
+            "n_refiner_layers",
+            self.n_refiner_layers,
+            0..=MAX_COUNT,
+        )?;
+        check_range(WHAT, "cap_feat_dim", self.cap_feat_dim, 1..=MAX_WIDTH)?;
+        check_finite(WHAT, "norm_eps", self.norm_eps as f64, true)?;
+        check_finite(WHAT, "rope_theta", self.rope_theta, true)?;
+        check_finite(WHAT, "t_scale", self.t_scale as f64, false)?;
         if self.dim % self.n_heads != 0 {
             return Err(format!(
                 "transformer `dim` {} is not divisible by `n_heads` {}",
                 self.dim, self.n_heads
             ));
         }
-        let sum: i32 = self.axes_dims.iter().sum();
-        if sum != self.head_dim()
-            || self.axes_dims.iter().any(|d| d % 2 != 0)
-            || self.axes_dims.len() != 3
+        let sum: i64 = self.axes_dims.iter().map(|&d| d as i64).sum();
+        if self.axes_dims.len() != 3
+            || self.axes_dims.iter().any(|&d| d <= 0 || d % 2 != 0)
+            || sum != self.head_dim() as i64
         {
             return Err(format!(
-                "transformer `axes_dims` {:?} must be 3 even sizes summing to head_dim {}",
+                "transformer `axes_dims` {:?} must be 3 positive even sizes summing to the head dim `dim`/`n_heads` = {}",
                 self.axes_dims,
                 self.head_dim()
+            ));
+        }
+        if self.axes_lens.len() != 3 {
+            return Err(format!(
+                "transformer `axes_lens` {:?} must have 3 entries, one per RoPE axis",
+                self.axes_lens
+            ));
+        }
+        for &len in &self.axes_lens {
+            check_range(WHAT, "axes_lens", len, 1..=MAX_ROPE_POSITIONS)?;
+        }
+        let table: i64 = (self.axes_dims.iter())
+            .zip(&self.axes_lens)
+            .map(|(&d, &len)| d as i64 / 2 * len as i64)
+            .sum();
+        if table > MAX_ROPE_TABLE {
+            return Err(format!(
+                "transformer `axes_lens` {:?} with `axes_dims` {:?} make RoPE tables of {table} angles, more than {MAX_ROPE_TABLE}",
+                self.axes_lens, self.axes_dims
             ));
         }
         if !self.qk_norm {

@@ -30,6 +30,10 @@ pub struct VaeConfig {
     pub sample_size: Option<u32>,
 }
 
+/// The most up blocks a config may give: each doubles the image, and the scale factor
+/// `2^(blocks − 1)` must stay a small shift.
+const MAX_UP_BLOCKS: usize = 6;
+
 fn yes() -> bool {
     true
 }
@@ -38,7 +42,11 @@ fn default_act() -> String {
 }
 
 impl VaeConfig {
+    /// Checks every key the decoder divides by, shifts by or sizes a layer by, before
+    /// anything is allocated.
     pub fn validate(&self) -> Result<(), String> {
+        use super::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
+        const WHAT: &str = "VAE";
         if self.act_fn != "silu" {
             return Err(format!(
                 "VAE `act_fn` is `{}`; only `silu` is supported",
@@ -50,18 +58,54 @@ impl VaeConfig {
                 "VAE `use_post_quant_conv: true` is not supported (Z-Image's VAE has none)".into(),
             );
         }
+        if !(1..=MAX_UP_BLOCKS).contains(&self.block_out_channels.len()) {
+            return Err(format!(
+                "VAE `block_out_channels` has {} entries; it must have 1..={MAX_UP_BLOCKS} (each doubles the image size)",
+                self.block_out_channels.len()
+            ));
+        }
+        for &c in &self.block_out_channels {
+            check_range(WHAT, "block_out_channels", c, 1..=MAX_WIDTH)?;
+        }
+        check_range(WHAT, "norm_num_groups", self.norm_num_groups, 1..=MAX_WIDTH)?;
         if let Some(c) = self
             .block_out_channels
             .iter()
             .find(|c| *c % self.norm_num_groups != 0)
         {
             return Err(format!(
-                "VAE channels {c} are not divisible by `norm_num_groups` {}",
+                "VAE `block_out_channels` entry {c} is not divisible by `norm_num_groups` {}",
                 self.norm_num_groups
             ));
         }
-        if self.block_out_channels.is_empty() {
-            return Err("VAE `block_out_channels` is empty".into());
+        check_range(
+            WHAT,
+            "layers_per_block",
+            self.layers_per_block,
+            0..=MAX_COUNT,
+        )?;
+        check_range(WHAT, "latent_channels", self.latent_channels, 1..=MAX_COUNT)?;
+        if self.out_channels != 3 {
+            return Err(format!(
+                "VAE `out_channels` is {}; it must be 3 (RGB)",
+                self.out_channels
+            ));
+        }
+        check_finite(WHAT, "scaling_factor", self.scaling_factor as f64, false)?;
+        if self.scaling_factor == 0.0 {
+            return Err("VAE `scaling_factor` is 0; latents are divided by it".into());
+        }
+        if let Some(shift) = self.shift_factor {
+            check_finite(WHAT, "shift_factor", shift as f64, false)?;
+        }
+        if let Some(size) = self.sample_size {
+            let cell = 2 * self.scale_factor() as u32;
+            if size == 0 || size % cell != 0 || size > crate::pipeline::MAX_IMAGE_SIDE {
+                return Err(format!(
+                    "VAE `sample_size` is {size}; it must be a multiple of {cell} within {cell}..={} (it is the default image size)",
+                    crate::pipeline::MAX_IMAGE_SIDE
+                ));
+            }
         }
         Ok(())
     }
