@@ -29,7 +29,7 @@ pub struct DiffArgs {
     #[arg(long)]
     pub verbose: bool,
     /// Compare one component of the stored model(s), e.g. `transformer`.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = super::component_arg)]
     pub component: Option<String>,
 }
 

@@ -18,7 +18,7 @@ pub struct HashArgs {
     #[arg(long)]
     pub structural: bool,
     /// With a stored model and `--structural`: hash this component only (`transformer`, `vae` …).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = super::component_arg)]
     pub component: Option<String>,
 }
 

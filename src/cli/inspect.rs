@@ -16,7 +16,7 @@ pub struct InspectArgs {
     /// A model file (.safetensors, .zt, .dfsn, a store blob), a PNG, or a stored model's name.
     pub target: String,
     /// For a stored model: only this component (`text_encoder`, `transformer`, `vae`).
-    #[arg(long)]
+    #[arg(long, value_parser = super::component_arg)]
     pub component: Option<String>,
     /// Print JSON.
     #[arg(long)]

@@ -18,6 +18,11 @@ mod inspect;
 mod store;
 mod target;
 
+/// `--component` as every command takes it: one rule, checked by clap before any work.
+pub fn component_arg(name: &str) -> Result<String, String> {
+    zimage::component::validate_component(name).map(|()| name.to_string())
+}
+
 /// A check ran and failed (`verify`, `diff --fail-on-diff`).
 pub fn exit_check_failed() -> ExitCode {
     ExitCode::from(1)

@@ -20,7 +20,7 @@ pub struct CreateArgs {
     #[arg(long)]
     pub from: PathBuf,
     /// For a single-file source: the component its tensors go under (`transformer`, …).
-    #[arg(long, default_value = "model")]
+    #[arg(long, default_value = "model", value_parser = super::component_arg)]
     pub component: String,
     /// Convert float tensors to this dtype.
     #[arg(long, value_enum)]
