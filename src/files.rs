@@ -138,6 +138,13 @@ enum Destination {
 
 /// Follows symlinks to the path that is written: a dangling link creates its target.
 fn destination(path: &Path) -> Result<Destination, FileError> {
+    // The kernel follows links that `read_link` cannot spell as a path: `/dev/stdout` on a pipe
+    // reads `/proc/self/fd/1` → `pipe:[…]`. A special file reached that way is written into.
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() && !meta.is_dir() {
+            return Ok(Destination::WriteInto(path.to_path_buf()));
+        }
+    }
     let mut at = path.to_path_buf();
     for _ in 0..40 {
         match std::fs::symlink_metadata(&at) {

@@ -222,6 +222,13 @@ impl<S: ModelSource> Pipeline<S> {
         }
         let tokenizer = PromptTokenizer::from_files(|name| {
             read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
+        })
+        .map_err(|e| match e {
+            crate::text::Error::Load { reason, .. } => crate::text::Error::Load {
+                dir: std::path::Path::new(&source.name()).join("tokenizer"),
+                reason,
+            },
+            other => other,
         })?;
         if let Some(id) = tokenizer.max_id() {
             if id >= configs.text_encoder.vocab_size as u64 {

@@ -203,6 +203,36 @@ fn output_to_dev_null_writes_into_it_and_leaves_the_device() {
 }
 
 #[test]
+fn output_to_stdout_is_the_png_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_copy(dir.path());
+    let out = generate_on(dir.path(), &model, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let out = generate(
+        dir.path(),
+        &[
+            "a red fox",
+            "--model",
+            s(&model),
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--steps",
+            "1",
+            "-o",
+            "/dev/stdout",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        out.stdout,
+        std::fs::read(dir.path().join("out.png")).unwrap()
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("wrote /dev/stdout"));
+}
+
+#[test]
 fn output_that_is_a_directory_is_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().join("pictures");

@@ -427,7 +427,7 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
             gb(plan.budget)
         );
     }
-    println!(
+    let wrote = format!(
         "wrote {} ({}×{}, {} steps, seed {})",
         a.output.display(),
         out.width,
@@ -435,5 +435,34 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
         req.steps,
         req.seed
     );
+    // A PNG written to stdout (`-o /dev/stdout`) must not be followed by text there.
+    if is_stdout(&a.output) {
+        eprintln!("{wrote}");
+    } else {
+        println!("{wrote}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `path` is the file this process's stdout writes to.
+fn is_stdout(path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        let stdout = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map(std::fs::File::from)
+            .and_then(|f| f.metadata());
+        match (std::fs::metadata(path), stdout) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        false
+    }
 }
