@@ -101,11 +101,16 @@ impl DiffusersDir {
             }
             tensors.insert(component.to_string(), scan_component(component, &dir)?);
         }
-        let configs = CONFIG_FILES
+        // Whatever sits at a config's path is taken (a FIFO or a device is refused when read),
+        // and must not lead outside the model.
+        let configs: Vec<(String, PathBuf)> = CONFIG_FILES
             .iter()
             .map(|rel| (rel.to_string(), root.join(rel)))
-            .filter(|(_, p)| p.is_file())
+            .filter(|(_, p)| p.symlink_metadata().is_ok())
             .collect();
+        for (_, path) in &configs {
+            check_confined(root, path)?;
+        }
         Ok(DiffusersDir {
             root: root.to_path_buf(),
             tensors,
@@ -119,6 +124,40 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// Where the files of a model directory may lead: the directory itself or, for a snapshot of
+/// Hugging Face's cache (`models--org--name/snapshots/<rev>/`, whose files are symlinks into
+/// `models--org--name/blobs/`), the cached repository.
+fn confinement(root: &Path) -> PathBuf {
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    match root.parent() {
+        Some(snapshots) if snapshots.file_name().is_some_and(|n| n == "snapshots") => {
+            snapshots.parent().unwrap_or(snapshots).to_path_buf()
+        }
+        _ => root,
+    }
+}
+
+/// A file of an imported model must not be a symlink that leads outside it: a downloaded
+/// directory could otherwise carry `tokenizer/vocab.json -> ~/.ssh/id_ed25519` into the store,
+/// and from there to a registry.
+fn check_confined(root: &Path, path: &Path) -> Result<(), Error> {
+    let Ok(target) = std::fs::canonicalize(path) else {
+        return Ok(()); // a dangling link fails with a clear error when it is read
+    };
+    let allowed = confinement(root);
+    if target.starts_with(&allowed) {
+        return Ok(());
+    }
+    Err(Error::NotAModel {
+        dir: root.to_path_buf(),
+        reason: format!(
+            "`{}` leads to `{}`, outside the model; copy the file in if it belongs to it",
+            path.display(),
+            target.display()
+        ),
+    })
 }
 
 /// The `.safetensors` files of one component, in lexical order, with their headers.
@@ -137,7 +176,9 @@ fn scan_component(component: &str, dir: &Path) -> Result<Vec<TensorLocation>, Er
     }
     let mut out = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    let model_root = dir.parent().unwrap_or(dir);
     for file in &files {
+        check_confined(model_root, file)?;
         crate::files::open_regular(file)?;
         let header = safetensors::read_header_file(file)?;
         let mut names: Vec<&safetensors::TensorInfo> = header.tensors.iter().collect();

@@ -414,6 +414,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if !bytes.is_finite() || bytes < 1e6 {
         return Err(format!("`{text}` is too small a memory budget"));
     }
+    // No machine has a petabyte of memory; a larger figure is a typo, not a budget.
+    if bytes > 1e15 {
+        return Err(format!(
+            "`{text}` is more memory than any machine has (at most 1000TB)"
+        ));
+    }
     Ok(bytes as u64)
 }
 

@@ -520,3 +520,72 @@ fn layer_sizes_near_the_top_of_u64_are_planned_without_a_panic() {
         );
     }
 }
+
+/// A copy of the demo model laid out as Hugging Face's cache lays out a snapshot: every file a
+/// symlink into the cached repository's `blobs/`.
+fn hf_cache_snapshot(at: &Path) -> PathBuf {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    let repo = at.join("models--org--tiny");
+    let snapshot = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    let mut stack = vec![demo.clone()];
+    let mut n = 0;
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(&demo).unwrap();
+            let blob = repo.join("blobs").join(format!("blob{n}"));
+            n += 1;
+            std::fs::copy(&p, &blob).unwrap();
+            let link = snapshot.join(rel);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            let depth = rel.components().count() + 1;
+            let up = "../".repeat(depth);
+            std::os::unix::fs::symlink(
+                format!("{up}blobs/{}", blob.file_name().unwrap().to_str().unwrap()),
+                &link,
+            )
+            .unwrap();
+        }
+    }
+    snapshot
+}
+
+#[test]
+fn a_hugging_face_cache_snapshot_imports_but_a_link_out_of_it_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = hf_cache_snapshot(dir.path());
+    let root = dir.path().join("store");
+    let out = zimage_in(&root, &["create", "hf", "--from", s(&snapshot)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+
+    let secret = dir.path().join("id_ed25519");
+    std::fs::write(&secret, b"PRIVATE KEY").unwrap();
+    let vocab = snapshot.join("tokenizer/vocab.json");
+    std::fs::remove_file(&vocab).unwrap();
+    std::os::unix::fs::symlink(&secret, &vocab).unwrap();
+    let out = zimage_in(&root, &["create", "leak", "--from", s(&snapshot)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("outside the model"), "{err}");
+    assert!(!manifest_path(&root, "leak").exists());
+}
+
+#[test]
+fn a_config_file_that_is_a_fifo_is_refused_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = hf_cache_snapshot(dir.path());
+    let merges = snapshot.join("tokenizer/merges.txt");
+    std::fs::remove_file(&merges).unwrap();
+    let c = std::ffi::CString::new(merges.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo only reads it.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let root = dir.path().join("store");
+    let out = zimage_in(&root, &["create", "m", "--from", s(&snapshot)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("is a FIFO"), "{}", stderr_of(&out));
+}

@@ -62,12 +62,8 @@ impl TensorSource for DiffusersDir {
         self.configs
             .iter()
             .map(|(rel, path)| {
-                std::fs::read(path)
-                    .map(|b| (rel.clone(), b))
-                    .map_err(|source| StoreError::Io {
-                        path: path.clone(),
-                        source,
-                    })
+                let (limit, what) = crate::diffusers_dir::config_limit(rel);
+                Ok((rel.clone(), crate::files::read_bounded(path, limit, what)?))
             })
             .collect()
     }
