@@ -139,9 +139,10 @@ fn confinement(root: &Path) -> PathBuf {
     }
 }
 
-/// A file of an imported model must not be a symlink that leads outside it: a downloaded
-/// directory could otherwise carry `tokenizer/vocab.json -> ~/.ssh/id_ed25519` into the store,
-/// and from there to a registry.
+/// A config or tokenizer file of an imported model must not be a symlink that leads outside
+/// it: a downloaded directory could otherwise carry `tokenizer/vocab.json -> ~/.ssh/id_ed25519`
+/// into the store verbatim, and from there to a registry. (Weight files may live anywhere, as
+/// people link them from a shared disk: they are stored only if they parse as safetensors.)
 fn check_confined(root: &Path, path: &Path) -> Result<(), Error> {
     let Ok(target) = std::fs::canonicalize(path) else {
         return Ok(()); // a dangling link fails with a clear error when it is read
@@ -176,9 +177,7 @@ fn scan_component(component: &str, dir: &Path) -> Result<Vec<TensorLocation>, Er
     }
     let mut out = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
-    let model_root = dir.parent().unwrap_or(dir);
     for file in &files {
-        check_confined(model_root, file)?;
         crate::files::open_regular(file)?;
         let header = safetensors::read_header_file(file)?;
         let mut names: Vec<&safetensors::TensorInfo> = header.tensors.iter().collect();
