@@ -96,156 +96,194 @@ pub fn load_component(
     // Blobs are opened under the store lock, so that no `gc` sweeps between a manifest read
     // and its blobs opened; once open, a blob outlives its removal.
     let _lock = store.lock_for_reading()?;
-    // Every blob of a component stays open until it is evaluated; a limit below that would
-    // fail deep in MLX with a bare "failed to open file".
-    let wanted = layers.len() as u64 + 256;
-    if let Ok(limit) = crate::platform::raise_open_file_limit(wanted) {
-        if limit < layers.len() as u64 + 32 {
-            return Err(StoreError::Invalid(format!(
-                "model `{}`: `{component}` has {} blobs to hold open, but this process may open \
-                 only {limit} files (the hard limit); raise it, e.g. `ulimit -n {wanted}`",
-                model.name.short(),
-                layers.len()
-            )));
-        }
-    }
+    ensure_open_file_limit(model, component, layers.len())?;
     let start = Instant::now();
-    let mut pending = Vec::with_capacity(layers.len());
-    let mut bytes = 0;
-    for layer in &layers {
-        let (_, name) = layer
-            .component_and_tensor()
-            .expect("component layers have names");
-        let (path, header) = blob::read_blob_header(&store.root, &layer.digest)?;
-        bytes += layer.size;
-        pending.push(Pending {
-            name: name.to_string(),
-            digest: layer.digest.clone(),
-            path,
-            header,
-        });
-    }
-    let header_seconds = start.elapsed().as_secs_f64();
-
+    let pending = read_headers(store, &layers)?;
     let mut out = LoadedComponent {
         tensors: BTreeMap::new(),
         quantized: BTreeMap::new(),
         blobs: pending.len(),
-        bytes,
-        header_seconds,
+        bytes: layers.iter().fold(0u64, |n, l| n.saturating_add(l.size)),
+        header_seconds: start.elapsed().as_secs_f64(),
         mapped: 0,
     };
-    // v1 quantized companions, keyed by the base name.
-    let mut v1_scales: HashMap<String, Array> = HashMap::new();
-    let mut v1_biases: HashMap<String, Array> = HashMap::new();
+    let mut v1 = V1Companions::default();
     for p in &pending {
         let (arrays, mapped) = read_blob(p, path)?;
         out.mapped += mapped as usize;
-        let meta = p.header.metadata.clone().unwrap_or_default();
-        let bad = |reason: String| {
-            StoreError::Blob(blob::BlobError::Layout {
-                digest: p.digest.clone(),
-                reason,
-            })
-        };
         if p.header.tensors.len() == 1 {
-            let key = &p.header.tensors[0].name;
-            if key != "data" && key != &p.name && key != &format!("{component}/{}", p.name) {
-                return Err(bad(format!(
-                    "holds `{key}`, expected `{}` or `data`",
-                    p.name
-                )));
-            }
-            let arr = arrays.into_values().next().expect("one tensor");
+            let arr = single_tensor(p, component, arrays)?;
             if let Some(base) = p.name.strip_suffix("_scale") {
-                v1_scales.insert(base.to_string(), arr);
+                v1.scales.insert(base.to_string(), arr);
             } else if let Some(base) = p.name.strip_suffix("_qbias") {
-                v1_biases.insert(base.to_string(), arr);
+                v1.biases.insert(base.to_string(), arr);
             } else {
                 out.tensors.insert(p.name.clone(), arr);
             }
-            continue;
+        } else {
+            out.quantized
+                .insert(p.name.clone(), v2_quantized(p, arrays)?);
         }
-        // v2 quantized: the main tensor with `.scale` and `.bias`.
-        let main = blob::main_tensor(&p.header)
-            .ok_or_else(|| bad("holds no main tensor".into()))?
-            .name
-            .clone();
-        let mut arrays = arrays;
-        let take = |arrays: &mut HashMap<String, Array>, key: &str| {
-            arrays
-                .remove(key)
-                .ok_or_else(|| bad(format!("has no `{key}`")))
-        };
-        let weight = take(&mut arrays, &main)?;
-        let scales = take(&mut arrays, &format!("{main}.scale"))?;
-        let biases = arrays.remove(&format!("{main}.bias"));
-        let stated_group = meta.get("group_size").and_then(|g| g.parse().ok());
-        let (mode, group_size, bits) = match meta.get("quant_type") {
-            Some(t) => {
-                let (mode, group, bits) = QuantMode::from_quant_type(t).ok_or_else(|| {
-                    bad(format!(
-                        "quantization `{t}` is not supported (int4, int8, nvfp4, mxfp8 and mxfp4 are)"
-                    ))
-                })?;
-                (mode, stated_group.unwrap_or(group), bits)
-            }
-            None => {
-                let group = stated_group.unwrap_or(64);
-                let bits = infer_bits(&weight, &scales, group)
-                    .ok_or_else(|| bad("cannot tell the bit width".into()))?;
-                (QuantMode::Affine, group, bits)
-            }
-        };
-        if mode == QuantMode::Affine && biases.is_none() {
-            return Err(bad(format!(
-                "has no `{main}.bias` (affine quantization needs one)"
+    }
+    v1.join(component, &mut out)?;
+    Ok(out)
+}
+
+/// Every blob of a component stays open until it is evaluated; a limit below that would fail
+/// deep in MLX with a bare "failed to open file", so it is raised, or refused up front.
+fn ensure_open_file_limit(
+    model: &StoredModel,
+    component: &str,
+    blobs: usize,
+) -> Result<(), StoreError> {
+    let wanted = blobs as u64 + 256;
+    if let Ok(limit) = crate::platform::raise_open_file_limit(wanted) {
+        if limit < blobs as u64 + 32 {
+            return Err(StoreError::Invalid(format!(
+                "model `{}`: `{component}` has {blobs} blobs to hold open, but this process may \
+                 open only {limit} files (the hard limit); raise it, e.g. `ulimit -n {wanted}`",
+                model.name.short(),
             )));
         }
-        out.quantized.insert(
-            p.name.clone(),
-            QuantizedTensor {
-                weight,
-                scales,
-                biases,
-                group_size,
-                bits,
-                mode,
-            },
-        );
     }
-    for (base, scales) in v1_scales {
-        let weight = out.tensors.remove(&base).ok_or_else(|| {
-            StoreError::Invalid(format!("`{component}/{base}_scale` has no `{base}`"))
-        })?;
-        let biases = v1_biases.remove(&base).ok_or_else(|| {
-            StoreError::Invalid(format!("`{component}/{base}` has no `_qbias` layer"))
-        })?;
-        // Ollama's first quantized imports used group 32.
-        let group_size = 32;
-        let bits = infer_bits(&weight, &scales, group_size).ok_or_else(|| {
-            StoreError::Invalid(format!(
-                "`{component}/{base}`: packed shape does not match its scales"
-            ))
-        })?;
-        out.quantized.insert(
-            base,
-            QuantizedTensor {
+    Ok(())
+}
+
+/// The validated header of every layer's blob.
+fn read_headers(store: &Store, layers: &[&Layer]) -> Result<Vec<Pending>, StoreError> {
+    layers
+        .iter()
+        .map(|layer| {
+            let (_, name) = layer
+                .component_and_tensor()
+                .expect("component layers have names");
+            let (path, header) = blob::read_blob_header(&store.root, &layer.digest)?;
+            Ok(Pending {
+                name: name.to_string(),
+                digest: layer.digest.clone(),
+                path,
+                header,
+            })
+        })
+        .collect()
+}
+
+fn layout_error(p: &Pending, reason: String) -> StoreError {
+    StoreError::Blob(blob::BlobError::Layout {
+        digest: p.digest.clone(),
+        reason,
+    })
+}
+
+/// The tensor of a one-tensor blob, keyed `data` (generation 1) or by its name (generation 2).
+fn single_tensor(
+    p: &Pending,
+    component: &str,
+    arrays: HashMap<String, Array>,
+) -> Result<Array, StoreError> {
+    let key = &p.header.tensors[0].name;
+    if key != "data" && key != &p.name && key != &format!("{component}/{}", p.name) {
+        return Err(layout_error(
+            p,
+            format!("holds `{key}`, expected `{}` or `data`", p.name),
+        ));
+    }
+    Ok(arrays.into_values().next().expect("one tensor"))
+}
+
+/// A generation-2 quantized blob: the main tensor with `.scale` and (affine) `.bias`, its mode
+/// and group from `__metadata__` (or inferred from the shapes, as the first writers left it).
+fn v2_quantized(
+    p: &Pending,
+    mut arrays: HashMap<String, Array>,
+) -> Result<QuantizedTensor, StoreError> {
+    let bad = |reason: String| layout_error(p, reason);
+    let main = blob::main_tensor(&p.header)
+        .ok_or_else(|| bad("holds no main tensor".into()))?
+        .name
+        .clone();
+    let mut take = |key: &str| {
+        arrays
+            .remove(key)
+            .ok_or_else(|| bad(format!("has no `{key}`")))
+    };
+    let weight = take(&main)?;
+    let scales = take(&format!("{main}.scale"))?;
+    let biases = take(&format!("{main}.bias")).ok();
+    let meta = p.header.metadata.clone().unwrap_or_default();
+    let stated_group = meta.get("group_size").and_then(|g| g.parse().ok());
+    let (mode, group_size, bits) = match meta.get("quant_type") {
+        Some(t) => {
+            let (mode, group, bits) = QuantMode::from_quant_type(t).ok_or_else(|| {
+                bad(format!(
+                    "quantization `{t}` is not supported (int4, int8, nvfp4, mxfp8 and mxfp4 are)"
+                ))
+            })?;
+            (mode, stated_group.unwrap_or(group), bits)
+        }
+        None => {
+            let group = stated_group.unwrap_or(64);
+            let bits = infer_bits(&weight, &scales, group)
+                .ok_or_else(|| bad("cannot tell the bit width".into()))?;
+            (QuantMode::Affine, group, bits)
+        }
+    };
+    if mode == QuantMode::Affine && biases.is_none() {
+        return Err(bad(format!(
+            "has no `{main}.bias` (affine quantization needs one)"
+        )));
+    }
+    Ok(QuantizedTensor {
+        weight,
+        scales,
+        biases,
+        group_size,
+        bits,
+        mode,
+    })
+}
+
+/// Generation-1 quantized companions (`X_scale`, `X_qbias` layers), keyed by the base name,
+/// joined to their weights once every blob is read.
+#[derive(Default)]
+struct V1Companions {
+    scales: HashMap<String, Array>,
+    biases: HashMap<String, Array>,
+}
+
+impl V1Companions {
+    fn join(mut self, component: &str, out: &mut LoadedComponent) -> Result<(), StoreError> {
+        for (base, scales) in self.scales {
+            let weight = out.tensors.remove(&base).ok_or_else(|| {
+                StoreError::Invalid(format!("`{component}/{base}_scale` has no `{base}`"))
+            })?;
+            let biases = self.biases.remove(&base).ok_or_else(|| {
+                StoreError::Invalid(format!("`{component}/{base}` has no `_qbias` layer"))
+            })?;
+            // Ollama's first quantized imports used group 32.
+            let group_size = 32;
+            let bits = infer_bits(&weight, &scales, group_size).ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "`{component}/{base}`: packed shape does not match its scales"
+                ))
+            })?;
+            let q = QuantizedTensor {
                 weight,
                 scales,
                 biases: Some(biases),
                 group_size,
                 bits,
                 mode: QuantMode::Affine,
-            },
-        );
+            };
+            out.quantized.insert(base, q);
+        }
+        match self.biases.keys().next() {
+            Some(base) => Err(StoreError::Invalid(format!(
+                "`{component}/{base}_qbias` has no matching `_scale` layer"
+            ))),
+            None => Ok(()),
+        }
     }
-    if let Some(base) = v1_biases.keys().next() {
-        return Err(StoreError::Invalid(format!(
-            "`{component}/{base}_qbias` has no matching `_scale` layer"
-        )));
-    }
-    Ok(out)
 }
 
 /// Packed u32 columns × 32 / bits = columns = scale columns × group.
