@@ -3,6 +3,9 @@
 //! Ops build a lazy graph; work runs in [`eval`] (and in [`Array::to_vec`], [`Array::item`],
 //! [`Array::to_bytes`], which evaluate what they read). Every op returns [`Result`], the
 //! arithmetic operators too, carrying MLX's own message and the name of the op.
+//!
+//! Every `unsafe` block and impl here says, in a `// SAFETY:` comment, what makes it sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod array;
 mod dtype;
