@@ -26,6 +26,7 @@ fn main() {
         "XDG_CACHE_HOME",
         "ZIMAGE_BLAS",
         "PYTHON",
+        "CI",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -81,6 +82,9 @@ fn run() -> Result<(), String> {
         None
     };
 
+    // CI builds treat the shim's warnings as errors; local builds only show them.
+    let strict = env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+
     cc::Build::new()
         .cpp(true)
         .std("c++20")
@@ -90,20 +94,37 @@ fn run() -> Result<(), String> {
         // the compiler keeps their clamps as branches.
         .opt_level(3)
         .flag_if_supported("-fno-trapping-math")
-        .include(&include)
+        // MLX's headers as system headers: their warnings (unused parameters in inline virtual
+        // defaults) are not ours to fix, and must not fail a strict build.
+        .flag(format!("-isystem{}", include.display()))
         .include("mlx-sys-shim")
-        .warnings(false)
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(strict)
         .compile("mlxs_shim");
 
     // The BLAS forwarders are linked as a plain object, so the linker always keeps them even
     // though nothing in the program calls them directly: libmlx does, through the dynamic linker.
     let mut blas = cc::Build::new();
-    blas.file("mlx-sys-shim/blas.c").include("mlx-sys-shim");
+    blas.file("mlx-sys-shim/blas.c")
+        .include("mlx-sys-shim")
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(strict);
     if openblas.is_some() {
         blas.define("ZIMAGE_OPENBLAS", None);
     }
     for obj in blas.compile_intermediates() {
         println!("cargo:rustc-link-arg={}", obj.display());
+    }
+    // The object goes into every binary, those that never use the library crate too (and so
+    // never get its link-lib lines): what it calls must come with it.
+    if let Some(dir) = &openblas {
+        println!("cargo:rustc-link-arg=-L{}", dir.display());
+        println!("cargo:rustc-link-arg=-lscipy_openblas");
+    }
+    if os == Os::Linux {
+        println!("cargo:rustc-link-arg=-ldl");
     }
 
     println!("cargo:rustc-link-search=native={}", lib.display());

@@ -53,7 +53,8 @@ static const char* sgemm_owner(void** fn) {
 }
 
 const char* mlxs_blas_description(void) {
-  static char text[512];
+  /* One buffer per thread, so that two threads asking at once cannot tear each other's text. */
+  static _Thread_local char text[512];
   void* fn = NULL;
   const char* owner = sgemm_owner(&fn);
   if (owner == NULL) {

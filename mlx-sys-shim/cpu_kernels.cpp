@@ -22,13 +22,19 @@
 #include <sched.h>
 #endif
 
+// Beyond mlx/mlx.h: the kernels are MLX primitives, so that they stay lazy and join graphs like
+// any other op, and the public API has no way to define one. primitives.h (the Primitive and
+// UnaryPrimitive bases) and backend/cpu/encoder.h (the CPU stream's command encoder, which runs
+// a kernel in order with MLX's own) are the headers MLX's custom-extension guide builds on; they
+// ship in every MLX install but are not a stable API, so a new MLX may need these classes
+// updated. allocator.h is public (mlx.h reaches it through array.h) and named here because the
+// kernels allocate their outputs with it.
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "shim.h"
 
 namespace mx = mlx::core;
-
-extern "C" void* mlxs_sgemm_symbol(void);
 
 namespace {
 

@@ -708,3 +708,29 @@ fn group_norm_matches_its_definition() {
     let err = fast::group_norm(&x, &short, &bias, g, 1e-6, false).unwrap_err();
     assert!(err.to_string().contains("one value per channel"), "{err}");
 }
+
+#[test]
+fn shapes_with_a_negative_dimension_are_refused_before_reaching_mlx() {
+    let err = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[-2, -2]).unwrap_err();
+    assert!(err.message.contains("negative"), "{err}");
+    let err = Array::from_bytes(&[0u8; 16], &[-1, -4], Dtype::F32).unwrap_err();
+    assert!(err.message.contains("negative"), "{err}");
+}
+
+#[test]
+fn shapes_whose_element_count_overflows_are_refused_without_a_panic() {
+    let huge = [i32::MAX, i32::MAX, i32::MAX];
+    let err = Array::from_slice(&[1.0f32], &huge).unwrap_err();
+    assert!(err.message.contains("more elements"), "{err}");
+    let err = Array::from_bytes(&[0u8; 4], &[i32::MAX, i32::MAX, 4], Dtype::F32).unwrap_err();
+    assert!(err.message.contains("more"), "{err}");
+}
+
+#[test]
+fn blas_sgemm_refuses_sizes_whose_products_overflow_or_exceed_an_int() {
+    let err = mlx::blas_sgemm(usize::MAX, 2, 2, &[], &[0.0; 4], &mut []).unwrap_err();
+    assert!(err.contains("do not"), "{err}");
+    let big = i32::MAX as usize + 1;
+    let err = mlx::blas_sgemm(big, 0, 0, &[], &[], &mut []).unwrap_err();
+    assert!(err.contains("int"), "{err}");
+}

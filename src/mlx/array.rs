@@ -17,15 +17,36 @@ pub struct Array {
     _not_sync: PhantomData<Cell<()>>,
 }
 
+// SAFETY: the handle owns its mlxs_array outright (nothing else frees it), and MLX's arrays are
+// reference-counted with atomic counts, so the handle may be used and dropped on another thread;
+// `_not_sync` keeps it from being shared by reference.
 unsafe impl Send for Array {}
 
 /// Takes the per-thread message the shim recorded for the call that just failed.
 #[track_caller]
 pub(crate) fn last_error(op: &'static str) -> Error {
+    // SAFETY: the shim returns this thread's NUL-terminated message, which stays valid until the
+    // next shim call on this thread; it is copied out before any other call.
     let msg = unsafe { CStr::from_ptr(ffi::mlxs_last_error()) }
         .to_string_lossy()
         .into_owned();
     Error::new(op, msg)
+}
+
+/// The number of elements `shape` describes, refusing negative dimensions (which MLX would take
+/// as given) and counts that overflow, before any of it reaches the shim.
+#[track_caller]
+fn element_count(op: &'static str, shape: &[i32]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |n, &d| {
+        let d = usize::try_from(d)
+            .map_err(|_| Error::new(op, format!("shape {shape:?} has a negative dimension")))?;
+        n.checked_mul(d).ok_or_else(|| {
+            Error::new(
+                op,
+                format!("shape {shape:?} holds more elements than memory can address"),
+            )
+        })
+    })
 }
 
 /// Runs one shim call that produces an array; every wrapper goes through here.
@@ -41,6 +62,27 @@ pub(crate) fn call(
         _ => Err(last_error(op)),
     }
 }
+
+/// Calls shim function `$f` with a fresh out-pointer before `$args`, through [`call`].
+///
+/// The arguments are not checked, so every use must pass only: handles of `Array`s borrowed for
+/// the whole call (`x.as_ptr()`), `Array::opt_ptr` where shim.h says the parameter may be null,
+/// a slice's `as_ptr()` with that same slice's `len()`, C strings that outlive the call, and
+/// plain numbers. An argument of any other kind needs its own `unsafe` block and reasoning.
+macro_rules! shim_call {
+    ($op:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        $crate::mlx::array::call($op, |out| {
+            // SAFETY: `out` points to `call`'s own local, which the shim writes once. By this
+            // macro's contract every other argument is a live handle borrowed for the call, a
+            // null the shim accepts, a pointer with its own slice's length, a C string that
+            // outlives the call, or a number; the shim only reads them, and keeps no pointer to
+            // them past the call (arrays it keeps, it keeps by reference count). The Rust
+            // declaration of `$f` is checked against shim.h by tests/ffi_signatures.rs.
+            unsafe { $crate::mlx::ffi::$f(out, $($arg),*) }
+        })
+    };
+}
+pub(crate) use shim_call;
 
 /// Runs one shim call that produces nothing but a status.
 #[track_caller]
@@ -71,8 +113,8 @@ impl Array {
     /// Copies `data` into a new array of the given shape.
     #[track_caller]
     pub fn from_slice<T: ArrayElement>(data: &[T], shape: &[i32]) -> Result<Array> {
-        let expected: i64 = shape.iter().map(|&d| d as i64).product();
-        if expected != data.len() as i64 {
+        let expected = element_count("from_slice", shape)?;
+        if expected != data.len() {
             return Err(Error::new(
                 "from_slice",
                 format!(
@@ -91,26 +133,33 @@ impl Array {
     /// Copies little-endian raw bytes into a new array of `dtype`.
     #[track_caller]
     pub fn from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
-        let numel: i64 = shape.iter().map(|&d| d as i64).product();
-        if numel < 0 || numel as usize * dtype.size_bytes() != bytes.len() {
+        let needed = element_count("from_bytes", shape)?
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| {
+                Error::new(
+                    "from_bytes",
+                    format!("shape {shape:?} of {dtype} needs more bytes than memory can address"),
+                )
+            })?;
+        if needed != bytes.len() {
             return Err(Error::new(
                 "from_bytes",
                 format!(
-                    "shape {shape:?} of {dtype} needs {} bytes, got {}",
-                    numel.max(0) as usize * dtype.size_bytes(),
+                    "shape {shape:?} of {dtype} needs {needed} bytes, got {}",
                     bytes.len()
                 ),
             ));
         }
-        call("from_bytes", |out| unsafe {
-            ffi::mlxs_array_from_bytes(
-                out,
+        // The shim reads exactly `bytes.len()` bytes: numel × dtype size, checked above.
+        shim_call!(
+            "from_bytes",
+            mlxs_array_from_bytes(
                 bytes.as_ptr() as *const c_void,
                 shape.as_ptr(),
                 shape.len(),
                 dtype.code(),
             )
-        })
+        )
     }
 
     /// Wraps external memory without a copy where the backend allows it (MLX copies otherwise).
@@ -127,19 +176,26 @@ impl Array {
         owner: Box<dyn std::any::Any + Send>,
     ) -> Result<Array> {
         unsafe extern "C" fn release(ctx: *mut c_void) {
-            drop(Box::from_raw(ctx as *mut Box<dyn std::any::Any + Send>));
+            // SAFETY: `ctx` is the box made below, and the shim calls the deleter exactly once
+            // (when MLX frees the buffer, or at once if the array could not be made).
+            drop(unsafe { Box::from_raw(ctx as *mut Box<dyn std::any::Any + Send>) });
         }
         let ctx = Box::into_raw(Box::new(owner)) as *mut c_void;
         call("from_external", |out| {
-            ffi::mlxs_array_from_external(
-                out,
-                ptr as *mut c_void,
-                shape.as_ptr(),
-                shape.len(),
-                dtype.code(),
-                release,
-                ctx,
-            )
+            // SAFETY: `out` is `call`'s local; `ptr` holds numel × dtype size bytes kept valid by
+            // `owner` (this function's contract), and MLX only reads them; `ctx` is handed over
+            // with `release`, which the shim calls exactly once.
+            unsafe {
+                ffi::mlxs_array_from_external(
+                    out,
+                    ptr as *mut c_void,
+                    shape.as_ptr(),
+                    shape.len(),
+                    dtype.code(),
+                    release,
+                    ctx,
+                )
+            }
         })
     }
 
@@ -150,9 +206,10 @@ impl Array {
 
     #[track_caller]
     pub fn full(shape: &[i32], value: f32, dtype: Dtype) -> Result<Array> {
-        call("full", |out| unsafe {
-            ffi::mlxs_full(out, shape.as_ptr(), shape.len(), value as f64, dtype.code())
-        })
+        shim_call!(
+            "full",
+            mlxs_full(shape.as_ptr(), shape.len(), value as f64, dtype.code())
+        )
     }
 
     #[track_caller]
@@ -167,19 +224,23 @@ impl Array {
 
     #[track_caller]
     pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
-        call("arange", |out| unsafe {
-            ffi::mlxs_arange(out, start, stop, step, dtype.code())
-        })
+        shim_call!("arange", mlxs_arange(start, stop, step, dtype.code()))
     }
 
     pub fn shape(&self) -> Vec<i32> {
-        unsafe {
-            let n = ffi::mlxs_array_ndim(self.as_ptr());
-            if n == 0 {
-                return Vec::new();
-            }
-            std::slice::from_raw_parts(ffi::mlxs_array_shape(self.as_ptr()), n).to_vec()
+        let n = self.ndim();
+        if n == 0 {
+            return Vec::new();
         }
+        // SAFETY: the shim returns the array's own shape, `ndim` i32s that live as long as the
+        // array and do not change; they are copied while `self` is borrowed.
+        unsafe { std::slice::from_raw_parts(ffi::mlxs_array_shape(self.as_ptr()), n).to_vec() }
+    }
+
+    /// One of the shim's facts about an array: a function of the handle alone.
+    fn fact<T>(&self, f: unsafe extern "C" fn(*const ffi::mlxs_array) -> T) -> T {
+        // SAFETY: `f` only reads the array behind the handle, which `self` keeps alive.
+        unsafe { f(self.as_ptr()) }
     }
 
     /// Size of one axis (negative axes count from the end). Panics on an axis out of range,
@@ -195,19 +256,19 @@ impl Array {
     }
 
     pub fn ndim(&self) -> usize {
-        unsafe { ffi::mlxs_array_ndim(self.as_ptr()) }
+        self.fact(ffi::mlxs_array_ndim)
     }
 
     pub fn size(&self) -> usize {
-        unsafe { ffi::mlxs_array_size(self.as_ptr()) }
+        self.fact(ffi::mlxs_array_size)
     }
 
     pub fn nbytes(&self) -> usize {
-        unsafe { ffi::mlxs_array_nbytes(self.as_ptr()) }
+        self.fact(ffi::mlxs_array_nbytes)
     }
 
     pub fn dtype(&self) -> Dtype {
-        Dtype::from_code(unsafe { ffi::mlxs_array_dtype(self.as_ptr()) })
+        Dtype::from_code(self.fact(ffi::mlxs_array_dtype))
     }
 
     #[track_caller]
@@ -226,6 +287,8 @@ impl Array {
         }
         let n = self.size();
         let mut v = vec![T::default(); n];
+        // SAFETY: `v` owns n × size_of::<T>() writable bytes, the length passed; the shim checks
+        // it against the array's byte size before it writes.
         let status = unsafe {
             ffi::mlxs_to_bytes(
                 self.as_ptr(),
@@ -257,6 +320,7 @@ impl Array {
     #[track_caller]
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.nbytes()];
+        // SAFETY: `v` owns `v.len()` writable bytes, the length passed.
         let status =
             unsafe { ffi::mlxs_to_bytes(self.as_ptr(), v.as_mut_ptr() as *mut c_void, v.len()) };
         check("to_bytes", status)?;
@@ -267,6 +331,7 @@ impl Array {
 impl Clone for Array {
     fn clone(&self) -> Array {
         let mut out = null_mut();
+        // SAFETY: `out` is a local the shim writes once; the handle is live for the call.
         let status = unsafe { ffi::mlxs_array_clone(&mut out, self.as_ptr()) };
         // Cloning copies a shared pointer; it fails only when the process is out of memory.
         match NonNull::new(out) {
@@ -278,6 +343,7 @@ impl Clone for Array {
 
 impl Drop for Array {
     fn drop(&mut self) {
+        // SAFETY: this handle owns the pointer, which nothing else frees, and drop runs once.
         unsafe { ffi::mlxs_array_free(self.ptr.as_ptr()) }
     }
 }

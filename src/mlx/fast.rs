@@ -1,16 +1,16 @@
 //! Fused kernels from `mlx/fast.h`.
 
-use super::array::{call, Array};
+use super::array::{shim_call, Array};
 use super::error::Result;
-use super::ffi;
 use std::ffi::CString;
 
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last axis, accumulated in f32.
 #[track_caller]
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
-    call("rms_norm", |out| unsafe {
-        ffi::mlxs_fast_rms_norm(out, x.as_ptr(), Array::opt_ptr(weight), eps)
-    })
+    shim_call!(
+        "rms_norm",
+        mlxs_fast_rms_norm(x.as_ptr(), Array::opt_ptr(weight), eps)
+    )
 }
 
 /// GroupNorm over `[B, ..., C]` with PyTorch's grouping (each group is `C / groups` consecutive
@@ -24,9 +24,9 @@ pub fn group_norm(
     eps: f32,
     silu: bool,
 ) -> Result<Array> {
-    call("group_norm", |out| unsafe {
-        ffi::mlxs_fast_group_norm(
-            out,
+    shim_call!(
+        "group_norm",
+        mlxs_fast_group_norm(
             x.as_ptr(),
             weight.as_ptr(),
             bias.as_ptr(),
@@ -34,7 +34,7 @@ pub fn group_norm(
             eps,
             i32::from(silu),
         )
-    })
+    )
 }
 
 /// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd `k`×`k` kernel, plus
@@ -43,9 +43,10 @@ pub fn group_norm(
 /// BLAS sgemm each; elsewhere MLX's `conv2d`.
 #[track_caller]
 pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Array> {
-    call("conv2d_same", |out| unsafe {
-        ffi::mlxs_fast_conv2d_same(out, x.as_ptr(), weight.as_ptr(), bias.as_ptr(), k)
-    })
+    shim_call!(
+        "conv2d_same",
+        mlxs_fast_conv2d_same(x.as_ptr(), weight.as_ptr(), bias.as_ptr(), k)
+    )
 }
 
 /// How a quantized weight is packed: per-group scales (and biases, in affine mode).
@@ -73,11 +74,9 @@ pub fn linear(
         Some(p) => (Some(p.scales), p.biases, p.group_size, p.bits, p.mode),
         None => (None, None, 0, 0, super::QuantMode::Affine),
     };
-    // SAFETY: every pointer is a live array or null where the shim accepts null; the mode is a
-    // static C string.
-    call("linear", |out| unsafe {
-        ffi::mlxs_fast_linear(
-            out,
+    shim_call!(
+        "linear",
+        mlxs_fast_linear(
             x.as_ptr(),
             w.as_ptr(),
             Array::opt_ptr(scales),
@@ -87,7 +86,7 @@ pub fn linear(
             bits,
             mode.as_cstr().as_ptr(),
         )
-    })
+    )
 }
 
 /// Layer norm over the last axis; weight and bias are optional (no affine when absent).
@@ -98,15 +97,15 @@ pub fn layer_norm(
     bias: Option<&Array>,
     eps: f32,
 ) -> Result<Array> {
-    call("layer_norm", |out| unsafe {
-        ffi::mlxs_fast_layer_norm(
-            out,
+    shim_call!(
+        "layer_norm",
+        mlxs_fast_layer_norm(
             x.as_ptr(),
             Array::opt_ptr(weight),
             Array::opt_ptr(bias),
             eps,
         )
-    })
+    )
 }
 
 /// Rotary embedding of the first `dims` features of the last axis, positions `offset..` along
@@ -121,9 +120,9 @@ pub fn rope(
     offset: i32,
     freqs: Option<&Array>,
 ) -> Result<Array> {
-    call("rope", |out| unsafe {
-        ffi::mlxs_fast_rope(
-            out,
+    shim_call!(
+        "rope",
+        mlxs_fast_rope(
             x.as_ptr(),
             dims,
             traditional as i32,
@@ -133,7 +132,7 @@ pub fn rope(
             offset,
             Array::opt_ptr(freqs),
         )
-    })
+    )
 }
 
 /// The attention mask of [`scaled_dot_product_attention`].
@@ -160,9 +159,10 @@ pub fn scaled_dot_product_attention(
         Mask::Array(a) => ("array", Some(a)),
     };
     let mode = CString::new(mode).expect("mask modes have no NUL");
-    call("scaled_dot_product_attention", |out| unsafe {
-        ffi::mlxs_fast_scaled_dot_product_attention(
-            out,
+    // `mode` outlives the call.
+    shim_call!(
+        "scaled_dot_product_attention",
+        mlxs_fast_scaled_dot_product_attention(
             q.as_ptr(),
             k.as_ptr(),
             v.as_ptr(),
@@ -170,5 +170,5 @@ pub fn scaled_dot_product_attention(
             mode.as_ptr(),
             Array::opt_ptr(arr),
         )
-    })
+    )
 }

@@ -291,4 +291,8 @@ extern "C" {
         b: *const f32,
         c: *mut f32,
     ) -> c_int;
+    /// The process-wide `cblas_sgemm`, or null. The shim's own CPU kernels call it; Rust does
+    /// not, but this file mirrors shim.h whole so that the two can be checked against each other.
+    #[allow(dead_code)]
+    pub fn mlxs_sgemm_symbol() -> *mut c_void;
 }

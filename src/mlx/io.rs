@@ -29,6 +29,8 @@ pub fn load_safetensors(path: &Path) -> Result<Safetensors> {
     let cpath = c_path("load_safetensors", path)?;
     let (mut names, mut arrays, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0usize);
     let (mut mk, mut mv, mut nm) = (std::ptr::null_mut(), std::ptr::null_mut(), 0usize);
+    // SAFETY: the six out-pointers are locals the shim writes on success; `cpath` is a live
+    // NUL-terminated path.
     let status = unsafe {
         ffi::mlxs_load_safetensors(
             cpath.as_ptr(),
@@ -44,9 +46,16 @@ pub fn load_safetensors(path: &Path) -> Result<Safetensors> {
         message: format!("`{}`: {}", path.display(), e.message),
         ..e
     })?;
-    let take = |p: *mut c_char| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    let take = |p: *mut c_char| {
+        // SAFETY: `p` is one of the NUL-terminated strings the loader allocated, which stay
+        // valid until they are freed below, after the last `take`.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    };
     let mut tensors = HashMap::with_capacity(n);
     let mut metadata = HashMap::with_capacity(nm);
+    // SAFETY: on success the loader filled `n` names and `n` array handles, and `nm` keys and
+    // values; each handle is taken over exactly once, and each list is freed once, with the
+    // shim's own functions, after its last read.
     unsafe {
         for i in 0..n {
             let a = Array::from_raw(
@@ -96,6 +105,8 @@ pub fn save_safetensors(
     let key_ptrs: Vec<_> = keys.iter().map(|c| c.as_ptr()).collect();
     let value_ptrs: Vec<_> = values.iter().map(|c| c.as_ptr()).collect();
     let arrays: Vec<_> = tensors.iter().map(|(_, a)| a.as_ptr()).collect();
+    // SAFETY: the names and handles, and the keys and values, are parallel lists of the
+    // lengths passed, borrowed from CStrings and Arrays that live until the call returns.
     let status = unsafe {
         ffi::mlxs_save_safetensors(
             cpath.as_ptr(),

@@ -3,6 +3,9 @@
 //! Ops build a lazy graph; work runs in [`eval`] (and in [`Array::to_vec`], [`Array::item`],
 //! [`Array::to_bytes`], which evaluate what they read). Every op returns [`Result`], the
 //! arithmetic operators too, carrying MLX's own message and the name of the op.
+//!
+//! Every `unsafe` block and impl here says, in a `// SAFETY:` comment, what makes it sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod array;
 mod dtype;
@@ -29,15 +32,26 @@ pub enum Device {
     Gpu,
 }
 
+/// Calls one of the shim's functions that take no arguments.
+fn no_args<T>(f: unsafe extern "C" fn() -> T) -> T {
+    // SAFETY: none of the shim's argument-less functions has a precondition: each reads or
+    // resets process-wide state (default device, allocator counters, the BLAS lookup) or
+    // returns a pointer, and a returned pointer is only read under its own SAFETY reasoning.
+    unsafe { f() }
+}
+
 #[track_caller]
 pub fn set_default_device(device: Device) -> Result<()> {
+    let gpu = (device == Device::Gpu) as i32;
+    // SAFETY: the one argument is a plain int; the shim reports an unavailable device as a
+    // failed status.
     array::check("set_default_device", unsafe {
-        ffi::mlxs_set_default_device((device == Device::Gpu) as i32)
+        ffi::mlxs_set_default_device(gpu)
     })
 }
 
 pub fn default_device() -> Device {
-    if unsafe { ffi::mlxs_default_device_is_gpu() } != 0 {
+    if no_args(ffi::mlxs_default_device_is_gpu) != 0 {
         Device::Gpu
     } else {
         Device::Cpu
@@ -46,12 +60,13 @@ pub fn default_device() -> Device {
 
 /// Whether this MLX build has a GPU backend (Metal or CUDA) and a device to run it.
 pub fn gpu_available() -> bool {
-    unsafe { ffi::mlxs_gpu_available() != 0 }
+    no_args(ffi::mlxs_gpu_available) != 0
 }
 
 /// MLX's version string.
 pub fn version() -> String {
-    unsafe { CStr::from_ptr(ffi::mlxs_version()) }
+    // SAFETY: MLX's version is a static NUL-terminated string.
+    unsafe { CStr::from_ptr(no_args(ffi::mlxs_version)) }
         .to_string_lossy()
         .into_owned()
 }
@@ -63,6 +78,8 @@ pub fn eval(xs: &[&Array]) -> Result<()> {
         .iter()
         .map(|x| x.as_ptr() as *mut ffi::mlxs_array)
         .collect();
+    // SAFETY: `ptrs` holds `ptrs.len()` handles of arrays borrowed for the call; the shim only
+    // reads them (the `*mut` is how shim.h spells its `mlxs_array* const*`).
     array::check("eval", unsafe { ffi::mlxs_eval(ptrs.as_ptr(), ptrs.len()) })
 }
 
@@ -87,7 +104,9 @@ pub fn build_info() -> BuildInfo {
 
 /// The BLAS library that serves MLX's CPU f32 matmuls, as the dynamic linker resolved it.
 pub fn blas_description() -> String {
-    unsafe { CStr::from_ptr(ffi::mlxs_blas_description()) }
+    // SAFETY: the shim returns a NUL-terminated text in a buffer of this thread's own, valid
+    // until its next call on this thread; it is copied out at once.
+    unsafe { CStr::from_ptr(no_args(ffi::mlxs_blas_description)) }
         .to_string_lossy()
         .into_owned()
 }
@@ -102,19 +121,15 @@ pub fn blas_sgemm(
     b: &[f32],
     c: &mut [f32],
 ) -> std::result::Result<(), String> {
-    if a.len() != m * k || b.len() != k * n || c.len() != m * n {
+    let fits = |x: usize, y: usize, len: usize| x.checked_mul(y) == Some(len);
+    if !fits(m, k, a.len()) || !fits(k, n, b.len()) || !fits(m, n, c.len()) {
         return Err(format!("sgemm operands do not match {m}×{k} @ {k}×{n}"));
     }
-    let status = unsafe {
-        ffi::mlxs_blas_sgemm(
-            m as i32,
-            n as i32,
-            k as i32,
-            a.as_ptr(),
-            b.as_ptr(),
-            c.as_mut_ptr(),
-        )
-    };
+    let int = |x: usize| i32::try_from(x).map_err(|_| format!("sgemm size {x} exceeds a C int"));
+    let (m, n, k) = (int(m)?, int(n)?, int(k)?);
+    // SAFETY: `a`, `b` and `c` hold exactly m·k, k·n and m·n floats (checked above), the extents
+    // the row-major, untransposed sgemm reads and writes; `c` is borrowed mutably.
+    let status = unsafe { ffi::mlxs_blas_sgemm(m, n, k, a.as_ptr(), b.as_ptr(), c.as_mut_ptr()) };
     if status == 0 {
         Ok(())
     } else {

@@ -1,6 +1,6 @@
 //! A weight in one of MLX's quantizations, kept packed.
 
-use super::array::{call, check};
+use super::array::{check, shim_call};
 use super::{fast, ffi, Array, Result};
 use std::ffi::CStr;
 
@@ -83,10 +83,9 @@ impl QuantizedTensor {
 
     /// The full-precision weight (in the scales' dtype in affine mode).
     pub fn dequantize(&self) -> Result<Array> {
-        // SAFETY: every pointer is a live array or null where the shim accepts null.
-        call("dequantize", |out| unsafe {
-            ffi::mlxs_dequantize_mode(
-                out,
+        shim_call!(
+            "dequantize",
+            mlxs_dequantize_mode(
                 self.weight.as_ptr(),
                 self.scales.as_ptr(),
                 Array::opt_ptr(self.biases.as_ref()),
@@ -94,7 +93,7 @@ impl QuantizedTensor {
                 self.bits,
                 self.mode.as_cstr().as_ptr(),
             )
-        })
+        )
     }
 
     /// The logical shape `[rows, columns]` of the weight the values stand for.
