@@ -49,14 +49,14 @@ fn run_env(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let (out_path, err_path) = (dir.path().join("out"), dir.path().join("err"));
     let rss_path = dir.path().join("rss");
-    let bin = std::env::var("ZIMAGE_BIN").unwrap_or(env!("CARGO_BIN_EXE_zimage").into());
+    let bin = env!("CARGO_BIN_EXE_zimage");
     let timed = Path::new(TIME).exists();
     let mut cmd = if timed {
         let mut c = Command::new(TIME);
-        c.args(["-f", "%M %U %S", "-o"]).arg(&rss_path).arg(&bin);
+        c.args(["-f", "%M %U %S", "-o"]).arg(&rss_path).arg(bin);
         c
     } else {
-        Command::new(&bin)
+        Command::new(bin)
     };
     cmd.args(args)
         .stdin(Stdio::null())
