@@ -350,6 +350,21 @@ fn a_source_of_no_known_format_is_named_as_such() {
     let err = stderr_of(&out);
     assert!(!err.contains("unknown"), "{err}");
     assert!(err.contains("match no format"), "{err}");
+    // The same words from every command that tells files apart, for an empty file too.
+    let empty = dir.path().join("empty.safetensors");
+    std::fs::write(&empty, b"").unwrap();
+    let out_zt = dir.path().join("out.zt");
+    for args in [
+        vec!["inspect", s(&odd)],
+        vec!["inspect", s(&empty)],
+        vec!["convert", s(&empty), s(&out_zt)],
+    ] {
+        let out = zimage_in(&dir.path().join("store"), &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr_of(&out);
+        assert!(!err.contains("unknown"), "{args:?}: {err}");
+        assert!(err.contains("match no format"), "{args:?}: {err}");
+    }
 }
 
 #[test]

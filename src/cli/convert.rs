@@ -55,7 +55,11 @@ impl Input {
             FileKind::Safetensors => {
                 let header = safetensors::read_header_file(path)?;
                 let (file, _) = zimage::files::open_regular(path)?;
-                Ok(Input::Safetensors { path: path.to_path_buf(), file, header })
+                Ok(Input::Safetensors {
+                    path: path.to_path_buf(),
+                    file,
+                    header,
+                })
             }
             FileKind::ZTensor => {
                 let zt = ZtFile::open(path)?;
@@ -68,7 +72,11 @@ impl Input {
                 }
                 Ok(Input::ZTensor(zt))
             }
-            other => bail!("`{}` is neither safetensors nor zTensor v1.0 (it looks like: {}); `convert` reads only those", path.display(), other.name()),
+            other => bail!(
+                "`{}` is {}; `convert` reads safetensors and zTensor v1.0 files",
+                path.display(),
+                other.describe()
+            ),
         }
     }
 

@@ -86,7 +86,8 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
                         Some(ztensor::Digest::Sha256(_)) => "sha256",
                         None => "no digest",
                     };
-                    let key = format!("{} {role} {:?} {digest}", t.layout.format(), c.encoding).to_lowercase();
+                    let key = format!("{} {role} {:?} {digest}", t.layout.format(), c.encoding)
+                        .to_lowercase();
                     *layouts.entry(key).or_default() += 1;
                 }
             }
@@ -99,7 +100,10 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
         FileKind::Dfsn => {
             let c = dfsn::Container::open(path)?;
             facts.push(("format", json!("DFSN container")));
-            facts.push(("model_type", json!(format!("{:?}", c.model_type).to_lowercase())));
+            facts.push((
+                "model_type",
+                json!(format!("{:?}", c.model_type).to_lowercase()),
+            ));
             facts.push(("model_sha256", json!(c.sha256_hex())));
             facts.push(("model_offset", json!(c.model_offset)));
             facts.push(("model_bytes", json!(c.model_len)));
@@ -111,14 +115,17 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
         }
         FileKind::Png => {
             facts.push(("format", json!("PNG image")));
-            let chunks = image_out::read_png_text(path)?.iter().map(|(key, text)| png_chunk(key, text)).collect();
+            let chunks = image_out::read_png_text(path)?
+                .iter()
+                .map(|(key, text)| png_chunk(key, text))
+                .collect();
             facts.push(("text", Value::Array(chunks)));
             None
         }
         other => anyhow::bail!(
-            "`{}` is not a file this tool describes (it reads safetensors, .zt, .dfsn and PNG files); its content looks like: {}",
+            "`{}` is {}; `inspect` reads safetensors, .zt, .dfsn and PNG files",
             path.display(),
-            other.name()
+            other.describe()
         ),
     };
     if let Some(l) = &listing {

@@ -182,12 +182,7 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
         other => bail!(
             "`{}` is {}; `--from` takes a diffusers directory, or a .safetensors, .zt or .dfsn file",
             from.display(),
-            match other {
-                FileKind::Png => "a PNG image",
-                FileKind::Ckpt => "a pickled PyTorch checkpoint (convert it to safetensors first)",
-                FileKind::Gguf => "a GGUF file (a format for language models)",
-                _ => "no model file zimage knows (its first bytes match no format)",
-            }
+            other.describe()
         ),
     })
 }

@@ -84,6 +84,21 @@ pub enum FileKind {
 }
 
 impl FileKind {
+    /// What the file is, as a sentence's object: for errors that refuse it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FileKind::Safetensors => "a safetensors file",
+            FileKind::ZTensor => "a zTensor file",
+            FileKind::Dfsn => "a DFSN container",
+            FileKind::Png => "a PNG image",
+            FileKind::Ckpt => "a pickled PyTorch checkpoint (convert it to safetensors first)",
+            FileKind::Gguf => "a GGUF file (a format for language models)",
+            FileKind::Unknown => {
+                "no model file zimage knows (its first bytes match no format, or it is empty)"
+            }
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             FileKind::Safetensors => "safetensors",
