@@ -3,7 +3,7 @@
 //! A tensor blob is a safetensors file. We write the seed format: one tensor keyed `"data"`,
 //! header keys `dtype, shape, data_offsets`, padded with spaces (to 8 bytes, or to a page when
 //! asked, so the data can be mapped without a copy). Reading accepts every generation Ollama
-//! wrote (see [`BlobTensors`]).
+//! wrote (see [`crate::loader`]).
 
 use crate::safetensors::{self, Dtype, Header, TensorSpec};
 use sha2::{Digest, Sha256};

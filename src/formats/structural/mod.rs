@@ -5,7 +5,7 @@
 //!
 //! - [`read`]: a safetensors header read the way weight-inspect reads it;
 //! - [`canonical`]: metadata values and the canonical JSON the hash covers;
-//! - [`diff`]: the difference of two artifacts, as plain data;
+//! - [`diff`](mod@diff): the difference of two artifacts, as plain data;
 //! - [`render`]: the text, Markdown and JSON renderings of `id` and `diff`.
 
 pub mod canonical;

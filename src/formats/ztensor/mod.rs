@@ -10,7 +10,7 @@
 //!
 //! - [`read`]: [`ZtFile`], a validated view of a file (its manifest checked in `manifest.rs`),
 //!   and dense decoding;
-//! - [`write`]: [`Writer`], streamed and atomic;
+//! - [`write`](mod@write): [`Writer`], streamed and atomic;
 //! - [`source`]: [`ZtSource`], a .zt file as an import source for the store.
 //!
 //! Reading is strict where a file could mislead (every structural rule of the spec's §7.1 and
