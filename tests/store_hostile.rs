@@ -604,3 +604,21 @@ fn a_config_file_that_is_a_fifo_is_refused_not_skipped() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     assert!(stderr_of(&out).contains("is a FIFO"), "{}", stderr_of(&out));
 }
+
+#[test]
+fn a_config_file_that_is_not_json_is_refused_at_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = hf_cache_snapshot(dir.path());
+    let index = snapshot.join("model_index.json");
+    std::fs::remove_file(&index).unwrap();
+    std::fs::write(&index, b"{").unwrap();
+    let root = dir.path().join("store");
+    let out = zimage_in(&root, &["create", "m", "--from", s(&snapshot)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("model_index.json") && err.contains("not valid JSON"),
+        "{err}"
+    );
+    assert!(!manifest_path(&root, "m").exists());
+}

@@ -63,7 +63,18 @@ impl TensorSource for DiffusersDir {
             .iter()
             .map(|(rel, path)| {
                 let (limit, what) = crate::diffusers_dir::config_limit(rel);
-                Ok((rel.clone(), crate::files::read_bounded(path, limit, what)?))
+                let bytes = crate::files::read_bounded(path, limit, what)?;
+                // Stored verbatim and read back by every load: a broken one is refused now,
+                // not when the model is first run.
+                if rel.ends_with(".json") {
+                    if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                        return Err(StoreError::Invalid(format!(
+                            "`{}` is not valid JSON ({e}); fix or remove it and import again",
+                            path.display()
+                        )));
+                    }
+                }
+                Ok((rel.clone(), bytes))
             })
             .collect()
     }
