@@ -159,6 +159,9 @@ fn killed_imports_and_sweeps_leave_a_sound_store_and_reruns_complete() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     let span = start.elapsed().as_millis().max(20) as u64;
     let mut rng = Lcg(0x5eed);
+    // [killed mid-import, killed after the manifest landed], and kills that left partials.
+    let mut tally = [0usize; 2];
+    let mut with_partials = 0;
     for trial in 0..trials {
         // Half the trials start from an empty slot, so the import writes every blob again.
         let _ = zimage_in(&root, &["rm", "m"]);
@@ -170,6 +173,16 @@ fn killed_imports_and_sweeps_leave_a_sound_store_and_reruns_complete() {
         std::thread::sleep(Duration::from_millis(rng.below(span)));
         let _ = child.kill(); // SIGKILL
         child.wait().unwrap();
+        let completed = Store::at(&root).open("m").is_ok();
+        let partials = std::fs::read_dir(root.join("blobs"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with(blob::PARTIAL_PREFIX)
+            })
+            .count();
+        tally[usize::from(completed)] += 1;
+        with_partials += usize::from(partials > 0);
         assert_blobs_intact(&root);
         assert_manifests_verify(&root);
         if trial % 3 == 0 {
@@ -181,6 +194,10 @@ fn killed_imports_and_sweeps_leave_a_sound_store_and_reruns_complete() {
             assert_manifests_verify(&root);
         }
     }
+    eprintln!(
+        "{trials} kills: {} mid-import, {} after it completed; {with_partials} left partial blobs",
+        tally[0], tally[1]
+    );
     let out = zimage_in(&root, &["create", "m", "--from", s(&src)]);
     assert!(out.status.success(), "{}", stderr_of(&out));
     for name in ["m", "keep"] {

@@ -247,9 +247,9 @@ fn store_with_bias_blob(root: &Path, spell: impl Fn(&str) -> String) -> Store {
 #[test]
 fn verify_accepts_a_generation_two_blob_whose_tensor_ends_in_bias() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_with_bias_blob(dir.path(), |d| d.to_string());
-    let report = store.verify("bias").unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    store_with_bias_blob(dir.path(), |d| d.to_string());
+    let out = zimage_in(dir.path(), &["verify", "bias"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
     let out = zimage_in(dir.path(), &["show", "bias"]);
     assert!(out.status.success(), "{}", stderr_of(&out));
 }
@@ -257,9 +257,9 @@ fn verify_accepts_a_generation_two_blob_whose_tensor_ends_in_bias() {
 #[test]
 fn a_digest_spelled_with_a_dash_verifies() {
     let dir = tempfile::tempdir().unwrap();
-    let store = store_with_bias_blob(dir.path(), |d| d.replacen("sha256:", "sha256-", 1));
-    let report = store.verify("bias").unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    store_with_bias_blob(dir.path(), |d| d.replacen("sha256:", "sha256-", 1));
+    let out = zimage_in(dir.path(), &["verify", "bias"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
 }
 
 #[test]
@@ -620,5 +620,28 @@ fn a_config_file_that_is_not_json_is_refused_at_import() {
         err.contains("model_index.json") && err.contains("not valid JSON"),
         "{err}"
     );
+    assert!(!manifest_path(&root, "m").exists());
+}
+
+#[test]
+fn every_component_flag_takes_one_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = small_source(dir.path(), "src", 1.0);
+    let root = dir.path().join("store");
+    for bad in ["", "a/b", "..", "UPPER", ".hidden"] {
+        for args in [
+            vec!["create", "m", "--from", s(&src), "--component", bad],
+            vec!["inspect", s(&src), "--component", bad],
+            vec!["hash", "--structural", s(&src), "--component", bad],
+        ] {
+            let out = zimage_in(&root, &args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}");
+            assert!(
+                stderr_of(&out).contains("component name"),
+                "{args:?}: {}",
+                stderr_of(&out)
+            );
+        }
+    }
     assert!(!manifest_path(&root, "m").exists());
 }
