@@ -74,8 +74,7 @@ pub fn encode_png(
             added.map_err(|e| e.to_string())?;
         }
         let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(rgb)
-            .map_err(|e| e.to_string())?;
+        w.write_image_data(rgb).map_err(|e| e.to_string())?;
     }
     Ok(bytes)
 }

@@ -31,24 +31,26 @@ pub struct ServeArgs {
 
 /// A setting from its flag, else from the first of `vars` that is set.
 fn setting(flag: Option<String>, vars: &[&str]) -> Option<(String, String)> {
-    flag.map(|v| (v, "--".to_string()))
-        .or_else(|| {
-            vars.iter().find_map(|var| {
-                std::env::var(var)
-                    .ok()
-                    .filter(|v| !v.is_empty())
-                    .map(|v| (v, (*var).to_string()))
-            })
+    flag.map(|v| (v, "--".to_string())).or_else(|| {
+        vars.iter().find_map(|var| {
+            std::env::var(var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| (v, (*var).to_string()))
         })
+    })
 }
 
 pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let store = Store::locate(store.as_deref())?;
     let (host_text, host_from) = setting(a.host, &["ZIMAGE_HOST", "OLLAMA_HOST"])
         .unwrap_or_else(|| (String::new(), "the default".into()));
-    let host_from = if host_from == "--" { "--host".to_string() } else { host_from };
-    let (host, port) =
-        server::parse_host(&host_text).map_err(|e| anyhow!("{host_from}: {e}"))?;
+    let host_from = if host_from == "--" {
+        "--host".to_string()
+    } else {
+        host_from
+    };
+    let (host, port) = server::parse_host(&host_text).map_err(|e| anyhow!("{host_from}: {e}"))?;
     let addrs = server::resolve(&host, port).map_err(|e| anyhow!("{host_from}: {e}"))?;
     let api_key = a
         .api_key
@@ -61,7 +63,11 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let keep_alive = match setting(a.keep_alive, &["ZIMAGE_KEEP_ALIVE"]) {
         Some((text, from)) => {
-            let from = if from == "--" { "--keep-alive".into() } else { from };
+            let from = if from == "--" {
+                "--keep-alive".into()
+            } else {
+                from
+            };
             let value = match text.trim().parse::<f64>() {
                 Ok(n) => serde_json::json!(n),
                 Err(_) => serde_json::json!(text),
@@ -74,7 +80,10 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         Some(n) => n,
         None => match std::env::var("ZIMAGE_MAX_QUEUE") {
             Ok(v) if !v.is_empty() => v.trim().parse::<usize>().map_err(|_| {
-                anyhow!("ZIMAGE_MAX_QUEUE is `{}`; give a number of requests, e.g. 64", v.escape_debug())
+                anyhow!(
+                    "ZIMAGE_MAX_QUEUE is `{}`; give a number of requests, e.g. 64",
+                    v.escape_debug()
+                )
             })?,
             _ => server::DEFAULT_MAX_QUEUE,
         },

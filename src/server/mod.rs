@@ -232,18 +232,33 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
             "the request body is empty; send a JSON object",
         ));
     }
+    // serde would take an array for a struct, field by field; the APIs take objects only.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::bad_request(
+            api,
+            "the request body is a JSON array; send a JSON object",
+        ));
+    }
     let mut de = serde_json::Deserializer::from_slice(&bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if path == "." || path.is_empty() {
-            ApiError::bad_request(api, format!("the request body is not the JSON this API takes: {inner}"))
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(api, format!("the request body is not JSON: {inner}"))
+        } else if path == "." || path.is_empty() {
+            ApiError::bad_request(
+                api,
+                format!("the request body is not the JSON object this API takes: {inner}"),
+            )
         } else {
             ApiError::bad_request(api, format!("field `{path}`: {inner}"))
         }
     })?;
     de.end().map_err(|e| {
-        ApiError::bad_request(api, format!("the request body has data after its JSON: {e}"))
+        ApiError::bad_request(
+            api,
+            format!("the request body has data after its JSON: {e}"),
+        )
     })?;
     Ok(value)
 }
@@ -284,7 +299,9 @@ pub fn job_error(api: Api, e: worker::JobError) -> ApiError {
         worker::JobErrorKind::BadRequest => StatusCode::BAD_REQUEST,
         worker::JobErrorKind::NotFound => StatusCode::NOT_FOUND,
         // Nobody reads this answer: the client has gone.
-        worker::JobErrorKind::Stopped => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        worker::JobErrorKind::Stopped => {
+            StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+        }
         worker::JobErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError::new(api, status, e.message)
@@ -331,7 +348,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/images/generations", post(openai::generate))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
         .layer(axum::middleware::from_fn(log_request))
         .with_state(state)
 }
@@ -440,8 +460,14 @@ mod tests {
     fn keep_alive_takes_seconds_and_go_durations() {
         let k = |v: serde_json::Value| parse_keep_alive(&v).unwrap();
         assert_eq!(k(serde_json::json!(0)), KeepAlive::For(Duration::ZERO));
-        assert_eq!(k(serde_json::json!("5m")), KeepAlive::For(Duration::from_secs(300)));
-        assert_eq!(k(serde_json::json!("1h30m")), KeepAlive::For(Duration::from_secs(5400)));
+        assert_eq!(
+            k(serde_json::json!("5m")),
+            KeepAlive::For(Duration::from_secs(300))
+        );
+        assert_eq!(
+            k(serde_json::json!("1h30m")),
+            KeepAlive::For(Duration::from_secs(5400))
+        );
         assert_eq!(k(serde_json::json!(-1)), KeepAlive::Forever);
         assert_eq!(k(serde_json::json!("-1m")), KeepAlive::Forever);
         assert!(parse_keep_alive(&serde_json::json!("5 parsecs")).is_err());

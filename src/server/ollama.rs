@@ -53,7 +53,11 @@ fn parameter_count(model: &StoredModel) -> u64 {
         .manifest
         .tensor_layers()
         .filter_map(|l| l.shape.as_ref())
-        .map(|s| s.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).unwrap_or(0))
+        .map(|s| {
+            s.iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .unwrap_or(0)
+        })
         .fold(0u64, u64::saturating_add)
 }
 
@@ -78,8 +82,19 @@ fn is_image(config: &Value, model: &StoredModel) -> bool {
 /// `details` as Ollama gives it for a model.
 fn details(config: &Value, model: &StoredModel) -> Value {
     let image = is_image(config, model);
-    let text = |key: &str| config[key].as_str().filter(|s| !s.is_empty()).map(str::to_string);
-    let family = text("model_family").unwrap_or_else(|| if image { "zimage".into() } else { String::new() });
+    let text = |key: &str| {
+        config[key]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    let family = text("model_family").unwrap_or_else(|| {
+        if image {
+            "zimage".into()
+        } else {
+            String::new()
+        }
+    });
     let parameter_size = match parameter_count(model) {
         0 => text("parameter_size").unwrap_or_default(),
         n => human_count(n),
@@ -116,7 +131,12 @@ pub async fn tags(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
     let store = state.store.clone();
     let models = tokio::task::spawn_blocking(move || {
         let scan = store.scan().map_err(|e| e.to_string())?;
-        Ok::<_, String>(scan.models.iter().map(|m| listed(&store, m)).collect::<Vec<_>>())
+        Ok::<_, String>(
+            scan.models
+                .iter()
+                .map(|m| listed(&store, m))
+                .collect::<Vec<_>>(),
+        )
     })
     .await
     .map_err(|e| e.to_string())
@@ -136,9 +156,9 @@ pub async fn ps(State(state): State<Arc<AppState>>) -> Json<Value> {
                 .await
                 .unwrap_or_else(|_| json!({}));
             // Ollama's "forever" is the largest duration Go has: about 292 years.
-            let expires = r.expires_at.unwrap_or_else(|| {
-                SystemTime::now() + Duration::from_secs(292 * 365 * 86400)
-            });
+            let expires = r
+                .expires_at
+                .unwrap_or_else(|| SystemTime::now() + Duration::from_secs(292 * 365 * 86400));
             vec![json!({
                 "name": entry["name"],
                 "model": entry["model"],
@@ -308,7 +328,9 @@ pub async fn generate(
 ) -> Result<Response, ApiError> {
     let body: GenerateBody = read_json(API, &headers, body).await?;
     let name = super::model_name(API, &body.model)?;
-    let steps = body.steps.unwrap_or(crate::generation::DEFAULT_STEPS as u64);
+    let steps = body
+        .steps
+        .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
     let guidance = body.guidance.unwrap_or(0.0);
     check_ranges(API, steps, guidance, body.width, body.height)?;
     let keep_alive = body
@@ -363,7 +385,9 @@ pub async fn generate(
         _ if body.stream.unwrap_or(true) => stream_answer(model.clone(), rx, guard),
         _ => {
             let mut guard = guard;
-            let finished = wait_done(&mut rx).await.map_err(|e| super::job_error(API, e))?;
+            let finished = wait_done(&mut rx)
+                .await
+                .map_err(|e| super::job_error(API, e))?;
             guard.finish();
             Json(final_line(&model, &finished)).into_response()
         }
@@ -412,7 +436,11 @@ fn stream_answer(model: String, rx: UnboundedReceiver<Event>, guard: CancelGuard
                     return Some((ndjson(&json!({ "error": e.message })), (rx, None, model)));
                 }
             };
-            let bytes = if line.is_null() { Ok(Bytes::new()) } else { ndjson(&line) };
+            let bytes = if line.is_null() {
+                Ok(Bytes::new())
+            } else {
+                ndjson(&line)
+            };
             Some((bytes, (rx, Some(guard), model)))
         },
     );

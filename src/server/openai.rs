@@ -69,7 +69,11 @@ fn parse_size(size: &str) -> Result<(Option<u32>, Option<u32>), ApiError> {
             API,
             format!(
                 "size `{}` is not WIDTHxHEIGHT (e.g. \"1024x1024\")",
-                size.escape_debug().to_string().chars().take(40).collect::<String>()
+                size.escape_debug()
+                    .to_string()
+                    .chars()
+                    .take(40)
+                    .collect::<String>()
             ),
         )
         .with_param("size")
@@ -119,7 +123,9 @@ pub async fn generate(
         Some(s) => parse_size(s)?,
         None => (None, None),
     };
-    let steps = body.steps.unwrap_or(crate::generation::DEFAULT_STEPS as u64);
+    let steps = body
+        .steps
+        .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
     let guidance = body.guidance.unwrap_or(0.0);
     check_ranges(API, steps, guidance, width, height)?;
     open_model(&state, API, &name, true).await?;

@@ -410,9 +410,9 @@ fn ensure_resident<'a>(
         .store
         .open(&job.model.to_string())
         .map_err(open_error)?;
-    let current = resident
-        .as_ref()
-        .is_some_and(|r| r.model.name == model.name && r.model.manifest_digest == model.manifest_digest);
+    let current = resident.as_ref().is_some_and(|r| {
+        r.model.name == model.name && r.model.manifest_digest == model.manifest_digest
+    });
     if !current {
         if let Some(old) = resident.take() {
             eprintln!(
@@ -528,11 +528,9 @@ fn generate_one(
         .len();
     let plan = generation::plan_memory(&r.pipeline, &req, settings.memory_limit.as_deref(), None)
         .map_err(|e| match e {
-            generation::Error::DoesNotFit(e) => bad(format!(
-                "{e}; ask for a smaller width and height"
-            )),
-            other => JobError::new(JobErrorKind::Internal, other.to_string()),
-        })?;
+        generation::Error::DoesNotFit(e) => bad(format!("{e}; ask for a smaller width and height")),
+        other => JobError::new(JobErrorKind::Internal, other.to_string()),
+    })?;
     r.pipeline.set_residency(plan.residency);
     r.pipeline.set_tiling(plan.tiling);
     let done_before = job.cancel.steps_done.load(Ordering::SeqCst);
