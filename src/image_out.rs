@@ -44,10 +44,22 @@ pub fn write_png(
     height: u32,
     text: &[(&str, &str)],
 ) -> Result<(), Error> {
-    let encode_err = |reason: String| Error::Encode {
+    let bytes = encode_png(rgb, width, height, text).map_err(|reason| Error::Encode {
         path: path.to_path_buf(),
         reason,
-    };
+    })?;
+    crate::files::write_output(path, &bytes)?;
+    Ok(())
+}
+
+/// The bytes of the PNG [`write_png`] writes (for answers that carry the image itself);
+/// the error is the encoder's reason.
+pub fn encode_png(
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+    text: &[(&str, &str)],
+) -> Result<Vec<u8>, String> {
     let mut bytes = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut bytes, width, height);
@@ -59,14 +71,12 @@ pub fn write_png(
             } else {
                 enc.add_itxt_chunk(k.to_string(), v.to_string())
             };
-            added.map_err(|e| encode_err(e.to_string()))?;
+            added.map_err(|e| e.to_string())?;
         }
-        let mut w = enc.write_header().map_err(|e| encode_err(e.to_string()))?;
-        w.write_image_data(rgb)
-            .map_err(|e| encode_err(e.to_string()))?;
+        let mut w = enc.write_header().map_err(|e| e.to_string())?;
+        w.write_image_data(rgb).map_err(|e| e.to_string())?;
     }
-    crate::files::write_output(path, &bytes)?;
-    Ok(())
+    Ok(bytes)
 }
 
 /// The most a single compressed text chunk (zTXt, iTXt) may inflate to. A1111 infotext and

@@ -6,12 +6,15 @@
 //! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs), import and gc;
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
-//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline.
+//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline;
+//! - [`generation`]: the path from a request to a PNG that the command line and the server share;
+//! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
 
 pub mod component;
 pub mod diffusers_dir;
 pub mod files;
 pub mod formats;
+pub mod generation;
 pub mod image_out;
 pub mod loader;
 pub mod memory_plan;
@@ -21,6 +24,7 @@ pub mod pipeline;
 pub mod platform;
 pub mod safetensors;
 pub mod scheduler;
+pub mod server;
 pub mod store;
 pub mod text;
 pub mod torch_rng;

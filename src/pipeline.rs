@@ -17,6 +17,7 @@ use crate::models::{
 use crate::scheduler::{Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::time::Instant;
 
 pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
@@ -63,6 +64,9 @@ pub enum Error {
     Mlx(#[from] mlx::Error),
     #[error("invalid request: {0}")]
     Request(String),
+    /// The progress callback asked to stop; `step` denoising steps of `total` had run.
+    #[error("stopped after step {step} of {total}")]
+    Stopped { step: usize, total: usize },
 }
 
 /// What to generate.
@@ -417,12 +421,32 @@ impl<S: ModelSource> Pipeline<S> {
         req: &Request,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Generated, Error> {
+        self.generate_or_stop(req, &mut |p| {
+            progress(p);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// The same, stopping at the next phase or step boundary when `progress` answers
+    /// `Break` (a server whose client left): the run ends with [`Error::Stopped`], and the
+    /// models kept between images stay kept.
+    pub fn generate_or_stop(
+        &mut self,
+        req: &Request,
+        progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    ) -> Result<Generated, Error> {
         self.validate(req)?;
         let mut phases = Vec::new();
         let cfg_on = req.guidance > 0.0;
+        let stopped = |step: usize| Error::Stopped {
+            step,
+            total: req.steps,
+        };
 
         // 1. Text: encode the prompt (and the negative one), then release the encoder.
-        progress(Progress::Phase("text"));
+        if progress(Progress::Phase("text")).is_break() {
+            return Err(stopped(0));
+        }
         let (caption, negative) = measure(&mut phases, "text", || {
             let encoder = self.load_text_encoder()?;
             let pos = encoder.encode(&self.token_ids(&req.prompt)?)?;
@@ -442,7 +466,9 @@ impl<S: ModelSource> Pipeline<S> {
         release_freed_memory();
 
         // 2. Denoise.
-        progress(Progress::Phase("denoise"));
+        if progress(Progress::Phase("denoise")).is_break() {
+            return Err(stopped(0));
+        }
         let latents = measure(&mut phases, "denoise", || {
             let transformer = match self.transformer.take() {
                 Some(t) => t,
@@ -469,10 +495,16 @@ impl<S: ModelSource> Pipeline<S> {
                 // The pipeline negates the model output; the scheduler steps by dt = σ[i+1] − σ[i].
                 latents = (&latents + (v.neg()? * schedule.dt(i))?)?;
                 latents.eval()?;
-                progress(Progress::Step {
+                let step = Progress::Step {
                     index: i + 1,
                     total: schedule.steps(),
-                });
+                };
+                if progress(step).is_break() {
+                    if self.keep_models {
+                        self.transformer = Some(transformer);
+                    }
+                    return Err(stopped(i + 1));
+                }
             }
             if self.keep_models {
                 self.transformer = Some(transformer);
@@ -484,7 +516,9 @@ impl<S: ModelSource> Pipeline<S> {
         release_freed_memory();
 
         // 3. Decode and quantise.
-        progress(Progress::Phase("decode"));
+        if progress(Progress::Phase("decode")).is_break() {
+            return Err(stopped(req.steps));
+        }
         let rgb = measure(&mut phases, "decode", || {
             let vae = match self.vae.take() {
                 Some(v) => v,

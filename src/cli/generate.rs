@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::files;
-use zimage::formats::infotext;
+use zimage::generation;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::memory_plan::{self, gb, MemoryPlan};
-use zimage::mlx::{self, Dtype};
+use zimage::mlx::Dtype;
 use zimage::models::Residency;
 use zimage::pipeline::{self, ModelSource, Pipeline, Progress, Request};
 use zimage::safetensors;
@@ -30,7 +30,7 @@ pub struct GenerateArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub height: Option<u32>,
     /// Denoising steps, 1 to 1000 (Turbo: 8).
-    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = generation::DEFAULT_STEPS, allow_negative_numbers = true)]
     pub steps: usize,
     /// Seed of the initial noise (drawn as torch's CPU generator draws it).
     #[arg(long, default_value_t = 42)]
@@ -153,22 +153,12 @@ fn plan_memory<S: ModelSource>(
     limit: Option<&str>,
     weights: WeightsArg,
 ) -> anyhow::Result<MemoryPlan> {
-    let (budget, source) = memory_plan::budget(limit).map_err(anyhow::Error::msg)?;
-    let sizes = pipeline.tensor_sizes()?;
-    let model = pipeline.model_sizes(&sizes);
-    let shape = pipeline.request_shape(req)?;
-    let base = zimage::platform::peak_resident_bytes().unwrap_or(0);
-    let mut plan = model.plan(&shape, budget, &source, base)?;
     let forced = match weights {
         WeightsArg::Auto => None,
         WeightsArg::Compute => Some(Residency::Compute),
         WeightsArg::Stored => Some(Residency::Stored),
     };
-    if let Some(residency) = forced.filter(|r| *r != plan.residency) {
-        plan.residency = residency;
-        plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);
-    }
-    Ok(plan)
+    Ok(generation::plan_memory(pipeline, req, limit, forced)?)
 }
 
 /// The most bytes a noise file may hold beyond its values: the length prefix and a header
@@ -336,41 +326,15 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
     bar.finish_and_clear();
     let out = out?;
 
-    let hash10 = identity.get(..10).unwrap_or("").to_string();
-    let parameters = infotext::format(
-        &req.prompt,
-        req.negative_prompt
-            .as_deref()
-            .filter(|_| req.guidance > 0.0)
-            .unwrap_or(""),
-        &[
-            ("Steps", req.steps.to_string()),
-            ("Sampler", "Euler".into()),
-            ("Schedule type", "Flow matching, shift 3".into()),
-            ("CFG scale", req.guidance.to_string()),
-            (
-                "Seed",
-                if a.noise.is_some() {
-                    "-1".into()
-                } else {
-                    req.seed.to_string()
-                },
-            ),
-            ("Size", format!("{}x{}", req.width, req.height)),
-            ("Model hash", hash10),
-            ("Model", model_name.clone()),
-            ("Version", format!("zimage {}", env!("CARGO_PKG_VERSION"))),
-        ],
+    let (parameters, request_json) = generation::png_text(
+        &req,
+        &generation::Provenance {
+            model_name: &model_name,
+            identity: &identity,
+            dtype,
+            noise_file: a.noise.as_deref(),
+        },
     );
-    let request_json = serde_json::json!({
-        "request": req,
-        "noise_file": a.noise,
-        "model": model_name,
-        "model_identity": identity,
-        "dtype": dtype.to_string(),
-        "zimage_version": env!("CARGO_PKG_VERSION"),
-        "mlx_version": mlx::version(),
-    });
     image_out::write_png(
         &a.output,
         &out.rgb,
@@ -378,7 +342,7 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
         out.height,
         &[
             (image_out::PARAMETERS_KEY, &parameters),
-            (image_out::ZIMAGE_KEY, &request_json.to_string()),
+            (image_out::ZIMAGE_KEY, &request_json),
         ],
     )?;
     if verbose {

@@ -15,6 +15,7 @@ mod generate;
 mod hash;
 mod info;
 mod inspect;
+mod serve;
 mod store;
 mod target;
 
@@ -77,6 +78,8 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Pack, edit, verify and unpack DFSN containers.
     Dfsn(dfsn::DfsnArgs),
+    /// Serve Ollama's and OpenAI's image APIs over HTTP (default 127.0.0.1:11434).
+    Serve(serve::ServeArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -97,5 +100,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diff(a) => diff::run(store, a),
         Command::Convert(a) => convert::run(a),
         Command::Dfsn(a) => dfsn::run(store, a),
+        Command::Serve(a) => serve::run(store, a),
     }
 }

@@ -1,0 +1,128 @@
+//! `zimage serve`: the HTTP server for Ollama's and OpenAI's image APIs.
+use anyhow::{anyhow, bail, Context};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use zimage::server::{self, worker, AppState};
+use zimage::store::Store;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on, as Ollama reads OLLAMA_HOST: `HOST[:PORT]`, `:PORT`,
+    /// `http://HOST[:PORT]` (default: ZIMAGE_HOST, else OLLAMA_HOST, else 127.0.0.1:11434).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// A key clients must send as `Authorization: Bearer KEY` (default: ZIMAGE_API_KEY);
+    /// required when listening on an address other machines can reach.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// How long a model stays loaded after a request: seconds or a duration like 5m; negative
+    /// keeps it until another model is asked for (default: ZIMAGE_KEEP_ALIVE, else 5m).
+    #[arg(long, allow_hyphen_values = true)]
+    pub keep_alive: Option<String>,
+    /// Requests that may wait while one runs; more get 503 (default: ZIMAGE_MAX_QUEUE, else 64).
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Memory a generation may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else 85% of the
+    /// machine's memory); a request estimated above it is refused with 400.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+}
+
+/// A setting from its flag, else from the first of `vars` that is set.
+fn setting(flag: Option<String>, vars: &[&str]) -> Option<(String, String)> {
+    flag.map(|v| (v, "--".to_string())).or_else(|| {
+        vars.iter().find_map(|var| {
+            std::env::var(var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| (v, (*var).to_string()))
+        })
+    })
+}
+
+pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::locate(store.as_deref())?;
+    let (host_text, host_from) = setting(a.host, &["ZIMAGE_HOST", "OLLAMA_HOST"])
+        .unwrap_or_else(|| (String::new(), "the default".into()));
+    let host_from = if host_from == "--" {
+        "--host".to_string()
+    } else {
+        host_from
+    };
+    let (host, port) = server::parse_host(&host_text).map_err(|e| anyhow!("{host_from}: {e}"))?;
+    let addrs = server::resolve(&host, port).map_err(|e| anyhow!("{host_from}: {e}"))?;
+    let api_key = a
+        .api_key
+        .or_else(|| std::env::var("ZIMAGE_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    if api_key.is_none() && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        bail!(
+            "{host_from} `{host_text}` listens where other machines can reach the server; give --api-key KEY (or ZIMAGE_API_KEY) so that only clients with the key can use it, or listen on 127.0.0.1"
+        );
+    }
+    let keep_alive = match setting(a.keep_alive, &["ZIMAGE_KEEP_ALIVE"]) {
+        Some((text, from)) => {
+            let from = if from == "--" {
+                "--keep-alive".into()
+            } else {
+                from
+            };
+            let value = match text.trim().parse::<f64>() {
+                Ok(n) => serde_json::json!(n),
+                Err(_) => serde_json::json!(text),
+            };
+            server::parse_keep_alive(&value).map_err(|e| anyhow!("{from}: {e}"))?
+        }
+        None => worker::KeepAlive::For(server::DEFAULT_KEEP_ALIVE),
+    };
+    let max_queue = match a.max_queue {
+        Some(n) => n,
+        None => match std::env::var("ZIMAGE_MAX_QUEUE") {
+            Ok(v) if !v.is_empty() => v.trim().parse::<usize>().map_err(|_| {
+                anyhow!(
+                    "ZIMAGE_MAX_QUEUE is `{}`; give a number of requests, e.g. 64",
+                    v.escape_debug()
+                )
+            })?,
+            _ => server::DEFAULT_MAX_QUEUE,
+        },
+    };
+    if let Some(limit) = &a.memory_limit {
+        zimage::memory_plan::parse_size(limit).map_err(|e| anyhow!("--memory-limit: {e}"))?;
+    }
+    let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow!(
+                "{host}:{port} is in use (by a running Ollama, or another server); stop it, or listen elsewhere with --host HOST:PORT (or ZIMAGE_HOST)"
+            )
+        } else {
+            anyhow!("cannot listen on {host}:{port}: {e}; choose another address with --host HOST:PORT")
+        }
+    })?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let worker = worker::Worker::start(worker::Settings {
+        store: store.clone(),
+        keep_alive,
+        max_queue,
+        memory_limit: a.memory_limit,
+        dtype: None,
+    })
+    .context("starting the generation thread")?;
+    let state = Arc::new(AppState {
+        store,
+        worker,
+        api_key,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        eprintln!("zimage serve listening on http://{local}");
+        server::serve(listener, state).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,89 @@
+//! Errors as each API spells them: Ollama's `{"error": "…"}` and OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}`, with the HTTP status that goes with them.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Which API a request came through, and so the shape of its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Ollama,
+    OpenAi,
+}
+
+impl Api {
+    /// The API a path belongs to: OpenAI's live under `/v1/`.
+    pub fn of_path(path: &str) -> Api {
+        if path == "/v1" || path.starts_with("/v1/") {
+            Api::OpenAi
+        } else {
+            Api::Ollama
+        }
+    }
+}
+
+/// An error answer: one line saying what was wrong and what to do.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub api: Api,
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault (OpenAI's `param`), when one is.
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(api: Api, status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            api,
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn bad_request(api: Api, message: impl Into<String>) -> ApiError {
+        ApiError::new(api, StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn with_param(mut self, param: &'static str) -> ApiError {
+        self.param = Some(param);
+        self
+    }
+
+    /// OpenAI's error `type` for a status.
+    fn openai_type(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = match self.api {
+            Api::Ollama => json!({ "error": self.message }),
+            Api::OpenAi => json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.openai_type(),
+                    "param": self.param,
+                    "code": null,
+                }
+            }),
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,482 @@
+//! `zimage serve`: Ollama's image API (`/api/generate`, `/api/tags`, …) and OpenAI's
+//! (`/v1/images/generations`, `/v1/models`) over HTTP, on the models of the store, so the
+//! clients that called Ollama for images work unchanged.
+//!
+//! Requests are parsed and bounded here; generation runs on one worker thread
+//! ([`worker`]) that keeps the last model loaded for `keep_alive`.
+
+pub mod errors;
+pub mod ollama;
+pub mod openai;
+pub mod worker;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use errors::{Api, ApiError};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use worker::{KeepAlive, Worker};
+
+/// Where Ollama listens, so that its clients find this server without settings.
+pub const DEFAULT_PORT: u16 = 11434;
+/// The largest request body read. A prompt is a few kilobytes; nothing a client sends for an
+/// image needs more.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// The most images one OpenAI request may ask for (OpenAI's own limit).
+pub const MAX_IMAGES_PER_REQUEST: u64 = 10;
+/// Models stay loaded this long after their last request unless told otherwise.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(5 * 60);
+/// Requests that may wait for the worker unless `ZIMAGE_MAX_QUEUE` says otherwise.
+pub const DEFAULT_MAX_QUEUE: usize = 64;
+
+/// What the HTTP side shares.
+pub struct AppState {
+    pub store: crate::store::Store,
+    pub worker: Worker,
+    pub api_key: Option<String>,
+}
+
+/// The model a request named, for the request's log line.
+#[derive(Clone)]
+pub struct LoggedModel(pub String);
+
+/// `host[:port]`, `:port`, `http://host[:port][/path]` or `[v6]:port`, read as Ollama reads
+/// `OLLAMA_HOST`: a missing host is 127.0.0.1, a missing port 11434 (80 or 443 after an
+/// `http://` or `https://` scheme).
+pub fn parse_host(text: &str) -> Result<(String, u16), String> {
+    let text = text.trim();
+    let (default_port, rest) = match text.split_once("://") {
+        None => (DEFAULT_PORT, text),
+        Some(("http", rest)) => (80, rest),
+        Some(("https", rest)) => (443, rest),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "`{}`: scheme `{}` is not http or https",
+                text.escape_debug(),
+                scheme.escape_debug()
+            ))
+        }
+    };
+    let hostport = rest.split('/').next().unwrap_or("");
+    let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("`{}`: `[` without `]`", text.escape_debug()))?;
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(p)),
+            None if after.is_empty() => (host, None),
+            None => return Err(format!("`{}`: junk after `]`", text.escape_debug())),
+        }
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse::<u16>().map_err(|_| {
+            format!(
+                "`{}`: port `{}` is not a number within 0..=65535",
+                text.escape_debug(),
+                p.escape_debug()
+            )
+        })?,
+        None => default_port,
+    };
+    let host = if host.is_empty() { "127.0.0.1" } else { host };
+    Ok((host.to_string(), port))
+}
+
+/// The addresses `host:port` resolves to.
+pub fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{}`: {e}", host.escape_debug()))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("`{}` resolves to no address", host.escape_debug()));
+    }
+    Ok(addrs)
+}
+
+/// `keep_alive` as Ollama takes it: a number of seconds, or a Go duration (`5m`, `1h30m`,
+/// `300ms`); negative keeps the model loaded until another is asked for, 0 unloads it at once.
+pub fn parse_keep_alive(value: &serde_json::Value) -> Result<KeepAlive, String> {
+    let seconds = match value {
+        serde_json::Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+        serde_json::Value::String(s) => parse_duration(s)?,
+        other => {
+            return Err(format!(
+                "keep_alive is {other}; give seconds, or a duration such as \"5m\""
+            ))
+        }
+    };
+    if seconds.is_nan() {
+        return Err("keep_alive is not a number".into());
+    }
+    if seconds < 0.0 {
+        return Ok(KeepAlive::Forever);
+    }
+    // Anything past a century is forever in practice, and keeps `Instant` arithmetic sound.
+    if seconds > 100.0 * 365.0 * 86400.0 {
+        return Ok(KeepAlive::Forever);
+    }
+    Ok(KeepAlive::For(Duration::from_secs_f64(seconds)))
+}
+
+/// Seconds in a Go duration string (`1h30m`, `-1m`, `2.5s`), or in a plain number.
+fn parse_duration(text: &str) -> Result<f64, String> {
+    let bad = || {
+        format!(
+            "keep_alive `{}` is no duration; give seconds, or e.g. \"5m\", \"1h\", \"-1\"",
+            text.escape_debug()
+        )
+    };
+    let t = text.trim();
+    if let Ok(n) = t.parse::<f64>() {
+        return Ok(n);
+    }
+    let (sign, mut rest) = match t.strip_prefix('-') {
+        Some(r) => (-1.0, r),
+        None => (1.0, t.strip_prefix('+').unwrap_or(t)),
+    };
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += number * scale;
+        rest = &rest[unit_len..];
+    }
+    Ok(sign * total)
+}
+
+/// A time as RFC 3339 in UTC, as Ollama's JSON carries times.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Reads a JSON body within [`MAX_BODY_BYTES`]; errors name the field at fault.
+pub async fn read_json<T: serde::de::DeserializeOwned>(
+    api: Api,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            api,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes, the most this server reads"),
+        )
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| too_large())?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad_request(
+            api,
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    // serde would take an array for a struct, field by field; the APIs take objects only.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::bad_request(
+            api,
+            "the request body is a JSON array; send a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(api, format!("the request body is not JSON: {inner}"))
+        } else if path == "." || path.is_empty() {
+            ApiError::bad_request(
+                api,
+                format!("the request body is not the JSON object this API takes: {inner}"),
+            )
+        } else {
+            ApiError::bad_request(api, format!("field `{path}`: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| {
+        ApiError::bad_request(
+            api,
+            format!("the request body has data after its JSON: {e}"),
+        )
+    })?;
+    Ok(value)
+}
+
+/// A model name from a request, checked as the store checks names.
+pub fn model_name(api: Api, name: &str) -> Result<crate::store::ModelName, ApiError> {
+    if name.is_empty() {
+        return Err(ApiError::bad_request(api, "field `model` is required").with_param("model"));
+    }
+    crate::store::ModelName::parse(name)
+        .map_err(|e| ApiError::bad_request(api, e.to_string()).with_param("model"))
+}
+
+/// Opens a model for a request, off the async threads (it reads the store).
+pub async fn open_model(
+    state: &AppState,
+    api: Api,
+    name: &crate::store::ModelName,
+    must_generate: bool,
+) -> Result<crate::store::StoredModel, ApiError> {
+    let store = state.store.clone();
+    let full = name.to_string();
+    let opened = tokio::task::spawn_blocking(move || {
+        let model = store.open(&full).map_err(worker::open_error)?;
+        if must_generate {
+            worker::check_image_model(&store, &model)?;
+        }
+        Ok::<_, worker::JobError>(model)
+    })
+    .await
+    .map_err(|e| ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    opened.map_err(|e| job_error(api, e))
+}
+
+/// A worker's error as an answer.
+pub fn job_error(api: Api, e: worker::JobError) -> ApiError {
+    let status = match e.kind {
+        worker::JobErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+        worker::JobErrorKind::NotFound => StatusCode::NOT_FOUND,
+        // Nobody reads this answer: the client has gone.
+        worker::JobErrorKind::Stopped => {
+            StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+        }
+        worker::JobErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError::new(api, status, e.message)
+}
+
+/// The answer when the queue is full.
+pub fn queue_full(api: Api, full: worker::QueueFull) -> ApiError {
+    ApiError::new(
+        api,
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the server is busy: {} requests are waiting already; try again later (the queue's length is ZIMAGE_MAX_QUEUE)",
+            full.capacity
+        ),
+    )
+}
+
+/// A seed for a request that gives none: different for every request.
+pub fn random_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // splitmix64, so that neighbouring requests get unrelated seeds.
+    let mut z = nanos ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Every route, with authentication and the request log around them.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(root))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/delete", delete(ollama::delete))
+        .route("/api/generate", post(ollama::generate))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/images/generations", post(openai::generate))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        .layer(axum::middleware::from_fn(log_request))
+        .with_state(state)
+}
+
+async fn root() -> &'static str {
+    "zimage is running"
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        Api::of_path(uri.path()),
+        StatusCode::NOT_FOUND,
+        format!("no route {method} {}", uri.path().escape_debug()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        Api::of_path(uri.path()),
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path().escape_debug()),
+    )
+}
+
+/// Checks `Authorization: Bearer <key>` when the server has a key. `/` stays open, so that
+/// clients and monitors can see the server is up.
+async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(key) = &state.api_key else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    if given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        Api::of_path(req.uri().path()),
+        StatusCode::UNAUTHORIZED,
+        "this server needs an API key: send `Authorization: Bearer <key>` with the key it was started with (--api-key or ZIMAGE_API_KEY)",
+    )
+    .into_response()
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// One line per request: method, path, model, status and duration (to the answer's headers;
+/// a streamed answer goes on after).
+async fn log_request(req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().escape_debug().to_string();
+    let response = next.run(req).await;
+    let model = response
+        .extensions()
+        .get::<LoggedModel>()
+        .map_or("-".to_string(), |m| m.0.clone());
+    eprintln!(
+        "{method} {path} {model} {} {:.1} ms",
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    response
+}
+
+/// Attaches the model's name to an answer, for the log.
+pub fn with_model(mut response: Response, model: &str) -> Response {
+    response
+        .extensions_mut()
+        .insert(LoggedModel(model.escape_debug().to_string()));
+    response
+}
+
+/// Serves until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_read_as_ollama_reads_them() {
+        let p = |s: &str| parse_host(s).unwrap();
+        assert_eq!(p(""), ("127.0.0.1".into(), 11434));
+        assert_eq!(p(":8080"), ("127.0.0.1".into(), 8080));
+        assert_eq!(p("0.0.0.0"), ("0.0.0.0".into(), 11434));
+        assert_eq!(p("http://example.com"), ("example.com".into(), 80));
+        assert_eq!(p("https://example.com:9/x"), ("example.com".into(), 9));
+        assert_eq!(p("[::1]:5000"), ("::1".into(), 5000));
+        assert!(parse_host("host:99999").is_err());
+        assert!(parse_host("ftp://x").is_err());
+    }
+
+    #[test]
+    fn keep_alive_takes_seconds_and_go_durations() {
+        let k = |v: serde_json::Value| parse_keep_alive(&v).unwrap();
+        assert_eq!(k(serde_json::json!(0)), KeepAlive::For(Duration::ZERO));
+        assert_eq!(
+            k(serde_json::json!("5m")),
+            KeepAlive::For(Duration::from_secs(300))
+        );
+        assert_eq!(
+            k(serde_json::json!("1h30m")),
+            KeepAlive::For(Duration::from_secs(5400))
+        );
+        assert_eq!(k(serde_json::json!(-1)), KeepAlive::Forever);
+        assert_eq!(k(serde_json::json!("-1m")), KeepAlive::Forever);
+        assert!(parse_keep_alive(&serde_json::json!("5 parsecs")).is_err());
+        assert!(parse_keep_alive(&serde_json::json!([1])).is_err());
+    }
+
+    #[test]
+    fn times_are_rfc3339() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(rfc3339(t), "2023-11-14T22:13:20.000000000Z");
+    }
+}

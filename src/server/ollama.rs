@@ -1,0 +1,458 @@
+//! Ollama's API as its clients (the `ollama` Python package 0.6, open-webui, oterm) send and
+//! read it: `/api/generate` with the image fields, and the model listing and management
+//! routes, answered from the store.
+
+use super::errors::{Api, ApiError};
+use super::worker::{CancelGuard, Event, Finished, Job, JobError, Spec};
+use super::{open_model, read_json, rfc3339, with_model, AppState};
+use crate::store::name::DEFAULT_TAG;
+use crate::store::{ModelName, Store, StoredModel};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const API: Api = Api::Ollama;
+
+/// The largest manifest `config` blob read for a listing (Ollama's are a few hundred bytes).
+const CONFIG_BLOB_LIMIT: u64 = 1 << 20;
+
+/// A model's name as Ollama lists it: always with its tag (`z-image:latest`).
+pub fn display_name(name: &ModelName) -> String {
+    let short = name.short();
+    if name.tag == DEFAULT_TAG {
+        format!("{short}:{DEFAULT_TAG}")
+    } else {
+        short
+    }
+}
+
+/// The manifest's `config` blob as JSON (Ollama's `ConfigV2`: format, family, file type,
+/// capabilities), or an empty object when it cannot be read.
+fn config_blob(store: &Store, model: &StoredModel) -> Value {
+    let digest = &model.manifest.config.digest;
+    store
+        .blob_path(digest)
+        .ok()
+        .filter(|p| crate::store::blob::check_inside_store(&store.root, digest, p).is_ok())
+        .and_then(|p| crate::files::read_bounded(&p, CONFIG_BLOB_LIMIT, "config blob").ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| json!({}))
+}
+
+/// Parameters of the tensor layers, from the shapes the manifest records.
+fn parameter_count(model: &StoredModel) -> u64 {
+    model
+        .manifest
+        .tensor_layers()
+        .filter_map(|l| l.shape.as_ref())
+        .map(|s| {
+            s.iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .unwrap_or(0)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// `6.2B`, `24.1M`, as Ollama shows parameter sizes.
+fn human_count(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+fn is_image(config: &Value, model: &StoredModel) -> bool {
+    config["capabilities"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|v| v == "image"))
+        || model.manifest.config_file("model_index.json").is_some()
+}
+
+/// `details` as Ollama gives it for a model.
+fn details(config: &Value, model: &StoredModel) -> Value {
+    let image = is_image(config, model);
+    let text = |key: &str| {
+        config[key]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    let family = text("model_family").unwrap_or_else(|| {
+        if image {
+            "zimage".into()
+        } else {
+            String::new()
+        }
+    });
+    let parameter_size = match parameter_count(model) {
+        0 => text("parameter_size").unwrap_or_default(),
+        n => human_count(n),
+    };
+    json!({
+        "parent_model": "",
+        "format": text("model_format").unwrap_or_else(|| "safetensors".into()),
+        "family": family,
+        "families": config["model_families"].as_array().cloned().unwrap_or_else(|| vec![json!(family)]),
+        "parameter_size": parameter_size,
+        "quantization_level": text("file_type").unwrap_or_default(),
+    })
+}
+
+/// One model as `/api/tags` lists it.
+fn listed(store: &Store, model: &StoredModel) -> Value {
+    let config = config_blob(store, model);
+    json!({
+        "name": display_name(&model.name),
+        "model": display_name(&model.name),
+        "modified_at": rfc3339(model.modified),
+        "size": model.size(),
+        "digest": model.manifest_digest.trim_start_matches("sha256:"),
+        "details": details(&config, model),
+    })
+}
+
+pub async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+/// `GET /api/tags`: every model in the store, text models included.
+pub async fn tags(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let store = state.store.clone();
+    let models = tokio::task::spawn_blocking(move || {
+        let scan = store.scan().map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            scan.models
+                .iter()
+                .map(|m| listed(&store, m))
+                .collect::<Vec<_>>(),
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(Json(json!({ "models": models })))
+}
+
+/// `GET /api/ps`: the loaded model, if any.
+pub async fn ps(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let models = match state.worker.resident() {
+        None => vec![],
+        Some(r) => {
+            let store = state.store.clone();
+            let model = r.model.clone();
+            let entry = tokio::task::spawn_blocking(move || listed(&store, &model))
+                .await
+                .unwrap_or_else(|_| json!({}));
+            // Ollama's "forever" is the largest duration Go has: about 292 years.
+            let expires = r
+                .expires_at
+                .unwrap_or_else(|| SystemTime::now() + Duration::from_secs(292 * 365 * 86400));
+            vec![json!({
+                "name": entry["name"],
+                "model": entry["model"],
+                "size": r.model.size(),
+                "digest": entry["digest"],
+                "details": entry["details"],
+                "expires_at": rfc3339(expires),
+                "size_vram": r.model.size(),
+            })]
+        }
+    };
+    Json(json!({ "models": models }))
+}
+
+#[derive(Deserialize)]
+pub struct ModelBody {
+    #[serde(default, alias = "name")]
+    model: String,
+}
+
+/// `POST /api/show`.
+pub async fn show(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body: ModelBody = read_json(API, &headers, body).await?;
+    let name = super::model_name(API, &body.model)?;
+    let model = open_model(&state, API, &name, false).await?;
+    let store = state.store.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        let config = config_blob(&store, &model);
+        let image = is_image(&config, &model);
+        let capabilities = config["capabilities"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![json!(if image { "image" } else { "completion" })]);
+        json!({
+            "license": "",
+            "modelfile": format!("# zimage model {}\nFROM {}\n", display_name(&model.name), model.name),
+            "parameters": "",
+            "template": "",
+            "details": details(&config, &model),
+            "model_info": {
+                "general.architecture": if image { "zimage" } else { "" },
+                "general.parameter_count": parameter_count(&model),
+                "zimage.model_identity": model.manifest.model_identity(),
+                "zimage.components": model.manifest.components(),
+            },
+            "capabilities": capabilities,
+            "modified_at": rfc3339(model.modified),
+        })
+    })
+    .await
+    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(with_model(Json(answer).into_response(), &body.model))
+}
+
+/// `DELETE /api/delete`: removes the manifest (blobs stay until `zimage gc`) and unloads the
+/// model if it is loaded.
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body: ModelBody = read_json(API, &headers, body).await?;
+    let name = super::model_name(API, &body.model)?;
+    let store = state.store.clone();
+    let full = name.to_string();
+    tokio::task::spawn_blocking(move || store.remove(&full))
+        .await
+        .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| super::job_error(API, super::worker::open_error(e)))?;
+    state.worker.evict(name);
+    Ok(with_model(StatusCode::OK.into_response(), &body.model))
+}
+
+#[derive(Deserialize, Default)]
+struct GenerateOptions {
+    seed: Option<i64>,
+}
+
+#[derive(Deserialize)]
+pub struct GenerateBody {
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    prompt: String,
+    width: Option<u32>,
+    height: Option<u32>,
+    steps: Option<u64>,
+    options: Option<GenerateOptions>,
+    negative_prompt: Option<String>,
+    guidance: Option<f32>,
+    stream: Option<bool>,
+    keep_alive: Option<Value>,
+}
+
+/// The numbers of a request checked before it is queued; the sides left to the model are
+/// checked once it is loaded.
+pub fn check_ranges(
+    api: Api,
+    steps: u64,
+    guidance: f32,
+    width: Option<u32>,
+    height: Option<u32>,
+) -> Result<(), ApiError> {
+    let side = |v: Option<u32>| v.unwrap_or(16);
+    match crate::pipeline::request_range_error(steps, guidance, side(width), side(height)) {
+        // The bounds are worded for the command line's flags; the API's fields have no dashes.
+        Some(e) => Err(ApiError::bad_request(api, e.replace("--", ""))),
+        None => Ok(()),
+    }
+}
+
+/// Ollama's timestamp for now.
+fn now() -> String {
+    rfc3339(SystemTime::now())
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+/// The last line of an answer: the image and the durations Ollama reports.
+fn final_line(model: &str, finished: &Finished) -> Value {
+    let mut line = json!({
+        "model": model,
+        "created_at": now(),
+        "response": "",
+        "done": true,
+        "done_reason": if finished.images.is_empty() {
+            if finished.unloaded { "unload" } else { "load" }
+        } else {
+            "stop"
+        },
+        "total_duration": nanos(finished.total),
+        "load_duration": nanos(finished.load),
+    });
+    if let Some(image) = finished.images.first() {
+        line["image"] = json!(base64::engine::general_purpose::STANDARD.encode(&image.png));
+        line["prompt_eval_count"] = json!(image.prompt_tokens);
+        line["prompt_eval_duration"] = json!(nanos(image.text));
+        line["eval_count"] = json!(image.steps);
+        line["eval_duration"] = json!(nanos(image.denoise + image.decode));
+    }
+    line
+}
+
+fn progress_line(model: &str, completed: usize, total: usize) -> Value {
+    json!({
+        "model": model,
+        "created_at": now(),
+        "response": "",
+        "done": false,
+        "completed": completed,
+        "total": total,
+    })
+}
+
+/// `POST /api/generate`: NDJSON progress then the image (`stream` true, the default), or
+/// the image alone.
+pub async fn generate(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body: GenerateBody = read_json(API, &headers, body).await?;
+    let name = super::model_name(API, &body.model)?;
+    let steps = body
+        .steps
+        .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
+    let guidance = body.guidance.unwrap_or(0.0);
+    check_ranges(API, steps, guidance, body.width, body.height)?;
+    let keep_alive = body
+        .keep_alive
+        .as_ref()
+        .map(super::parse_keep_alive)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(API, e))?;
+    open_model(&state, API, &name, true).await?;
+    let seed = match body.options.as_ref().and_then(|o| o.seed) {
+        Some(s) if s >= 0 => s as u64,
+        // Ollama's clients send -1 (or nothing) for a random seed.
+        _ => super::random_seed(),
+    };
+    let specs = if body.prompt.is_empty() {
+        vec![]
+    } else {
+        vec![Spec {
+            prompt: body.prompt.clone(),
+            negative_prompt: body.negative_prompt.clone(),
+            width: body.width,
+            height: body.height,
+            // `steps` is within 1..=MAX_STEPS, checked above.
+            steps: steps as usize,
+            guidance,
+            seed,
+        }]
+    };
+    let (guard, cancel) = CancelGuard::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let label = format!("POST /api/generate {}", body.model.escape_debug());
+    state
+        .worker
+        .submit(Job {
+            model: name,
+            specs,
+            keep_alive,
+            cancel,
+            events: tx,
+            label,
+        })
+        .map_err(|f| super::queue_full(API, f))?;
+    let model = body.model.clone();
+    let first = first_event(&mut rx).await;
+    let response = match first {
+        Event::Done(Err(e)) => return Err(super::job_error(API, e)),
+        Event::Done(Ok(finished)) => {
+            let mut guard = guard;
+            guard.finish();
+            Json(final_line(&model, &finished)).into_response()
+        }
+        _ if body.stream.unwrap_or(true) => stream_answer(model.clone(), rx, guard),
+        _ => {
+            let mut guard = guard;
+            let finished = wait_done(&mut rx)
+                .await
+                .map_err(|e| super::job_error(API, e))?;
+            guard.finish();
+            Json(final_line(&model, &finished)).into_response()
+        }
+    };
+    Ok(with_model(response, &model))
+}
+
+/// The job's first event; a worker that went away reads as an internal error.
+async fn first_event(rx: &mut UnboundedReceiver<Event>) -> Event {
+    rx.recv().await.unwrap_or_else(|| {
+        Event::Done(Err(JobError::new(
+            super::worker::JobErrorKind::Internal,
+            "the generation worker stopped; restart the server",
+        )))
+    })
+}
+
+/// Waits for the job's result, skipping progress.
+pub async fn wait_done(rx: &mut UnboundedReceiver<Event>) -> Result<Finished, JobError> {
+    loop {
+        if let Event::Done(result) = first_event(rx).await {
+            return result;
+        }
+    }
+}
+
+/// The NDJSON stream: a line per step, then the final line (or an `error` line). The stream
+/// holds the cancel guard, so a client that leaves stops the job.
+fn stream_answer(model: String, rx: UnboundedReceiver<Event>, guard: CancelGuard) -> Response {
+    let lines = futures_util::stream::unfold(
+        (rx, Some(guard), model),
+        |(mut rx, guard, model)| async move {
+            let mut guard = guard?;
+            let line = match first_event(&mut rx).await {
+                Event::Started => json!(null),
+                Event::Step {
+                    completed, total, ..
+                } => progress_line(&model, completed, total),
+                Event::Done(Ok(finished)) => {
+                    guard.finish();
+                    let line = final_line(&model, &finished);
+                    return Some((ndjson(&line), (rx, None, model)));
+                }
+                Event::Done(Err(e)) => {
+                    guard.finish();
+                    return Some((ndjson(&json!({ "error": e.message })), (rx, None, model)));
+                }
+            };
+            let bytes = if line.is_null() {
+                Ok(Bytes::new())
+            } else {
+                ndjson(&line)
+            };
+            Some((bytes, (rx, Some(guard), model)))
+        },
+    );
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+fn ndjson(v: &Value) -> Result<Bytes, std::convert::Infallible> {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    Ok(Bytes::from(line))
+}

@@ -1,0 +1,814 @@
+//! `zimage serve` end to end: the real server on a free loopback port, driven by the official
+//! `ollama` and `openai` Python clients and by raw HTTP, on the embedded demo model.
+
+use sha2::Digest;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::s;
+
+const BIN: &str = env!("CARGO_BIN_EXE_zimage");
+
+/// A store holding the demo model as `tiny`.
+fn demo_store(dir: &Path) -> PathBuf {
+    let store = dir.join("store");
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    let out = common::zimage_in(&store, &["create", "tiny", "--from", s(&demo)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    store
+}
+
+/// A running server; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    fn start(store: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--store")
+            .arg(store)
+            .args(["serve", "--host", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .env_remove("ZIMAGE_API_KEY")
+            .env_remove("ZIMAGE_KEEP_ALIVE")
+            .env_remove("ZIMAGE_MAX_QUEUE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let server = Server { child, port, log };
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the server did not start: {:?}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits for a log line containing `needle`.
+    fn wait_for_log(&self, needle: &str) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.log().into_iter().find(|l| l.contains(needle)) {
+                return l;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no log line with `{needle}`: {:?}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident memory of the server process, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let out = Command::new("ps")
+            .args(["-o", "rss=", "-p", &self.child.id().to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends raw bytes and reads the whole answer: (status, body with chunking undone).
+fn raw(port: u16, request: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // A server that refuses a body early may stop reading it; its answer still comes.
+    let _ = stream.write_all(request);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn request(method: &str, path: &str, headers: &str, body: &str) -> Vec<u8> {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn post(port: u16, path: &str, body: &str) -> (u16, String) {
+    raw(
+        port,
+        &request("POST", path, "Content-Type: application/json\r\n", body),
+    )
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    raw(port, &request("GET", path, "", ""))
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The RGB pixels of a PNG.
+fn pixels(png: &[u8]) -> (u32, u32, Vec<u8>) {
+    let img = image::load_from_memory(png).unwrap().to_rgb8();
+    (img.width(), img.height(), img.into_raw())
+}
+
+fn b64(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap()
+}
+
+/// `zimage generate` on the same store, read back as pixels.
+fn cli_pixels(store: &Path, dir: &Path, seed: u64, steps: u32) -> (u32, u32, Vec<u8>) {
+    let png = dir.join(format!("cli-{seed}-{steps}.png"));
+    let out = common::zimage_in(
+        store,
+        &[
+            "generate",
+            "a red fox in the snow",
+            "--model",
+            "tiny",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--steps",
+            &steps.to_string(),
+            "--seed",
+            &seed.to_string(),
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    pixels(&std::fs::read(&png).unwrap())
+}
+
+/// A venv with the official clients, made once and reused.
+fn client_python() -> PathBuf {
+    let cache = std::env::var_os("ZIMAGE_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME or ZIMAGE_TEST_CACHE"))
+                .join(".cache/zimage-tests")
+        });
+    let venv = cache.join("venv");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import ollama, openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        std::fs::create_dir_all(&cache).unwrap();
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed to run the client tests");
+        assert!(made.success(), "cannot create a venv at {}", venv.display());
+        let installed = Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "ollama==0.6.*", "openai"])
+            .status()
+            .unwrap();
+        assert!(
+            installed.success(),
+            "pip could not install ollama and openai"
+        );
+    }
+    python
+}
+
+#[test]
+fn official_clients_get_the_pixels_zimage_generate_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let python = client_python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args([&server.url(), "tiny", s(dir.path())])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{:?}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    let report = json(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(report["list"], serde_json::json!(["tiny:latest"]));
+    assert_eq!(report["show_capabilities"], serde_json::json!(["image"]));
+    assert_eq!(report["progress"], serde_json::json!([[1, 2], [2, 2]]));
+    assert_eq!(report["ps"], serde_json::json!(["tiny:latest"]));
+    assert_eq!(report["openai_models"], serde_json::json!(["tiny:latest"]));
+    assert_eq!(report["missing_model"][0], 404);
+    assert_eq!(report["url_format"][0], 400);
+
+    let expected = cli_pixels(&store, dir.path(), 7, 2);
+    for name in ["ollama.png", "ollama-stream.png", "openai.png"] {
+        let png = std::fs::read(dir.path().join(name)).unwrap();
+        assert!(
+            pixels(&png) == expected,
+            "{name} differs from `zimage generate`"
+        );
+    }
+    let text = zimage::image_out::read_png_text(&dir.path().join("ollama.png")).unwrap();
+    let params = &text.iter().find(|(k, _)| k == "parameters").unwrap().1;
+    assert!(
+        params.contains("Seed: 7") && params.contains("Steps: 2"),
+        "{params}"
+    );
+    assert!(server
+        .log()
+        .iter()
+        .any(|l| l.starts_with("POST /api/generate tiny 200")));
+}
+
+/// Plants an Ollama text model (a GGUF layer) in the store.
+fn plant_text_model(store: &Path) {
+    let blobs = store.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| {
+        let hex = format!("{:x}", sha2::Sha256::digest(bytes));
+        std::fs::write(blobs.join(format!("sha256-{hex}")), bytes).unwrap();
+        (format!("sha256:{hex}"), bytes.len())
+    };
+    let (config, config_len) =
+        put(br#"{"model_format":"gguf","model_family":"llama","file_type":"Q4_0"}"#);
+    let (weights, weights_len) = put(b"GGUF not really");
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": config, "size": config_len},
+        "layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": weights, "size": weights_len}],
+    });
+    let dir = store.join("manifests/registry.ollama.ai/library/llama3");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("latest"), manifest.to_string()).unwrap();
+}
+
+#[test]
+fn malformed_requests_get_4xx_in_each_apis_shape_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    plant_text_model(&store);
+    let server = Server::start(&store, &[], &[]);
+    let port = server.port;
+    let gen = "/api/generate";
+    let oai = "/v1/images/generations";
+    // Just over the 1 MiB limit, so that the socket buffers take it all.
+    let huge = format!(r#"{{"model":"tiny","prompt":"{}"}}"#, "a".repeat(1_100_000));
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        ("POST", gen, "{not json".into(), 400, "is not JSON"),
+        ("POST", gen, "".into(), 400, "empty"),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","width":"wide"}"#.into(),
+            400,
+            "field `width`",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","width":-64}"#.into(),
+            400,
+            "field `width`",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","steps":100000}"#.into(),
+            400,
+            "steps is 100000",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","steps":0}"#.into(),
+            400,
+            "steps is 0",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","width":1000000,"height":64}"#.into(),
+            400,
+            "width is 1000000",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","width":8192,"height":8192}"#.into(),
+            400,
+            "pixels",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","width":65,"height":64}"#.into(),
+            400,
+            "multiples of 16",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","guidance":-1}"#.into(),
+            400,
+            "guidance is -1",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","guidance":1e300}"#.into(),
+            400,
+            "guidance is inf",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"nope","prompt":"x"}"#.into(),
+            404,
+            "not found",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"../../etc/passwd","prompt":"x"}"#.into(),
+            400,
+            "invalid model name",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"a/../b","prompt":"x"}"#.into(),
+            400,
+            "invalid model name",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"prompt":"x"}"#.into(),
+            400,
+            "`model` is required",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"llama3","prompt":"x"}"#.into(),
+            400,
+            "not an image model",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","keep_alive":"forever-ish"}"#.into(),
+            400,
+            "keep_alive",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x","options":{"seed":"abc"}}"#.into(),
+            400,
+            "options.seed",
+        ),
+        (
+            "POST",
+            gen,
+            r#"{"model":"tiny","prompt":"x"} trailing"#.into(),
+            400,
+            "after its JSON",
+        ),
+        ("POST", gen, r#"[1,2,3]"#.into(), 400, "JSON array"),
+        (
+            "POST",
+            gen,
+            r#""just a string""#.into(),
+            400,
+            "not the JSON object",
+        ),
+        ("POST", gen, huge.clone(), 413, "larger than"),
+        (
+            "POST",
+            "/api/show",
+            r#"{"model":"ghost"}"#.into(),
+            404,
+            "not found",
+        ),
+        (
+            "DELETE",
+            "/api/delete",
+            r#"{"model":"../x"}"#.into(),
+            400,
+            "invalid model name",
+        ),
+        (
+            "DELETE",
+            "/api/delete",
+            r#"{"model":"ghost"}"#.into(),
+            404,
+            "not found",
+        ),
+        ("GET", gen, "".into(), 405, "does not take GET"),
+        ("GET", "/api/nothing", "".into(), 404, "no route"),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny","prompt":"x","n":1000000}"#.into(),
+            400,
+            "n is 1000000",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny","prompt":"x","n":0}"#.into(),
+            400,
+            "n is 0",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny","prompt":"x","size":"huge"}"#.into(),
+            400,
+            "WIDTHxHEIGHT",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny","prompt":"x","size":"99999x99999"}"#.into(),
+            400,
+            "width is 99999",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny","prompt":"x","response_format":"url"}"#.into(),
+            400,
+            "hosts no files",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny"}"#.into(),
+            400,
+            "`prompt` is required",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"nope","prompt":"x"}"#.into(),
+            404,
+            "not found",
+        ),
+        (
+            "POST",
+            oai,
+            r#"{"model":"tiny","prompt":"x","n":"two"}"#.into(),
+            400,
+            "field `n`",
+        ),
+        ("POST", oai, huge, 413, "larger than"),
+        ("GET", "/v1/nothing", "".into(), 404, "no route"),
+    ];
+    for (method, path, body, status, needle) in &cases {
+        let (got, answer) = raw(
+            port,
+            &request(method, path, "Content-Type: application/json\r\n", body),
+        );
+        let shown = &body.chars().take(80).collect::<String>();
+        assert_eq!(got, *status, "{method} {path} {shown}: {answer}");
+        let v = json(&answer);
+        let message = if path.starts_with("/v1/") {
+            assert!(v["error"]["type"].is_string(), "{answer}");
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            v["error"].as_str().unwrap_or_default().to_string()
+        };
+        assert!(
+            message.contains(needle),
+            "{method} {path} {shown}: {message}"
+        );
+        assert!(!message.contains('\n'), "{message}");
+    }
+    // A request the server cannot even parse as HTTP, then a good one: still serving.
+    let (status, _) = raw(port, b"GARBAGE\r\n\r\n");
+    assert!((400..500).contains(&status), "{status}");
+    let (status, body) = post(
+        port,
+        gen,
+        r#"{"model":"tiny","prompt":"a fox","width":64,"height":64,"steps":1,"stream":false}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(json(&body)["image"].is_string());
+    // Text models are listed all the same.
+    let (_, tags) = get(port, "/api/tags");
+    let names: Vec<String> = json(&tags)["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["llama3:latest", "tiny:latest"]);
+}
+
+#[test]
+fn an_api_key_is_required_when_given_and_when_listening_beyond_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let out = Command::new(BIN)
+        .args(["--store", s(&store), "serve", "--host", "0.0.0.0:0"])
+        .env_remove("ZIMAGE_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--api-key"));
+
+    let server = Server::start(&store, &[], &[("ZIMAGE_API_KEY", "sesame")]);
+    let port = server.port;
+    let body = r#"{"model":"tiny","prompt":"x","width":64,"height":64,"steps":1,"stream":false}"#;
+    let (status, answer) = post(port, "/api/generate", body);
+    assert_eq!(status, 401);
+    assert!(json(&answer)["error"].as_str().unwrap().contains("Bearer"));
+    let (status, answer) = raw(
+        port,
+        &request("GET", "/v1/models", "Authorization: Bearer wrong\r\n", ""),
+    );
+    assert_eq!(status, 401);
+    assert_eq!(json(&answer)["error"]["type"], "authentication_error");
+    let (status, _) = raw(
+        port,
+        &request("GET", "/v1/models", "Authorization: Bearer sesame\r\n", ""),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(get(port, "/"), (200, "zimage is running".to_string()));
+}
+
+#[test]
+fn a_taken_port_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = Command::new(BIN)
+        .args(["--store", s(&dir.path().join("store")), "serve"])
+        .env("OLLAMA_HOST", format!("127.0.0.1:{port}"))
+        .env_remove("ZIMAGE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use") && err.contains("--host"), "{err}");
+}
+
+/// Starts a streamed generation, reads `lines` progress lines, and hangs up.
+fn hang_up_after(port: u16, steps: u32, lines: usize) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body =
+        format!(r#"{{"model":"tiny","prompt":"a fox","width":64,"height":64,"steps":{steps}}}"#);
+    stream
+        .write_all(&request("POST", "/api/generate", "", &body))
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut seen = 0;
+    let mut line = String::new();
+    while seen < lines {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0);
+        if line.contains("\"completed\"") {
+            seen += 1;
+        }
+    }
+}
+
+#[test]
+fn a_client_that_leaves_stops_its_run_within_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    hang_up_after(server.port, 1000, 2);
+    let line = server.wait_for_log("the client left after step");
+    let numbers: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "... left after step L of the run; stopped after step S ..."
+    let (left, stopped) = (numbers[0], numbers[1]);
+    assert!(left >= 2 && stopped <= left + 1, "{line}");
+
+    // Queued: a long run holds the worker while a second request waits and is abandoned.
+    let port = server.port;
+    let long = std::thread::spawn(move || hang_up_after(port, 1000, 3));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut queued = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    queued
+        .write_all(&request(
+            "POST",
+            "/api/generate",
+            "",
+            r#"{"model":"tiny","prompt":"queued","width":64,"height":64,"steps":1000,"stream":false}"#,
+        ))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(queued);
+    long.join().unwrap();
+    server.wait_for_log("left while queued; not run");
+    // The server is free again at once.
+    let (status, _) = post(
+        port,
+        "/api/generate",
+        r#"{"model":"tiny","prompt":"a fox","width":64,"height":64,"steps":1,"stream":false}"#,
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn keep_alive_zero_unloads_and_delete_removes_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let port = server.port;
+    let (status, body) = post(port, "/api/generate", r#"{"model":"tiny"}"#);
+    assert_eq!(
+        (status, json(&body)["done_reason"].clone()),
+        (200, "load".into())
+    );
+    let ps = json(&get(port, "/api/ps").1);
+    assert_eq!(ps["models"][0]["name"], "tiny:latest");
+    let (status, body) = post(port, "/api/generate", r#"{"model":"tiny","keep_alive":0}"#);
+    assert_eq!(
+        (status, json(&body)["done_reason"].clone()),
+        (200, "unload".into())
+    );
+    assert_eq!(
+        json(&get(port, "/api/ps").1)["models"],
+        serde_json::json!([])
+    );
+
+    let (status, _) = raw(
+        port,
+        &request("DELETE", "/api/delete", "", r#"{"model":"tiny"}"#),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        json(&get(port, "/api/tags").1)["models"],
+        serde_json::json!([])
+    );
+    let (status, _) = post(port, "/api/show", r#"{"model":"tiny"}"#);
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn concurrent_clients_complete_or_get_503_and_memory_stays_flat() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &["--max-queue", "8"], &[]);
+    let port = server.port;
+    let body = |seed: u64| {
+        format!(
+            r#"{{"model":"tiny","prompt":"a red fox in the snow","width":64,"height":64,"steps":1,"stream":false,"options":{{"seed":{seed}}}}}"#
+        )
+    };
+    let (status, first) = post(port, "/api/generate", &body(0));
+    assert_eq!(status, 200, "{first}");
+    let rss_after_first = server.rss_kib();
+    let expected: Vec<_> = (0..4)
+        .map(|seed| cli_pixels(&store, dir.path(), seed, 1))
+        .collect();
+
+    // 8 clients, each with 4 requests in flight at once.
+    let results: Vec<(u64, u16, String)> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(move || {
+                    let requests: Vec<_> = (0..4u64)
+                        .map(|seed| {
+                            scope.spawn(move || {
+                                let (status, answer) = post(port, "/api/generate", &body(seed));
+                                (seed, status, answer)
+                            })
+                        })
+                        .collect();
+                    requests
+                        .into_iter()
+                        .map(|r| r.join().unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    });
+    assert_eq!(results.len(), 32);
+    let mut completed = 0;
+    for (seed, status, answer) in &results {
+        let v = json(answer);
+        match status {
+            200 => {
+                let png = b64(v["image"].as_str().unwrap());
+                assert!(
+                    pixels(&png) == expected[*seed as usize],
+                    "seed {seed}: wrong image"
+                );
+                completed += 1;
+            }
+            503 => assert!(v["error"].as_str().unwrap().contains("busy"), "{answer}"),
+            other => panic!("status {other}: {answer}"),
+        }
+    }
+    assert!(completed >= 9, "only {completed} of 32 completed");
+    let rss = server.rss_kib();
+    assert!(
+        (rss as f64) < rss_after_first as f64 * 1.10,
+        "RSS grew from {rss_after_first} KiB to {rss} KiB"
+    );
+}

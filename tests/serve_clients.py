@@ -1,0 +1,61 @@
+"""Drives a running `zimage serve` with the official `ollama` and `openai` clients.
+
+Usage: serve_clients.py HOST MODEL OUT_DIR. Writes the PNGs it receives into OUT_DIR and
+prints one JSON object describing what the clients read.
+"""
+import base64
+import json
+import sys
+
+import ollama
+import openai
+
+host, model, out = sys.argv[1], sys.argv[2], sys.argv[3]
+report = {}
+
+client = ollama.Client(host=host)
+report["list"] = [m.model for m in client.list().models]
+shown = client.show(model)
+report["show_capabilities"] = list(shown.capabilities or [])
+report["show_family"] = shown.details.family if shown.details else None
+
+r = client.generate(model=model, prompt="a red fox in the snow", width=64, height=64, steps=2,
+                    options={"seed": 7}, stream=False)
+assert r.done and r.image, r
+open(f"{out}/ollama.png", "wb").write(base64.b64decode(r.image))
+report["total_duration"] = r.total_duration
+
+progress = []
+final = None
+for part in client.generate(model=model, prompt="a red fox in the snow", width=64, height=64,
+                            steps=2, options={"seed": 7}, stream=True):
+    if part.done:
+        final = part
+    else:
+        progress.append([part.completed, part.total])
+assert final is not None and final.image
+open(f"{out}/ollama-stream.png", "wb").write(base64.b64decode(final.image))
+report["progress"] = progress
+
+report["ps"] = [m.model for m in client.ps().models]
+
+oa = openai.OpenAI(base_url=f"{host}/v1", api_key="unused")
+img = oa.images.generate(model=model, prompt="a red fox in the snow", size="64x64",
+                         response_format="b64_json", n=1,
+                         extra_body={"seed": 7, "steps": 2})
+open(f"{out}/openai.png", "wb").write(base64.b64decode(img.data[0].b64_json))
+report["openai_models"] = [m.id for m in oa.models.list().data]
+
+try:
+    client.generate(model="no-such-model", prompt="x", width=64, height=64, steps=1)
+    report["missing_model"] = None
+except ollama.ResponseError as e:
+    report["missing_model"] = [e.status_code, e.error]
+
+try:
+    oa.images.generate(model=model, prompt="x", response_format="url")
+    report["url_format"] = None
+except openai.BadRequestError as e:
+    report["url_format"] = [e.status_code, e.body.get("message") if isinstance(e.body, dict) else str(e.body)]
+
+print(json.dumps(report))
