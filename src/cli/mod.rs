@@ -15,6 +15,7 @@ mod generate;
 mod hash;
 mod info;
 mod inspect;
+mod registry;
 mod store;
 mod target;
 
@@ -77,6 +78,10 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Pack, edit, verify and unpack DFSN containers.
     Dfsn(dfsn::DfsnArgs),
+    /// Download a model from a registry (Ollama's by default), skipping blobs the store holds.
+    Pull(registry::PullArgs),
+    /// Upload a stored model to a registry.
+    Push(registry::PushArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -97,5 +102,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diff(a) => diff::run(store, a),
         Command::Convert(a) => convert::run(a),
         Command::Dfsn(a) => dfsn::run(store, a),
+        Command::Pull(a) => registry::pull(store, a),
+        Command::Push(a) => registry::push(store, a),
     }
 }
