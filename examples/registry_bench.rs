@@ -67,7 +67,13 @@ fn main() {
         let st = Command::new(&zimage)
             .arg("--store")
             .arg(&source.root)
-            .args(["push", name, "--to", &format!("{host}/bench/{name}"), "--insecure"])
+            .args([
+                "push",
+                name,
+                "--to",
+                &format!("{host}/bench/{name}"),
+                "--insecure",
+            ])
             .status()
             .unwrap();
         assert!(st.success(), "push {name}");

@@ -162,7 +162,9 @@ fn failed(out: &Output) -> String {
 
 /// The number in `N <word>` of a summary line (`3 blobs downloaded`).
 fn count_before(text: &str, word: &str) -> usize {
-    let at = text.find(word).unwrap_or_else(|| panic!("`{word}` in {text}"));
+    let at = text
+        .find(word)
+        .unwrap_or_else(|| panic!("`{word}` in {text}"));
     text[..at]
         .split_whitespace()
         .last()
@@ -217,8 +219,20 @@ fn generate(store: &Path, model: &str, out: &Path) -> Vec<u8> {
     ok(&zimage_in(
         store,
         &[
-            "generate", "a fox", "--model", model, "--width", "64", "--height", "64", "--steps",
-            "2", "--seed", "7", "-o", s(out),
+            "generate",
+            "a fox",
+            "--model",
+            model,
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--steps",
+            "2",
+            "--seed",
+            "7",
+            "-o",
+            s(out),
         ],
     ));
     image::open(out).unwrap().to_rgb8().into_raw()
@@ -312,7 +326,10 @@ fn a_pull_into_a_store_holding_the_text_encoder_downloads_only_the_other_blobs()
 
     let out = ok(&zimage_in(&second, &["pull", &remote, "--insecure"]));
     assert_eq!(count_before(&out, "already present"), held.len(), "{out}");
-    assert_eq!(count_before(&out, "blobs downloaded"), all.len() - held.len());
+    assert_eq!(
+        count_before(&out, "blobs downloaded"),
+        all.len() - held.len()
+    );
     ok(&zimage_in(&second, &["verify", &remote]));
 }
 
@@ -335,8 +352,9 @@ fn stalling_proxy(upstream: String, stall: Arc<AtomicBool>) -> String {
         let headers: Vec<(String, String)> = resp
             .headers()
             .iter()
-            .filter(|(k, _)| ["content-type", "content-range", "docker-content-digest"]
-                .contains(&k.as_str()))
+            .filter(|(k, _)| {
+                ["content-type", "content-range", "docker-content-digest"].contains(&k.as_str())
+            })
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
             .collect();
         let body = resp.bytes().unwrap().to_vec();
@@ -368,13 +386,16 @@ fn a_pull_killed_midway_and_run_again_resumes_completes_and_verifies() {
     let store = dir.path().join("store");
     // One blob of 12 MB, so the pull is surely midway when it is killed.
     let model = synthetic(dir.path(), 1, 3 << 20, 1);
+    ok(&zimage_in(&store, &["create", "big", "--from", s(&model)]));
     ok(&zimage_in(
         &store,
-        &["create", "big", "--from", s(&model)],
-    ));
-    ok(&zimage_in(
-        &store,
-        &["push", "big", "--to", &format!("{}/me/big", registry.host), "--insecure"],
+        &[
+            "push",
+            "big",
+            "--to",
+            &format!("{}/me/big", registry.host),
+            "--insecure",
+        ],
     ));
     let stored = manifest_bytes(&store, "big");
     let stall = Arc::new(AtomicBool::new(true));
@@ -405,7 +426,13 @@ fn a_pull_killed_midway_and_run_again_resumes_completes_and_verifies() {
     child.wait().unwrap();
     stall.store(false, Ordering::SeqCst);
     assert!(partial.exists());
-    assert!(!target.join(zimage::store::ModelName::parse(&remote).unwrap().manifest_path()).exists());
+    assert!(!target
+        .join(
+            zimage::store::ModelName::parse(&remote)
+                .unwrap()
+                .manifest_path()
+        )
+        .exists());
 
     let out = ok(&zimage_in(&target, &["pull", &remote, "--insecure"]));
     assert!(out.contains("resumed"), "{out}");
@@ -422,7 +449,10 @@ fn a_blob_corrupted_in_the_registry_fails_the_pull_and_leaves_no_blob_and_no_man
     let model = synthetic(dir.path(), 3, 1000, 2);
     ok(&zimage_in(&store, &["create", "m", "--from", s(&model)]));
     let remote = format!("{}/me/m", registry.host);
-    ok(&zimage_in(&store, &["push", "m", "--to", &remote, "--insecure"]));
+    ok(&zimage_in(
+        &store,
+        &["push", "m", "--to", &remote, "--insecure"],
+    ));
     let manifest = zimage::store::Manifest::parse(&manifest_bytes(&store, "m")).unwrap();
     let victim = manifest.layers[1].digest.clone();
     let data = registry.blob_data(&victim);
@@ -436,14 +466,22 @@ fn a_blob_corrupted_in_the_registry_fails_the_pull_and_leaves_no_blob_and_no_man
         &target,
         &["pull", &remote, "--insecure", "--parallel", "1"],
     ));
-    assert!(err.contains("hashes to"), "{err}");
+    assert!(err.contains("hash to"), "{err}");
     assert!(err.contains(&victim), "{err}");
     let files = blob_files(&target);
     assert!(
-        !files.iter().any(|f| f.contains(&victim[7..]) || f.starts_with(".partial")),
+        !files
+            .iter()
+            .any(|f| f.contains(&victim[7..]) || f.starts_with(".partial")),
         "{files:?}"
     );
-    assert!(!target.join("manifests").exists() || std::fs::read_dir(target.join("manifests")).unwrap().next().is_none());
+    assert!(
+        !target.join("manifests").exists()
+            || std::fs::read_dir(target.join("manifests"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
 }
 
 #[test]
@@ -459,14 +497,29 @@ fn basic_auth_logs_in_and_a_wrong_password_is_a_clear_error() {
         &store,
         &["push", "m", "--to", &remote, "--insecure"],
     ));
-    assert!(err.contains("asks for a login") && err.contains("--user"), "{err}");
+    assert!(
+        err.contains("asks for a login") && err.contains("--user"),
+        "{err}"
+    );
 
     ok(&zimage_in(
         &store,
-        &["push", "m", "--to", &remote, "--insecure", "--user", "alice:s3cret"],
+        &[
+            "push",
+            "m",
+            "--to",
+            &remote,
+            "--insecure",
+            "--user",
+            "alice:s3cret",
+        ],
     ));
     let creds = dir.path().join("credentials");
-    std::fs::write(&creds, format!("# logins\n{} alice:s3cret\n", registry.host)).unwrap();
+    std::fs::write(
+        &creds,
+        format!("# logins\n{} alice:s3cret\n", registry.host),
+    )
+    .unwrap();
     let target = dir.path().join("target");
     ok(&zimage_in(
         &target,
@@ -549,8 +602,16 @@ fn serve(
     host
 }
 
-fn respond(stream: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]) -> std::io::Result<()> {
-    let mut head = format!("HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> std::io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -670,7 +731,10 @@ fn wrong_bytes_of_the_right_size_are_a_digest_error() {
     });
     let (out, dir) = pull_from(&host, &[]);
     let err = failed(&out);
-    assert!(err.contains("hashes to") && err.contains("nothing was kept"), "{err}");
+    assert!(
+        err.contains("hash to") && err.contains("nothing was kept"),
+        "{err}"
+    );
     assert_nothing_kept(dir.path());
 }
 
@@ -735,14 +799,23 @@ fn a_bearer_challenge_is_answered_with_a_token_from_its_realm() {
             if req.header("authorization") != Some("Basic Ym9iOnB3") {
                 return respond(stream, "401 Unauthorized", &[], b"{}");
             }
-            assert!(req.path.contains("scope=repository%3Ame%2Fm%3Apull"), "{}", req.path);
+            assert!(
+                req.path.contains("scope=repository%3Ame%2Fm%3Apull"),
+                "{}",
+                req.path
+            );
             return respond(stream, "200 OK", &[], br#"{"token":"tok-123"}"#);
         }
         if req.header("authorization") != Some("Bearer tok-123") {
             let challenge = format!(
                 r#"Bearer realm="http://{me}/token",service="test",scope="repository:me/m:pull""#
             );
-            return respond(stream, "401 Unauthorized", &[("www-authenticate", challenge)], b"");
+            return respond(
+                stream,
+                "401 Unauthorized",
+                &[("www-authenticate", challenge)],
+                b"",
+            );
         }
         if req.path.contains("/manifests/") {
             respond(stream, "200 OK", &[], &manifest)
@@ -762,7 +835,10 @@ fn a_bearer_challenge_is_answered_with_a_token_from_its_realm() {
 
     let (out, _dir) = pull_from(&host, &["--user", "bob:nope"]);
     let err = failed(&out);
-    assert!(err.contains("token service") && err.contains("refused user `bob`"), "{err}");
+    assert!(
+        err.contains("token service") && err.contains("refused user `bob`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -787,7 +863,10 @@ fn an_upload_location_that_leaves_http_is_refused() {
         &store,
         &["push", "m", "--to", &format!("{host}/me/m"), "--insecure"],
     ));
-    assert!(err.contains("file:///etc/passwd") && err.contains("not HTTPS"), "{err}");
+    assert!(
+        err.contains("file:///etc/passwd") && err.contains("not HTTPS"),
+        "{err}"
+    );
 }
 
 #[test]

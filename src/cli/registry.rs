@@ -127,7 +127,10 @@ pub fn pull(s: Option<PathBuf>, a: PullArgs) -> anyhow::Result<ExitCode> {
         summary.blobs_downloaded,
         super::store::human(summary.bytes_downloaded),
         if summary.bytes_resumed > 0 {
-            format!(", {} of it resumed", super::store::human(summary.bytes_resumed))
+            format!(
+                ", {} of it resumed",
+                super::store::human(summary.bytes_resumed)
+            )
         } else {
             String::new()
         },
@@ -155,8 +158,7 @@ pub fn push(s: Option<PathBuf>, a: PushArgs) -> anyhow::Result<ExitCode> {
         &bar,
     );
     bar.bar.finish_and_clear();
-    let summary =
-        summary.with_context(|| format!("pushing `{}` to `{}`", local.short(), dest))?;
+    let summary = summary.with_context(|| format!("pushing `{}` to `{}`", local.short(), dest))?;
     println!(
         "pushed {} to {}: {} blobs uploaded ({}), {} already there ({})",
         local.short(),

@@ -16,7 +16,11 @@ pub struct Credentials {
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Credentials {{ user: {:?}, password: <hidden> }}", self.user)
+        write!(
+            f,
+            "Credentials {{ user: {:?}, password: <hidden> }}",
+            self.user
+        )
     }
 }
 
@@ -46,9 +50,8 @@ impl Credentials {
     /// The credentials for `host` in a file of lines `HOST USER:PASSWORD` (blank lines and
     /// lines starting with `#` skipped), or `None` when the file names no such host.
     pub fn from_file(path: &Path, host: &str) -> Result<Option<Credentials>, RegistryError> {
-        let text =
-            crate::files::read_text_bounded(path, MAX_CREDENTIALS_FILE, "credentials file")
-                .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+        let text = crate::files::read_text_bounded(path, MAX_CREDENTIALS_FILE, "credentials file")
+            .map_err(|e| RegistryError::Invalid(e.to_string()))?;
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {

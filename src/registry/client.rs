@@ -222,8 +222,7 @@ impl Client {
             .send()
             .map_err(|e| self.http_error(&realm_url, &e))?;
         let status = response.status();
-        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN
-        {
+        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
             return Err(auth_err(match &self.opts.credentials {
                 Some(c) => format!(
                     "the token service `{}` refused user `{}`: check the user and password",

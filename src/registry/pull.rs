@@ -107,11 +107,7 @@ pub fn fetch_manifest(
     client: &Client,
     name: &ModelName,
 ) -> Result<(Vec<u8>, Manifest), RegistryError> {
-    let url = client.url(&format!(
-        "/v2/{}/manifests/{}",
-        repository(name),
-        name.tag
-    ));
+    let url = client.url(&format!("/v2/{}/manifests/{}", repository(name), name.tag));
     let response = client.send(&url, &|http| {
         http.get(&url).header(
             ACCEPT,
@@ -224,9 +220,11 @@ fn download(
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(100 << tries));
             }
-            // Bytes from a registry that breaks the protocol are not worth resuming from; a
-            // stall's or a dropped connection's are.
-            Err(e @ RegistryError::Protocol { .. }) => {
+            // Bytes from a registry that breaks the protocol are not worth resuming from, and a
+            // pull it failed leaves nothing behind; a stall's or a dropped connection's are kept.
+            Err(e)
+                if matches!(e, RegistryError::Protocol { .. }) || stop.load(Ordering::Relaxed) =>
+            {
                 writer.discard();
                 return Err(e);
             }

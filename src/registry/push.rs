@@ -58,7 +58,10 @@ pub fn push(
     for w in wanted {
         let p = store.blob_path(&w.digest)?;
         blob::check_inside_store(&store.root, &w.digest, &p)?;
-        let size = std::fs::metadata(&p).ok().filter(|m| m.is_file()).map(|m| m.len());
+        let size = std::fs::metadata(&p)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
         if size != Some(w.size) {
             return Err(RegistryError::Invalid(format!(
                 "blob `{}` of `{}` is {} in `{}`; nothing was pushed: see `zimage verify {}`",
@@ -75,7 +78,9 @@ pub fn push(
     let stop = AtomicBool::new(false);
     let uploaded = AtomicUsize::new(0);
     let uploaded_bytes = AtomicU64::new(0);
-    let total = local.iter().fold(0u64, |n, (w, _)| n.saturating_add(w.size));
+    let total = local
+        .iter()
+        .fold(0u64, |n, (w, _)| n.saturating_add(w.size));
     progress.start(total, local.len());
     for_each_parallel(&local, parallel, &stop, |(w, p)| {
         let url = client.url(&format!("/v2/{repo}/blobs/{}", w.digest));

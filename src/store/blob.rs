@@ -29,7 +29,7 @@ pub enum BlobError {
     #[error("blob `{digest}`: {reason}")]
     Layout { digest: String, reason: String },
     #[error(
-        "blob `{expected}` ({expected_size} bytes) arrived as {size} bytes hashing to `{digest}`; \
+        "blob `{expected}` ({expected_size} bytes) arrived as {size} bytes that hash to `{digest}`; \
          the source's copy is damaged, so nothing was kept"
     )]
     Mismatch {
