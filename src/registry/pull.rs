@@ -86,6 +86,13 @@ pub fn pull(
         progress.blob_done();
         Ok(())
     })?;
+    // Blobs were renamed into place unsynced: made durable here at once, before the manifest
+    // that names them.
+    let paths = missing
+        .iter()
+        .map(|w| store.blob_path(&w.digest))
+        .collect::<Result<Vec<_>, _>>()?;
+    blob::sync_filesystem(&store.root, &paths)?;
     summary.blobs_downloaded = missing.len();
     summary.bytes_downloaded = total;
     summary.bytes_resumed = resumed.into_inner();
@@ -204,7 +211,8 @@ fn download(
     stop: &AtomicBool,
 ) -> Result<u64, RegistryError> {
     let url = client.url(&format!("/v2/{repo}/blobs/{}", w.digest));
-    let (mut writer, had) = BlobWriter::resume(&store.root, &w.digest)?;
+    let (writer, had) = BlobWriter::resume(&store.root, &w.digest)?;
+    let mut writer = writer.without_sync();
     let had = if had > w.size {
         writer.restart()?;
         0
@@ -235,7 +243,8 @@ fn download(
         Ok(_) => Ok(had),
         // Bytes an earlier run left may be what is wrong: once more from the start.
         Err(BlobError::Mismatch { .. }) if had > 0 => {
-            let (mut writer, _) = BlobWriter::resume(&store.root, &w.digest)?;
+            let (writer, _) = BlobWriter::resume(&store.root, &w.digest)?;
+            let mut writer = writer.without_sync();
             writer.restart()?;
             fetch_into(client, &url, &mut writer, w.size, progress, stop)?;
             writer.finish_expecting(&w.digest, w.size)?;

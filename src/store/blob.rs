@@ -75,6 +75,9 @@ pub struct BlobWriter {
     done: bool,
     /// A resumable download's partial file survives an error, for the next run to continue.
     keep_on_error: bool,
+    /// Whether `finish` syncs the file before the rename; a writer of many blobs may sync the
+    /// filesystem once instead, before anything refers to them.
+    sync: bool,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -101,6 +104,7 @@ impl BlobWriter {
             size: 0,
             done: false,
             keep_on_error: false,
+            sync: true,
         })
     }
 
@@ -152,9 +156,17 @@ impl BlobWriter {
                 size,
                 done: false,
                 keep_on_error: true,
+                sync: true,
             },
             size,
         ))
+    }
+
+    /// No sync before the rename: the caller syncs the filesystem (see [`sync_filesystem`])
+    /// before any manifest names the blob.
+    pub fn without_sync(mut self) -> BlobWriter {
+        self.sync = false;
+        self
     }
 
     /// Bytes written so far (those of an earlier run included).
@@ -231,7 +243,9 @@ impl BlobWriter {
             self.keep_on_error = false;
             return Ok((digest, self.size, false));
         }
-        file.sync_all().map_err(io)?;
+        if self.sync {
+            file.sync_all().map_err(io)?;
+        }
         drop(file);
         std::fs::rename(&self.tmp, &dest).map_err(|source| BlobError::Io {
             path: dest.clone(),
@@ -249,6 +263,41 @@ impl Drop for BlobWriter {
         if !self.done && !self.keep_on_error {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// Makes every blob written under `root` durable at once (one `syncfs` on Linux instead of an
+/// fsync per blob; `paths` are synced one by one elsewhere).
+pub fn sync_filesystem(root: &Path, paths: &[PathBuf]) -> Result<(), BlobError> {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = paths;
+        let dir = File::open(root).map_err(|source| BlobError::Io {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: `dir` is an open file descriptor for the duration of the call; syncfs only
+        // flushes the filesystem that holds it.
+        let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
+        if rc != 0 {
+            return Err(BlobError::Io {
+                path: root.to_path_buf(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        for p in paths {
+            File::open(p)
+                .and_then(|f| f.sync_all())
+                .map_err(|source| BlobError::Io {
+                    path: p.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
     }
 }
 
