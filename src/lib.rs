@@ -4,6 +4,7 @@
 //! - [`mlx`]: a safe wrapper over MLX's C++ API (through the `mlx-sys-shim` C shim);
 //! - [`safetensors`]: a strict safetensors header parser and writer;
 //! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs), import and gc;
+//! - [`registry`]: models pulled from and pushed to a Docker-v2 registry, as Ollama moves them;
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline;
@@ -22,6 +23,7 @@ pub mod mlx;
 pub mod models;
 pub mod pipeline;
 pub mod platform;
+pub mod registry;
 pub mod safetensors;
 pub mod scheduler;
 pub mod server;

@@ -16,6 +16,7 @@ mod hash;
 mod info;
 mod inspect;
 mod serve;
+mod registry;
 mod store;
 mod target;
 
@@ -80,6 +81,10 @@ pub enum Command {
     Dfsn(dfsn::DfsnArgs),
     /// Serve Ollama's and OpenAI's image APIs over HTTP (default 127.0.0.1:11434).
     Serve(serve::ServeArgs),
+    /// Download a model from a registry (Ollama's by default), skipping blobs the store holds.
+    Pull(registry::PullArgs),
+    /// Upload a stored model to a registry.
+    Push(registry::PushArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -101,5 +106,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Convert(a) => convert::run(a),
         Command::Dfsn(a) => dfsn::run(store, a),
         Command::Serve(a) => serve::run(store, a),
+        Command::Pull(a) => registry::pull(store, a),
+        Command::Push(a) => registry::push(store, a),
     }
 }

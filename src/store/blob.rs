@@ -28,6 +28,16 @@ pub enum BlobError {
     },
     #[error("blob `{digest}`: {reason}")]
     Layout { digest: String, reason: String },
+    #[error(
+        "blob `{expected}` ({expected_size} bytes) arrived as {size} bytes that hash to `{digest}`; \
+         the source's copy is damaged, so nothing was kept"
+    )]
+    Mismatch {
+        expected: String,
+        expected_size: u64,
+        digest: String,
+        size: u64,
+    },
     #[error("`{}`: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -57,12 +67,17 @@ pub fn blob_path(root: &Path, digest: &str) -> Result<PathBuf, BlobError> {
 pub struct BlobWriter {
     root: PathBuf,
     tmp: PathBuf,
-    _registered: crate::files::Registered,
+    _registered: Option<crate::files::Registered>,
     out: Option<BufWriter<File>>,
     hasher: Sha256,
     size: u64,
     /// Set once the temp file is renamed or removed.
     done: bool,
+    /// A resumable download's partial file survives an error, for the next run to continue.
+    keep_on_error: bool,
+    /// Whether `finish` syncs the file before the rename; a writer of many blobs may sync the
+    /// filesystem once instead, before anything refers to them.
+    sync: bool,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -82,13 +97,123 @@ impl BlobWriter {
         })?;
         Ok(BlobWriter {
             root: root.to_path_buf(),
-            _registered: crate::files::register_temporary(&tmp),
+            _registered: Some(crate::files::register_temporary(&tmp)),
             tmp,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             hasher: Sha256::new(),
             size: 0,
             done: false,
+            keep_on_error: false,
+            sync: true,
         })
+    }
+
+    /// The partial file of a download of `digest` that a later run may continue: the bytes an
+    /// earlier run left are hashed again and kept, and new bytes are appended. The file is
+    /// locked while written, so two processes never append to one partial file; when another
+    /// process holds it, this one starts a private temporary file instead. `Ok((writer, n))`
+    /// with `n` the bytes already there.
+    pub fn resume(root: &Path, digest: &str) -> Result<(BlobWriter, u64), BlobError> {
+        let hex = digest_hex(digest)?.to_ascii_lowercase();
+        let dir = root.join("blobs");
+        std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let tmp = dir.join(format!("{PARTIAL_PREFIX}{hex}"));
+        let io = |source| BlobError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&tmp)
+            .map_err(io)?;
+        if file.try_lock().is_err() {
+            return Ok((BlobWriter::new(root)?, 0));
+        }
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut size = 0u64;
+        loop {
+            let k = file.read(&mut buf).map_err(io)?;
+            if k == 0 {
+                break;
+            }
+            hasher.update(&buf[..k]);
+            size += k as u64;
+        }
+        Ok((
+            BlobWriter {
+                root: root.to_path_buf(),
+                // Not removed on a signal either: an interrupted pull continues from it.
+                _registered: None,
+                tmp,
+                out: Some(BufWriter::with_capacity(1 << 20, file)),
+                hasher,
+                size,
+                done: false,
+                keep_on_error: true,
+                sync: true,
+            },
+            size,
+        ))
+    }
+
+    /// No sync before the rename: the caller syncs the filesystem (see [`sync_filesystem`])
+    /// before any manifest names the blob.
+    pub fn without_sync(mut self) -> BlobWriter {
+        self.sync = false;
+        self
+    }
+
+    /// Bytes written so far (those of an earlier run included).
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// Empties the file, for a download that must start over.
+    pub fn restart(&mut self) -> Result<(), BlobError> {
+        let io = |source| BlobError::Io {
+            path: self.tmp.clone(),
+            source,
+        };
+        let out = self.out.as_mut().expect("writer open until finish");
+        out.flush().map_err(io)?;
+        out.get_ref().set_len(0).map_err(io)?;
+        self.hasher = Sha256::new();
+        self.size = 0;
+        Ok(())
+    }
+
+    /// Removes the temporary file, a resumable one too.
+    pub fn discard(mut self) {
+        self.keep_on_error = false;
+    }
+
+    /// Renames into place only when the bytes are `size` bytes hashing to `digest`; otherwise
+    /// the temporary file is removed (a resumable one too: its bytes are wrong) and
+    /// [`BlobError::Mismatch`] returned.
+    pub fn finish_expecting(mut self, digest: &str, size: u64) -> Result<bool, BlobError> {
+        let want = digest_hex(digest)?.to_ascii_lowercase();
+        let got = format!("{:x}", self.hasher.clone().finalize());
+        if got != want || self.size != size {
+            self.keep_on_error = false;
+            return Err(BlobError::Mismatch {
+                expected: format!("sha256:{want}"),
+                expected_size: size,
+                digest: format!("sha256:{got}"),
+                size: self.size,
+            });
+        }
+        let (_, _, new) = self.finish()?;
+        Ok(new)
     }
 
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), BlobError> {
@@ -115,9 +240,12 @@ impl BlobWriter {
         let dest = blob_path(&self.root, &digest)?;
         if dest.is_file() {
             drop(file);
+            self.keep_on_error = false;
             return Ok((digest, self.size, false));
         }
-        file.sync_all().map_err(io)?;
+        if self.sync {
+            file.sync_all().map_err(io)?;
+        }
         drop(file);
         std::fs::rename(&self.tmp, &dest).map_err(|source| BlobError::Io {
             path: dest.clone(),
@@ -132,9 +260,44 @@ impl Drop for BlobWriter {
     fn drop(&mut self) {
         // A writer dropped before its blob is in place (an error, a panic, a duplicate)
         // leaves no partial file behind.
-        if !self.done {
+        if !self.done && !self.keep_on_error {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// Makes every blob written under `root` durable at once (one `syncfs` on Linux instead of an
+/// fsync per blob; `paths` are synced one by one elsewhere).
+pub fn sync_filesystem(root: &Path, paths: &[PathBuf]) -> Result<(), BlobError> {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = paths;
+        let dir = File::open(root).map_err(|source| BlobError::Io {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: `dir` is an open file descriptor for the duration of the call; syncfs only
+        // flushes the filesystem that holds it.
+        let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
+        if rc != 0 {
+            return Err(BlobError::Io {
+                path: root.to_path_buf(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        for p in paths {
+            File::open(p)
+                .and_then(|f| f.sync_all())
+                .map_err(|source| BlobError::Io {
+                    path: p.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
     }
 }
 

@@ -189,7 +189,7 @@ fn check_manifest_fits(
 impl Store {
     /// Every blob `manifest` references is in place with its size, and the blobs folder is
     /// synced, so the manifest about to be written never names a blob that is not there.
-    fn check_blobs_present(&self, manifest: &Manifest) -> Result<(), StoreError> {
+    pub(crate) fn check_blobs_present(&self, manifest: &Manifest) -> Result<(), StoreError> {
         for layer in std::iter::once(&manifest.config).chain(&manifest.layers) {
             let path = self.blob_path(&layer.digest)?;
             let size = std::fs::metadata(&path).map(|m| m.len()).ok();

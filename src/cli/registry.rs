@@ -1,0 +1,172 @@
+//! Registry subcommands: pull, push.
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use zimage::registry::{self, Client, ClientOptions, Credentials};
+use zimage::store::{ModelName, Store};
+
+/// How to reach and log in to a registry, as pull and push take it.
+#[derive(clap::Args, Debug)]
+pub struct RemoteArgs {
+    /// Speak plain HTTP (a registry on this machine or your network); HTTPS otherwise.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Log in as USER:PASSWORD (HTTP basic, or for a token when the registry asks for one).
+    #[arg(long, value_name = "USER:PASSWORD")]
+    pub user: Option<String>,
+    /// Read the login from FILE: lines of `HOST USER:PASSWORD`.
+    #[arg(long, value_name = "FILE", conflicts_with = "user")]
+    pub credentials: Option<PathBuf>,
+    /// Blobs moved at once.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub parallel: u16,
+    /// Give up on a response that sends nothing for this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub stall_timeout: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// Model name: `z-image`, `x/z-image-turbo:latest`, `localhost:5000/me/tiny:v1`.
+    pub name: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PushArgs {
+    /// A stored model.
+    pub name: String,
+    /// Where to: `HOST/NAMESPACE/MODEL:TAG` (default: the model's own name).
+    #[arg(long, value_name = "HOST/NS/MODEL:TAG")]
+    pub to: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+fn client(host: &str, a: &RemoteArgs) -> anyhow::Result<Client> {
+    let credentials = match (&a.user, &a.credentials) {
+        (Some(u), _) => Some(Credentials::parse(u, "--user")?),
+        (None, Some(file)) => Credentials::from_file(file, host)?,
+        (None, None) => None,
+    };
+    Ok(Client::new(
+        host,
+        ClientOptions {
+            insecure: a.insecure,
+            credentials,
+            stall_timeout: Duration::from_secs(a.stall_timeout),
+        },
+    )?)
+}
+
+/// A progress bar in bytes, with the blob count.
+struct Bar {
+    bar: ProgressBar,
+    blobs: AtomicUsize,
+    done: AtomicUsize,
+    verb: &'static str,
+}
+
+impl Bar {
+    fn new(verb: &'static str) -> Bar {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        Bar {
+            bar,
+            blobs: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            verb,
+        }
+    }
+    fn message(&self) {
+        self.bar.set_message(format!(
+            "{} {}/{} blobs",
+            self.verb,
+            self.done.load(Ordering::Relaxed),
+            self.blobs.load(Ordering::Relaxed)
+        ));
+    }
+}
+
+impl registry::Progress for Bar {
+    fn start(&self, bytes: u64, blobs: usize) {
+        self.bar.set_length(bytes);
+        self.blobs.store(blobs, Ordering::Relaxed);
+        self.message();
+    }
+    fn advance(&self, bytes: u64) {
+        self.bar.inc(bytes);
+    }
+    fn blob_done(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.message();
+    }
+}
+
+pub fn pull(s: Option<PathBuf>, a: PullArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::locate(s.as_deref())?;
+    let name = ModelName::parse(&a.name)?;
+    let client = client(&name.host, &a.remote)?;
+    let bar = Bar::new("pulling");
+    let summary = registry::pull(&store, &a.name, &client, a.remote.parallel.into(), &bar);
+    bar.bar.finish_and_clear();
+    let summary = summary.with_context(|| format!("pulling `{}`", name.short()))?;
+    println!(
+        "pulled {}: {} blobs downloaded ({}{}), {} already present ({})",
+        name.short(),
+        summary.blobs_downloaded,
+        super::store::human(summary.bytes_downloaded),
+        if summary.bytes_resumed > 0 {
+            format!(
+                ", {} of it resumed",
+                super::store::human(summary.bytes_resumed)
+            )
+        } else {
+            String::new()
+        },
+        summary.blobs_present,
+        super::store::human(summary.bytes_present)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn push(s: Option<PathBuf>, a: PushArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::locate(s.as_deref())?;
+    let local = ModelName::parse(&a.name)?;
+    let dest = match &a.to {
+        Some(to) => ModelName::parse(to).context("--to")?,
+        None => local.clone(),
+    };
+    let client = client(&dest.host, &a.remote)?;
+    let bar = Bar::new("pushing");
+    let summary = registry::push(
+        &store,
+        &a.name,
+        &dest,
+        &client,
+        a.remote.parallel.into(),
+        &bar,
+    );
+    bar.bar.finish_and_clear();
+    let summary = summary.with_context(|| format!("pushing `{}` to `{}`", local.short(), dest))?;
+    println!(
+        "pushed {} to {}: {} blobs uploaded ({}), {} already there ({})",
+        local.short(),
+        dest,
+        summary.blobs_uploaded,
+        super::store::human(summary.bytes_uploaded),
+        summary.blobs_present,
+        super::store::human(summary.bytes_present)
+    );
+    Ok(ExitCode::SUCCESS)
+}
