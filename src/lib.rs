@@ -6,6 +6,7 @@
 //! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs), import and gc;
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
+//! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline.
 
 pub mod component;
@@ -14,6 +15,7 @@ pub mod files;
 pub mod formats;
 pub mod image_out;
 pub mod loader;
+pub mod lora;
 pub mod memory_plan;
 pub mod mlx;
 pub mod models;

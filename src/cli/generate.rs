@@ -58,9 +58,20 @@ pub struct GenerateArgs {
     /// stored (each layer widened as it runs), or whichever fits the memory budget.
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
+    /// A LoRA to apply, with its scale (default 1); repeat for several. diffusers/PEFT,
+    /// ComfyUI and kohya files are recognised by their keys.
+    #[arg(long = "lora", value_name = "FILE[:SCALE]", value_parser = lora_arg)]
+    pub loras: Vec<zimage::lora::LoraSpec>,
+    /// Skip LoRA keys that name no layer of the model instead of refusing the file.
+    #[arg(long)]
+    pub lora_lenient: bool,
     /// Report time and peak memory of each phase, and the memory estimate.
     #[arg(long, short)]
     pub verbose: bool,
+}
+
+fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
+    zimage::lora::LoraSpec::parse(arg).map_err(|e| e.to_string())
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,6 +330,27 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
         pipeline.validate(&req)?;
     }
+    if !a.loras.is_empty() {
+        let [text_encoder, transformer, _] = pipeline.tensor_sizes()?;
+        let adapters = zimage::lora::Adapters::load(
+            &a.loras,
+            &text_encoder,
+            &transformer,
+            a.lora_lenient,
+            dtype,
+        )?;
+        for applied in &adapters.applied {
+            if !applied.skipped.is_empty() {
+                eprintln!(
+                    "note: LoRA `{}`: skipped {} keys that name no layer of the model (first: `{}`)",
+                    applied.file.display(),
+                    applied.skipped.len(),
+                    applied.skipped[0].escape_debug()
+                );
+            }
+        }
+        pipeline.set_adapters(adapters);
+    }
     let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;
     pipeline.set_residency(plan.residency);
     pipeline.set_tiling(plan.tiling);
@@ -337,6 +369,16 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
     let out = out?;
 
     let hash10 = identity.get(..10).unwrap_or("").to_string();
+    let loras = &pipeline.adapters().applied;
+    let mut extra = Vec::new();
+    if !loras.is_empty() {
+        let hashes: Vec<String> = loras
+            .iter()
+            // As A1111 writes them: a name loses the `:` and `,` that would split the list.
+            .map(|l| format!("{}: {}", l.name.replace([':', ','], ""), l.hash))
+            .collect();
+        extra.push(("Lora hashes", hashes.join(", ")));
+    }
     let parameters = infotext::format(
         &req.prompt,
         req.negative_prompt
@@ -359,14 +401,18 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
             ("Size", format!("{}x{}", req.width, req.height)),
             ("Model hash", hash10),
             ("Model", model_name.clone()),
-            ("Version", format!("zimage {}", env!("CARGO_PKG_VERSION"))),
-        ],
+        ]
+        .into_iter()
+        .chain(extra)
+        .chain([("Version", format!("zimage {}", env!("CARGO_PKG_VERSION")))])
+        .collect::<Vec<_>>(),
     );
     let request_json = serde_json::json!({
         "request": req,
         "noise_file": a.noise,
         "model": model_name,
         "model_identity": identity,
+        "loras": loras,
         "dtype": dtype.to_string(),
         "zimage_version": env!("CARGO_PKG_VERSION"),
         "mlx_version": mlx::version(),
