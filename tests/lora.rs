@@ -542,3 +542,79 @@ fn quantized_base_takes_a_lora_unfused() {
     assert_eq!(pixels(&run(Some(&zero), "zero.png")), base);
     assert_ne!(pixels(&run(Some(&full), "full.png")), base);
 }
+
+#[test]
+fn inspect_describes_a_lora_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("style.safetensors");
+    write_lora(&file, Layout::Kohya, &random_pairs(false));
+    let o = zimage(&["inspect", s(&file), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        j["lora_layout"].as_str().unwrap().starts_with("kohya"),
+        "{j}"
+    );
+    assert_eq!(j["lora_rank"], "4");
+    assert_eq!(j["lora_alpha"], "2");
+    assert_eq!(j["lora_pairs"], layers().len());
+    let targets = j["lora_targets"].to_string();
+    assert!(
+        targets.contains("transformer: layers_*_attention_to_q ×2")
+            && targets.contains("all_final_layer_2-1_linear ×1"),
+        "{targets}"
+    );
+    assert!(
+        j["lora_base"].as_str().unwrap().starts_with("Z-Image"),
+        "{j}"
+    );
+}
+
+#[test]
+fn png_metadata_names_each_lora_with_its_hash_and_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("my_style.safetensors");
+    write_lora(&file, Layout::Diffusers, &random_pairs(false));
+    let png = dir.path().join("out.png");
+    let o = zimage(&[
+        "generate",
+        "x",
+        "--model",
+        s(&demo()),
+        "--width",
+        "32",
+        "--height",
+        "32",
+        "--steps",
+        "1",
+        "--lora",
+        &format!("{}:0.6", s(&file)),
+        "-o",
+        s(&png),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hash = zimage::formats::model_hash::hash_file(&file)
+        .unwrap()
+        .safetensors
+        .unwrap()
+        .addnet[..12]
+        .to_string();
+    let chunks = zimage::image_out::read_png_text(&png).unwrap();
+    let text = |key: &str| {
+        chunks
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, t)| t.clone())
+            .unwrap()
+    };
+    let info = zimage::formats::infotext::parse(&text(zimage::image_out::PARAMETERS_KEY));
+    assert_eq!(
+        info.get("Lora hashes"),
+        Some(format!("my_style: {hash}").as_str())
+    );
+    let j: serde_json::Value = serde_json::from_str(&text(zimage::image_out::ZIMAGE_KEY)).unwrap();
+    let lora = &j["loras"][0];
+    assert_eq!(lora["file"], s(&file));
+    assert_eq!(lora["scale"], 0.6f32 as f64);
+    assert_eq!(lora["hash"], hash);
+}

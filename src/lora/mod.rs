@@ -325,6 +325,31 @@ impl LoraFile {
     }
 }
 
+/// Whether a safetensors header is an adapter's: some key is a LoRA pair's half or another
+/// adapter kind's part. Read from the header alone, so a model file is never read whole.
+pub fn is_adapter(header: &crate::safetensors::Header) -> bool {
+    header.tensors.iter().any(|t| {
+        layout::other_kind(&t.name).is_some()
+            || layout::parse_key(&t.name).is_some_and(|k| k.part != layout::Part::Alpha)
+    })
+}
+
+/// The model family an adapter's targets suggest.
+pub fn base_guess(targets: &BTreeMap<String, usize>) -> &'static str {
+    let has = |s: &str| targets.keys().any(|t| t.contains(s));
+    if has("feed_forward") && (has("adaLN_modulation") || has("attention")) {
+        "Z-Image (S3-DiT: `layers.*.attention`, `feed_forward.w1..w3`)"
+    } else if has("double_blocks") || has("single_blocks") {
+        "Flux (`double_blocks`/`single_blocks`); not a Z-Image LoRA"
+    } else if has("down_blocks") || has("up_blocks") || has("input_blocks") {
+        "Stable Diffusion UNet; not a Z-Image LoRA"
+    } else if has("self_attn") || has("mlp") {
+        "a text encoder only"
+    } else {
+        "unknown"
+    }
+}
+
 /// A layer name with its block indices as `*`: `layers.*.attention.to_q`.
 fn generic(module: &str) -> String {
     let star = |part: &str| {
