@@ -221,7 +221,7 @@ fn pair_of(
                 t.dtype
             ));
         }
-        if t.shape.len() != 2 || t.shape.iter().any(|&d| d == 0) {
+        if t.shape.len() != 2 || t.shape.contains(&0) {
             return Err(format!(
                 "tensor `{}` has shape {:?}; LoRA weights of a linear layer are 2-D with no empty axis",
                 super::shown(&t.name),

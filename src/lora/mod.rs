@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 pub enum Error {
     #[error("LoRA `{}`: {reason}", path.display())]
     File { path: PathBuf, reason: String },
-    #[error(transparent)]
+    #[error("LoRA {0}")]
     Read(#[from] crate::files::FileError),
     #[error("LoRA {0}")]
     Format(#[from] crate::safetensors::Error),
