@@ -342,7 +342,7 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
         for applied in &adapters.applied {
             if !applied.skipped.is_empty() {
                 eprintln!(
-                    "note: LoRA `{}`: skipped {} keys that name no layer of the model (first: `{}`)",
+                    "note: LoRA `{}`: skipped {} keys that fit no layout or name no layer of the model (first: `{}`)",
                     applied.file.display(),
                     applied.skipped.len(),
                     applied.skipped[0].escape_debug()
