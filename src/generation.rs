@@ -55,41 +55,59 @@ pub struct Provenance<'a> {
     pub dtype: Dtype,
     /// The file the initial latents were read from, when they were not drawn from the seed.
     pub noise_file: Option<&'a Path>,
+    /// The LoRA files applied, in order.
+    pub loras: &'a [crate::lora::Applied],
+    /// The scheduler's shift, from the model's scheduler config.
+    pub shift: f32,
 }
 
 /// The two text chunks of a generated PNG: (`parameters` infotext, `zimage` request JSON).
 pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
     let hash10 = from.identity.get(..10).unwrap_or("").to_string();
+    let mut fields = vec![
+        ("Steps", req.steps.to_string()),
+        ("Sampler", "Euler".into()),
+        (
+            "Schedule type",
+            format!("Flow matching, shift {}", from.shift),
+        ),
+        ("CFG scale", req.guidance.to_string()),
+        (
+            "Seed",
+            if from.noise_file.is_some() {
+                "-1".into()
+            } else {
+                req.seed.to_string()
+            },
+        ),
+        ("Size", format!("{}x{}", req.width, req.height)),
+        ("Model hash", hash10),
+        ("Model", from.model_name.to_string()),
+    ];
+    if !from.loras.is_empty() {
+        let hashes: Vec<String> = from
+            .loras
+            .iter()
+            // As A1111 writes them: a name loses the `:` and `,` that would split the list.
+            .map(|l| format!("{}: {}", l.name.replace([':', ','], ""), l.hash))
+            .collect();
+        fields.push(("Lora hashes", hashes.join(", ")));
+    }
+    fields.push(("Version", format!("zimage {}", env!("CARGO_PKG_VERSION"))));
     let parameters = infotext::format(
         &req.prompt,
         req.negative_prompt
             .as_deref()
             .filter(|_| req.guidance > 0.0)
             .unwrap_or(""),
-        &[
-            ("Steps", req.steps.to_string()),
-            ("Sampler", "Euler".into()),
-            ("Schedule type", "Flow matching, shift 3".into()),
-            ("CFG scale", req.guidance.to_string()),
-            (
-                "Seed",
-                if from.noise_file.is_some() {
-                    "-1".into()
-                } else {
-                    req.seed.to_string()
-                },
-            ),
-            ("Size", format!("{}x{}", req.width, req.height)),
-            ("Model hash", hash10),
-            ("Model", from.model_name.to_string()),
-            ("Version", format!("zimage {}", env!("CARGO_PKG_VERSION"))),
-        ],
+        &fields,
     );
     let request_json = serde_json::json!({
         "request": req,
         "noise_file": from.noise_file,
         "model": from.model_name,
         "model_identity": from.identity,
+        "loras": from.loras,
         "dtype": from.dtype.to_string(),
         "zimage_version": env!("CARGO_PKG_VERSION"),
         "mlx_version": mlx::version(),

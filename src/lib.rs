@@ -7,6 +7,7 @@
 //! - [`registry`]: models pulled from and pushed to a Docker-v2 registry, as Ollama moves them;
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
+//! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
@@ -18,6 +19,7 @@ pub mod formats;
 pub mod generation;
 pub mod image_out;
 pub mod loader;
+pub mod lora;
 pub mod memory_plan;
 pub mod mlx;
 pub mod models;

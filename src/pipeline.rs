@@ -138,6 +138,8 @@ pub struct Pipeline<S: ModelSource> {
     keep_models: bool,
     transformer: Option<ZImageTransformer>,
     vae: Option<VaeDecoder>,
+    /// LoRA pairs added, unfused, to the linear layers they target.
+    adapters: crate::lora::Adapters,
 }
 
 /// The widest or tallest image a request may ask for: Z-Image's position tables end at 8192
@@ -255,6 +257,7 @@ impl<S: ModelSource> Pipeline<S> {
             keep_models,
             transformer: None,
             vae: None,
+            adapters: Default::default(),
         })
     }
 
@@ -265,6 +268,17 @@ impl<S: ModelSource> Pipeline<S> {
     /// Chooses how unquantized linear weights are held from now on.
     pub fn set_residency(&mut self, residency: Residency) {
         self.residency = residency;
+    }
+
+    /// Applies these LoRA pairs from the next image on (a kept transformer is rebuilt).
+    pub fn set_adapters(&mut self, adapters: crate::lora::Adapters) {
+        self.adapters = adapters;
+        self.transformer = None;
+    }
+
+    /// The LoRAs applied, for metadata.
+    pub fn adapters(&self) -> &crate::lora::Adapters {
+        &self.adapters
     }
 
     pub fn residency(&self) -> Residency {
@@ -328,7 +342,8 @@ impl<S: ModelSource> Pipeline<S> {
             })?;
         Ok(Checkpoint::new(component, weights.tensors, self.dtype)
             .with_quantized(weights.quantized)
-            .with_residency(self.residency))
+            .with_residency(self.residency)
+            .with_adapters(self.adapters.for_component(component)))
     }
 
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {

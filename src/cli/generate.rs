@@ -58,9 +58,20 @@ pub struct GenerateArgs {
     /// stored (each layer widened as it runs), or whichever fits the memory budget.
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
+    /// A LoRA to apply, with its scale (default 1); repeat for several. diffusers/PEFT,
+    /// ComfyUI and kohya files are recognised by their keys.
+    #[arg(long = "lora", value_name = "FILE[:SCALE]", value_parser = lora_arg)]
+    pub loras: Vec<zimage::lora::LoraSpec>,
+    /// Skip LoRA keys that name no layer of the model instead of refusing the file.
+    #[arg(long)]
+    pub lora_lenient: bool,
     /// Report time and peak memory of each phase, and the memory estimate.
     #[arg(long, short)]
     pub verbose: bool,
+}
+
+fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
+    zimage::lora::LoraSpec::parse(arg).map_err(|e| e.to_string())
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,6 +320,27 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
         pipeline.validate(&req)?;
     }
+    if !a.loras.is_empty() {
+        let [text_encoder, transformer, _] = pipeline.tensor_sizes()?;
+        let adapters = zimage::lora::Adapters::load(
+            &a.loras,
+            &text_encoder,
+            &transformer,
+            a.lora_lenient,
+            dtype,
+        )?;
+        for applied in &adapters.applied {
+            if !applied.skipped.is_empty() {
+                eprintln!(
+                    "note: LoRA `{}`: skipped {} keys that fit no layout or name no layer of the model (first: `{}`)",
+                    applied.file.display(),
+                    applied.skipped.len(),
+                    applied.skipped[0].escape_debug()
+                );
+            }
+        }
+        pipeline.set_adapters(adapters);
+    }
     let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;
     pipeline.set_residency(plan.residency);
     pipeline.set_tiling(plan.tiling);
@@ -333,6 +365,8 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
             identity: &identity,
             dtype,
             noise_file: a.noise.as_deref(),
+            loras: &pipeline.adapters().applied,
+            shift: pipeline.configs.scheduler.shift,
         },
     );
     image_out::write_png(

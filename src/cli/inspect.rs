@@ -72,6 +72,9 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
             facts.push(("format", json!(safetensors_flavour(path, &header))));
             facts.push(("header_bytes", json!(header.header_len)));
             facts.push(("data_offset", json!(header.data_start())));
+            if zimage::lora::is_adapter(&header) {
+                facts.extend(lora_facts(path));
+            }
             Some(zimage::formats::listing_of_file(path)?)
         }
         FileKind::ZTensor => {
@@ -136,6 +139,48 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
 
 /// A safetensors file as the store writes blobs: one tensor keyed `data` (the seed's form) or
 /// keyed by its name, or a quantized weight with its `.scale`/`.bias` companions.
+/// What an adapter file holds: layout, rank, alpha, targets and the base it is for; a file
+/// that cannot be applied says why.
+fn lora_facts(path: &Path) -> Vec<(&'static str, Value)> {
+    let file = match zimage::lora::LoraFile::read(path, true) {
+        Ok(f) => f,
+        Err(e) => return vec![("lora", json!(format!("not applicable: {e}")))],
+    };
+    let s = file.summary();
+    let alpha = if s.alphas.is_empty() {
+        "none (alpha = rank, scale 1)".to_string()
+    } else {
+        s.alphas
+            .iter()
+            .map(f64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rank = match s.rank {
+        (lo, hi) if lo == hi => lo.to_string(),
+        (lo, hi) => format!("{lo}..{hi}"),
+    };
+    let mut facts = vec![
+        ("lora_layout", json!(s.layout.describe())),
+        ("lora_pairs", json!(s.pairs)),
+        ("lora_rank", json!(rank)),
+        ("lora_alpha", json!(alpha)),
+        (
+            "lora_targets",
+            json!(s
+                .targets
+                .iter()
+                .map(|(t, n)| format!("{t} ×{n}"))
+                .collect::<Vec<_>>()),
+        ),
+        ("lora_base", json!(zimage::lora::base_guess(&s.targets))),
+    ];
+    if !file.skipped.is_empty() {
+        facts.push(("lora_unmatched", json!(file.skipped.len())));
+    }
+    facts
+}
+
 fn safetensors_flavour(path: &Path, header: &safetensors::Header) -> &'static str {
     let in_store = path
         .file_name()

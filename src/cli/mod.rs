@@ -15,8 +15,8 @@ mod generate;
 mod hash;
 mod info;
 mod inspect;
-mod serve;
 mod registry;
+mod serve;
 mod store;
 mod target;
 

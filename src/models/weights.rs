@@ -9,6 +9,7 @@
 //! Linear weights are bound as stored when asked ([`Residency::Stored`]): quantized weights
 //! always stay packed, and bf16 weights stay bf16, widened a tile at a time as each layer runs.
 
+use crate::lora::LoraPair;
 use crate::mlx::{self, fast, ops, Array, Dtype, QuantizedTensor};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -45,6 +46,9 @@ pub struct Checkpoint {
     problems: RefCell<Vec<String>>,
     /// Names under these prefixes may go unused (parts of a checkpoint a pipeline never runs).
     unused_ok: Vec<String>,
+    /// LoRA pairs by the name of the linear layer they add to.
+    adapters: HashMap<String, Vec<LoraPair>>,
+    adapters_used: RefCell<BTreeSet<String>>,
 }
 
 impl Checkpoint {
@@ -58,7 +62,18 @@ impl Checkpoint {
             used: RefCell::default(),
             problems: RefCell::default(),
             unused_ok: Vec::new(),
+            adapters: HashMap::new(),
+            adapters_used: RefCell::default(),
         }
+    }
+
+    /// Adds LoRA pairs, by the name of the linear layer each adds to (as the model names it,
+    /// after any [`Checkpoint::rename`]).
+    pub fn with_adapters(mut self, adapters: HashMap<String, Vec<LoraPair>>) -> Checkpoint {
+        for (layer, pairs) in adapters {
+            self.adapters.entry(layer).or_default().extend(pairs);
+        }
+        self
     }
 
     /// Adds quantized weights, which linear layers bind packed.
@@ -118,6 +133,19 @@ impl Checkpoint {
             .collect();
         unused.sort();
         problems.extend(unused.into_iter().map(|k| format!("  unused tensor `{k}`")));
+        let adapters_used = self.adapters_used.into_inner();
+        let mut stray: Vec<&String> = (self.adapters.keys())
+            .filter(|k| {
+                !adapters_used.contains(*k)
+                    && !self.unused_ok.iter().any(|p| k.starts_with(p.as_str()))
+            })
+            .collect();
+        stray.sort();
+        problems.extend(
+            stray
+                .into_iter()
+                .map(|k| format!("  LoRA for `{k}`, which is not a linear layer of the model")),
+        );
         if problems.is_empty() {
             Ok(())
         } else {
@@ -232,6 +260,17 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// The LoRA pairs that add to the linear layer at this prefix.
+    pub fn adapters(&self) -> Vec<LoraPair> {
+        match self.ckpt.adapters.get(&self.prefix) {
+            Some(pairs) => {
+                (self.ckpt.adapters_used.borrow_mut()).insert(self.prefix.clone());
+                pairs.clone()
+            }
+            None => Vec::new(),
+        }
+    }
+
     /// Whether `name` exists under this prefix.
     pub fn contains(&self, name: &str) -> bool {
         self.ckpt.contains(&self.full_name(name))
@@ -245,10 +284,13 @@ pub enum LinearWeight {
     Quantized(QuantizedTensor),
 }
 
-/// `y = x·Wᵀ + b`, weights in PyTorch's `[out, in]` layout.
+/// `y = x·Wᵀ + b + Σ sᵢ·(x·Aᵢᵀ)·Bᵢᵀ`, weights in PyTorch's `[out, in]` layout, with any LoRA
+/// pairs applied unfused: the base weight is used as held (packed, as stored or cast), never
+/// merged into a copy.
 pub struct Linear {
     weight: LinearWeight,
     bias: Option<Array>,
+    adapters: Vec<LoraPair>,
 }
 
 impl Linear {
@@ -259,10 +301,21 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            adapters: w.adapters(),
+        })
     }
 
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let base = self.forward_base(x)?;
+        self.adapters
+            .iter()
+            .try_fold(base, |y, pair| y + pair.delta(x)?)
+    }
+
+    fn forward_base(&self, x: &Array) -> mlx::Result<Array> {
         match &self.weight {
             LinearWeight::Dense(w) if w.dtype() == x.dtype() => {
                 let wt = w.transpose(&[1, 0])?;

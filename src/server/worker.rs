@@ -581,6 +581,8 @@ fn generate_one(
             identity: &identity,
             dtype,
             noise_file: None,
+            loras: &r.pipeline.adapters().applied,
+            shift: r.pipeline.configs.scheduler.shift,
         },
     )
     .map_err(|e| JobError::new(JobErrorKind::Internal, e.to_string()))?;

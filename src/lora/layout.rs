@@ -1,0 +1,287 @@
+//! The key layouts LoRA files come in, and what each key names: the component, the linear
+//! module (as our checkpoints name it) and the part of the adapter.
+//!
+//! - diffusers / PEFT: `transformer.<module>.lora_A.weight` and `.lora_B.weight`, optionally
+//!   with a `default.` adapter segment before `weight`, or under PEFT's `base_model.model.`;
+//!   the text encoder's under `text_encoder.`. Alpha is in the metadata or absent.
+//! - ComfyUI: `diffusion_model.<module>.lora_A.weight` / `.lora_B.weight`, with an optional
+//!   `<module>.alpha`.
+//! - kohya: `lora_unet_<module with underscores for dots>.lora_down.weight`, `.lora_up.weight`
+//!   and `.alpha`, some trainers writing `lora_unet__…`; the text encoder's under `lora_te_`.
+//!
+//! Alpha as trainers mean it: the update is `alpha / rank · B·A`, and an absent alpha means
+//! alpha = rank (a scale of 1).
+
+/// A file's key layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    Peft,
+    Comfy,
+    Kohya,
+}
+
+impl Layout {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Layout::Peft => "diffusers/PEFT (`transformer.<module>.lora_A/lora_B`)",
+            Layout::Comfy => "ComfyUI (`diffusion_model.<module>.lora_A/lora_B`)",
+            Layout::Kohya => "kohya (`lora_unet_<module>.lora_down/lora_up`)",
+        }
+    }
+}
+
+/// The model component a key's module belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Component {
+    TextEncoder,
+    Transformer,
+}
+
+impl Component {
+    /// The component's folder name in a diffusers directory and in the store.
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::TextEncoder => "text_encoder",
+            Component::Transformer => "transformer",
+        }
+    }
+}
+
+/// Which half of a low-rank pair, or its alpha, a key holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// `A` / `lora_down`: `[rank, in]`.
+    Down,
+    /// `B` / `lora_up`: `[out, rank]`.
+    Up,
+    Alpha,
+}
+
+/// A module as a key spells it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ModuleKey {
+    /// Dotted, as in our checkpoints: `layers.0.attention.to_q`.
+    Dotted(String),
+    /// kohya's, every dot an underscore: `layers_0_attention_to_q`. Which underscores were dots
+    /// is only known against the model's modules.
+    Flat(String),
+}
+
+impl ModuleKey {
+    pub fn as_str(&self) -> &str {
+        match self {
+            ModuleKey::Dotted(s) | ModuleKey::Flat(s) => s,
+        }
+    }
+}
+
+/// What one key names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedKey {
+    pub layout: Layout,
+    pub component: Component,
+    pub module: ModuleKey,
+    pub part: Part,
+}
+
+/// The part suffixes, longest first so that `lora_A.default.weight` is not read as
+/// `…default` + `weight`.
+const PARTS: [(&str, Part); 7] = [
+    (".lora_A.default.weight", Part::Down),
+    (".lora_B.default.weight", Part::Up),
+    (".lora_A.weight", Part::Down),
+    (".lora_B.weight", Part::Up),
+    (".lora_down.weight", Part::Down),
+    (".lora_up.weight", Part::Up),
+    (".alpha", Part::Alpha),
+];
+
+/// Prefixes, each with the layout and component it means.
+const DOTTED_PREFIXES: [(&str, Layout, Component); 5] = [
+    ("transformer.", Layout::Peft, Component::Transformer),
+    ("base_model.model.", Layout::Peft, Component::Transformer),
+    ("text_encoder.", Layout::Peft, Component::TextEncoder),
+    ("diffusion_model.", Layout::Comfy, Component::Transformer),
+    (
+        "model.diffusion_model.",
+        Layout::Comfy,
+        Component::Transformer,
+    ),
+];
+const FLAT_PREFIXES: [(&str, Component); 3] = [
+    ("lora_unet_", Component::Transformer),
+    ("lora_te1_", Component::TextEncoder),
+    ("lora_te_", Component::TextEncoder),
+];
+
+/// Key fragments of adapter kinds that are not low-rank pairs, with their names.
+const OTHER_KINDS: [(&str, &str); 6] = [
+    ("lokr_w1", "LoKr"),
+    ("lokr_w2", "LoKr"),
+    ("hada_w1", "LoHa"),
+    ("hada_w2", "LoHa"),
+    ("dora_scale", "DoRA"),
+    ("lora_magnitude_vector", "DoRA"),
+];
+
+/// The adapter kind a key belongs to when it is not a plain LoRA (`LoKr`, `LoHa`, `DoRA`).
+pub fn other_kind(key: &str) -> Option<&'static str> {
+    OTHER_KINDS
+        .iter()
+        .find(|(fragment, _)| key.contains(fragment))
+        .map(|&(_, kind)| kind)
+}
+
+/// What `key` names, or `None` when it fits no layout.
+pub fn parse_key(key: &str) -> Option<ParsedKey> {
+    let (stem, part) = PARTS
+        .iter()
+        .find_map(|&(suffix, part)| key.strip_suffix(suffix).map(|s| (s, part)))?;
+    for (prefix, component) in FLAT_PREFIXES {
+        if let Some(rest) = stem.strip_prefix(prefix) {
+            // `lora_unet__layers_0_…`: the module began with a separator the trainer kept.
+            let rest = rest.trim_start_matches('_');
+            let rest = match component {
+                Component::TextEncoder => rest.strip_prefix("model_").unwrap_or(rest),
+                Component::Transformer => rest.strip_prefix("diffusion_model_").unwrap_or(rest),
+            };
+            return non_empty(rest).map(|m| ParsedKey {
+                layout: Layout::Kohya,
+                component,
+                module: ModuleKey::Flat(m.to_string()),
+                part,
+            });
+        }
+    }
+    let (layout, component, module) = DOTTED_PREFIXES
+        .iter()
+        .find_map(|&(prefix, layout, component)| {
+            stem.strip_prefix(prefix).map(|m| (layout, component, m))
+        })
+        // Saved from the bare transformer, with no prefix at all.
+        .unwrap_or((Layout::Peft, Component::Transformer, stem));
+    let module = match component {
+        Component::TextEncoder => module.strip_prefix("model.").unwrap_or(module),
+        Component::Transformer => module,
+    };
+    non_empty(module).map(|m| ParsedKey {
+        layout,
+        component,
+        module: ModuleKey::Dotted(m.to_string()),
+        part,
+    })
+}
+
+fn non_empty(s: &str) -> Option<&str> {
+    Some(s).filter(|s| !s.is_empty() && !s.starts_with('.') && !s.ends_with('.'))
+}
+
+/// A module name with every dot an underscore, as kohya spells it.
+pub fn flatten(module: &str) -> String {
+    module.replace('.', "_")
+}
+
+/// The longest name compared by edit distance: longer names are cut, so that a hostile key
+/// costs no more than a plausible one.
+const MAX_COMPARED: usize = 256;
+
+/// Levenshtein distance between `a` and `b` (each cut at [`MAX_COMPARED`] bytes).
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a = &a.as_bytes()[..a.len().min(MAX_COMPARED)];
+    let b = &b.as_bytes()[..b.len().min(MAX_COMPARED)];
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(key: &str) -> (Layout, Component, ModuleKey, Part) {
+        let p = parse_key(key).unwrap();
+        (p.layout, p.component, p.module, p.part)
+    }
+
+    #[test]
+    fn every_layout_maps_its_keys_to_modules() {
+        let dotted = |s: &str| ModuleKey::Dotted(s.into());
+        let flat = |s: &str| ModuleKey::Flat(s.into());
+        use Component::*;
+        use Layout::*;
+        use Part::*;
+        let cases = [
+            (
+                "transformer.layers.0.attention.to_q.lora_A.weight",
+                (Peft, Transformer, dotted("layers.0.attention.to_q"), Down),
+            ),
+            (
+                "transformer.layers.0.attention.to_out.0.lora_B.default.weight",
+                (Peft, Transformer, dotted("layers.0.attention.to_out.0"), Up),
+            ),
+            (
+                "base_model.model.layers.1.feed_forward.w2.lora_A.weight",
+                (Peft, Transformer, dotted("layers.1.feed_forward.w2"), Down),
+            ),
+            (
+                "text_encoder.model.layers.0.self_attn.q_proj.lora_A.weight",
+                (Peft, TextEncoder, dotted("layers.0.self_attn.q_proj"), Down),
+            ),
+            (
+                "diffusion_model.layers.0.adaLN_modulation.0.alpha",
+                (
+                    Comfy,
+                    Transformer,
+                    dotted("layers.0.adaLN_modulation.0"),
+                    Alpha,
+                ),
+            ),
+            (
+                "lora_unet_layers_0_attention_to_q.lora_down.weight",
+                (Kohya, Transformer, flat("layers_0_attention_to_q"), Down),
+            ),
+            (
+                "lora_unet__layers_0_attention_to_q.lora_up.weight",
+                (Kohya, Transformer, flat("layers_0_attention_to_q"), Up),
+            ),
+            (
+                "lora_te_model_layers_0_mlp_up_proj.alpha",
+                (Kohya, TextEncoder, flat("layers_0_mlp_up_proj"), Alpha),
+            ),
+        ];
+        for (key, want) in cases {
+            assert_eq!(parsed(key), want, "{key}");
+        }
+        assert_eq!(
+            parse_key("transformer.layers.0.attention.to_q.weight"),
+            None
+        );
+        assert_eq!(parse_key(".lora_A.weight"), None);
+        assert_eq!(parse_key("lora_unet___.alpha"), None);
+    }
+
+    #[test]
+    fn other_adapter_kinds_are_named() {
+        assert_eq!(other_kind("lora_unet_layers_0_w1.lokr_w1_a"), Some("LoKr"));
+        assert_eq!(other_kind("lora_unet_layers_0_w1.hada_w2_b"), Some("LoHa"));
+        assert_eq!(other_kind("lora_unet_layers_0_w1.lora_up.weight"), None);
+    }
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("to_q", "to_q"), 0);
+        assert_eq!(edit_distance("to_q", "to_k"), 1);
+        assert_eq!(edit_distance("layers.0.w1", "layers.0.w12"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
+}

@@ -1,0 +1,401 @@
+//! LoRA adapters: low-rank updates `W + s·alpha/r·B·A` to a model's linear layers, read from
+//! the files trainers write and applied unfused (`y = base(x) + s·(x·Aᵀ)·Bᵀ`), so the base
+//! weights are never copied and a quantized base stays packed.
+//!
+//! - [`layout`]: the key layouts (diffusers/PEFT, ComfyUI, kohya) and what each key names;
+//! - [`adapter`]: a file's pairs, read and checked, and a pair bound to a layer.
+//!
+//! [`Adapters::load`] resolves every file against the model's linear layers before any weight
+//! loads: a key that names no layer is an error naming the closest one, unless lenient.
+
+pub mod adapter;
+pub mod layout;
+
+pub use adapter::{LoraFile, LoraPair, StoredPair};
+pub use layout::{Component, Layout, ModuleKey};
+
+use crate::memory_plan::TensorSize;
+use crate::mlx::{self, Dtype};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("LoRA `{}`: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    #[error("LoRA {0}")]
+    Read(#[from] crate::files::FileError),
+    #[error("LoRA {0}")]
+    Format(#[from] crate::safetensors::Error),
+    #[error("--lora `{0}`: {1}")]
+    Spec(String, String),
+    #[error(transparent)]
+    Mlx(#[from] mlx::Error),
+}
+
+/// The longest name an error shows: a hostile key is cut, not echoed whole.
+const SHOWN_CHARS: usize = 120;
+
+/// `name` escaped (control characters as escapes) and cut for a one-line message.
+pub(crate) fn shown(name: &str) -> String {
+    let escaped: String = name.chars().flat_map(char::escape_debug).collect();
+    match escaped.char_indices().nth(SHOWN_CHARS) {
+        Some((at, _)) => format!("{}…", &escaped[..at]),
+        None => escaped,
+    }
+}
+
+/// One `--lora FILE[:SCALE]`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LoraSpec {
+    pub path: PathBuf,
+    pub scale: f32,
+}
+
+/// The largest scale magnitude accepted: LoRAs are used at −2…2; past this an image is noise.
+pub const MAX_SCALE: f32 = 100.0;
+
+impl LoraSpec {
+    /// `FILE` or `FILE:SCALE`; a suffix after the last `:` that is not a number is part of the
+    /// file name.
+    pub fn parse(arg: &str) -> Result<LoraSpec, Error> {
+        let spec = |reason: String| Error::Spec(shown(arg), reason);
+        let (path, scale) = match arg.rsplit_once(':') {
+            Some((path, scale)) if scale.trim().parse::<f32>().is_ok() => {
+                (path, scale.trim().parse::<f32>().unwrap_or(1.0))
+            }
+            _ => (arg, 1.0),
+        };
+        if path.is_empty() {
+            return Err(spec("no file before the scale; give FILE[:SCALE]".into()));
+        }
+        if !scale.is_finite() || scale.abs() > MAX_SCALE {
+            return Err(spec(format!(
+                "scale {scale} must be a finite number within -{MAX_SCALE}..={MAX_SCALE}"
+            )));
+        }
+        Ok(LoraSpec {
+            path: PathBuf::from(path),
+            scale,
+        })
+    }
+}
+
+/// The linear layers of one model component, `[out, in]` by dotted name, with kohya's
+/// spelling of each.
+#[derive(Debug, Default)]
+pub struct Modules {
+    shapes: BTreeMap<String, [u64; 2]>,
+    flat: HashMap<String, String>,
+}
+
+impl Modules {
+    /// The linear layers among a component's tensors: every 2-D `….weight` except token
+    /// tables. The text encoder's `model.` prefix is dropped, as the encoder drops it.
+    pub fn from_sizes(component: Component, sizes: &[TensorSize]) -> Modules {
+        let mut m = Modules::default();
+        for t in sizes {
+            let name = match component {
+                Component::TextEncoder => t.name.strip_prefix("model.").unwrap_or(&t.name),
+                Component::Transformer => &t.name,
+            };
+            let Some(module) = name.strip_suffix(".weight") else {
+                continue;
+            };
+            if t.shape.len() != 2 || module.ends_with("embed_tokens") {
+                continue;
+            }
+            m.flat.insert(layout::flatten(module), module.to_string());
+            m.shapes
+                .insert(module.to_string(), [t.shape[0], t.shape[1]]);
+        }
+        m
+    }
+
+    /// The dotted name and `[out, in]` of the layer `key` names.
+    fn resolve(&self, key: &ModuleKey) -> Option<(&str, [u64; 2])> {
+        let dotted = match key {
+            ModuleKey::Dotted(d) => d.as_str(),
+            ModuleKey::Flat(f) => self.flat.get(f)?.as_str(),
+        };
+        self.shapes
+            .get_key_value(dotted)
+            .map(|(k, &s)| (k.as_str(), s))
+    }
+
+    /// The layer whose name is nearest `key` as the key spells it.
+    fn closest(&self, key: &ModuleKey) -> Option<&str> {
+        let spelled = |dotted: &str| match key {
+            ModuleKey::Dotted(_) => dotted.to_string(),
+            ModuleKey::Flat(_) => layout::flatten(dotted),
+        };
+        self.shapes
+            .keys()
+            .min_by_key(|m| layout::edit_distance(key.as_str(), &spelled(m)))
+            .map(String::as_str)
+    }
+}
+
+/// Every pair bound to the model, by component and layer; several per layer when LoRAs stack.
+#[derive(Default, Clone)]
+pub struct Adapters {
+    by_layer: HashMap<(Component, String), Vec<LoraPair>>,
+    /// What was applied, for metadata.
+    pub applied: Vec<Applied>,
+}
+
+/// One file as applied.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Applied {
+    pub file: PathBuf,
+    /// The file's stem, as A1111 names LoRAs.
+    pub name: String,
+    pub scale: f32,
+    pub layout: Layout,
+    pub layers: usize,
+    /// A1111's LoRA hash (the addnet hash or the trainer's `sshs_model_hash`), first 12 hex.
+    pub hash: String,
+    /// Keys skipped under `--lora-lenient`.
+    pub skipped: Vec<String>,
+}
+
+impl Adapters {
+    /// Reads each file, resolves its keys against the model's linear layers (`sizes`: the
+    /// text encoder's and the transformer's tensors) and binds its pairs in `dtype`. A key that
+    /// names no layer, or a pair whose shape does not fit its layer, is an error, unless
+    /// `lenient` (then the key is skipped and listed).
+    pub fn load(
+        specs: &[LoraSpec],
+        text_encoder: &[TensorSize],
+        transformer: &[TensorSize],
+        lenient: bool,
+        dtype: Dtype,
+    ) -> Result<Adapters, Error> {
+        let text_modules = Modules::from_sizes(Component::TextEncoder, text_encoder);
+        let transformer_modules = Modules::from_sizes(Component::Transformer, transformer);
+        let mut adapters = Adapters::default();
+        for spec in specs {
+            let file = LoraFile::read(&spec.path, lenient)?;
+            let mut skipped = file.skipped.clone();
+            let mut layers = 0;
+            for ((component, key), pair) in &file.pairs {
+                let index = match component {
+                    Component::TextEncoder => &text_modules,
+                    Component::Transformer => &transformer_modules,
+                };
+                let Some((layer, shape)) =
+                    check_target(&file, *component, key, pair, index, lenient)?
+                else {
+                    skipped.push(pair.down.name.clone());
+                    skipped.push(pair.up.name.clone());
+                    continue;
+                };
+                debug_assert_eq!(shape, [pair.out_features(), pair.in_features()]);
+                let scale = spec.scale as f64 * pair.alpha_scale();
+                let bound = LoraPair {
+                    down: file.array(&pair.down)?.astype(dtype)?,
+                    up: file.array(&pair.up)?.astype(dtype)?,
+                    scale: scale as f32,
+                };
+                adapters
+                    .by_layer
+                    .entry((*component, layer.to_string()))
+                    .or_default()
+                    .push(bound);
+                layers += 1;
+            }
+            adapters.applied.push(Applied {
+                name: file_stem(&spec.path),
+                file: spec.path.clone(),
+                scale: spec.scale,
+                layout: file.layout,
+                layers,
+                hash: a1111_hash(&spec.path),
+                skipped,
+            });
+        }
+        Ok(adapters)
+    }
+
+    /// The pairs for `component`'s layers, by dotted layer name.
+    pub fn for_component(&self, component: &str) -> HashMap<String, Vec<LoraPair>> {
+        self.by_layer
+            .iter()
+            .filter(|((c, _), _)| c.name() == component)
+            .map(|((_, layer), pairs)| (layer.clone(), pairs.clone()))
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_layer.is_empty()
+    }
+}
+
+/// The layer `key` targets and its `[out, in]`, checked against the pair's shapes; `None` for
+/// a key that names no layer when `lenient`.
+fn check_target<'m>(
+    file: &LoraFile,
+    component: Component,
+    key: &ModuleKey,
+    pair: &StoredPair,
+    modules: &'m Modules,
+    lenient: bool,
+) -> Result<Option<(&'m str, [u64; 2])>, Error> {
+    let err = |reason: String| Error::File {
+        path: file.path.clone(),
+        reason,
+    };
+    let Some((layer, [out, inp])) = modules.resolve(key) else {
+        if lenient {
+            return Ok(None);
+        }
+        let closest = match modules.closest(key) {
+            Some(m) => format!("the closest is `{}`", shown(m)),
+            None => format!("the model has no {} layers", component.name()),
+        };
+        return Err(err(format!(
+            "key `{}` names no linear layer of the model's {} ({closest}); pass --lora-lenient to skip such keys",
+            shown(&pair.down.name),
+            component.name()
+        )));
+    };
+    if pair.in_features() != inp || pair.out_features() != out {
+        return Err(err(format!(
+            "`{}` {:?} and `{}` {:?} do not fit layer `{layer}` of shape [out {out}, in {inp}]; is the LoRA for another model?",
+            shown(&pair.down.name),
+            pair.down.shape,
+            shown(&pair.up.name),
+            pair.up.shape
+        )));
+    }
+    Ok(Some((layer, [out, inp])))
+}
+
+fn file_stem(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A1111's LoRA hash of `path`, first 12 hex; empty when it cannot be computed.
+fn a1111_hash(path: &Path) -> String {
+    crate::formats::model_hash::hash_file(path)
+        .ok()
+        .and_then(|h| h.safetensors)
+        .map(|st| st.a1111_lora_hash.chars().take(12).collect())
+        .unwrap_or_default()
+}
+
+/// What `zimage inspect` shows of a LoRA file.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub layout: Layout,
+    pub pairs: usize,
+    /// Lowest and highest rank.
+    pub rank: (u64, u64),
+    /// The distinct alphas (none when the file gives none: alpha = rank).
+    pub alphas: Vec<f64>,
+    /// Target layers with their indices as `*`, with counts, per component.
+    pub targets: BTreeMap<String, usize>,
+    pub components: Vec<Component>,
+}
+
+impl LoraFile {
+    pub fn summary(&self) -> Summary {
+        let mut alphas: Vec<f64> = self.pairs.values().filter_map(|p| p.alpha).collect();
+        alphas.sort_by(f64::total_cmp);
+        alphas.dedup();
+        let ranks = self.pairs.values().map(StoredPair::rank);
+        let mut components: Vec<Component> = self.pairs.keys().map(|(c, _)| *c).collect();
+        components.dedup();
+        let mut targets = BTreeMap::new();
+        for (c, m) in self.pairs.keys() {
+            *targets
+                .entry(format!("{}: {}", c.name(), generic(m.as_str())))
+                .or_insert(0) += 1;
+        }
+        Summary {
+            layout: self.layout,
+            pairs: self.pairs.len(),
+            rank: (ranks.clone().min().unwrap_or(0), ranks.max().unwrap_or(0)),
+            alphas,
+            targets,
+            components,
+        }
+    }
+}
+
+/// Whether a safetensors header is an adapter's: some key is a LoRA pair's half or another
+/// adapter kind's part. Read from the header alone, so a model file is never read whole.
+pub fn is_adapter(header: &crate::safetensors::Header) -> bool {
+    header.tensors.iter().any(|t| {
+        layout::other_kind(&t.name).is_some()
+            || layout::parse_key(&t.name).is_some_and(|k| k.part != layout::Part::Alpha)
+    })
+}
+
+/// The model family an adapter's targets suggest.
+pub fn base_guess(targets: &BTreeMap<String, usize>) -> &'static str {
+    let has = |s: &str| targets.keys().any(|t| t.contains(s));
+    if has("feed_forward") && (has("adaLN_modulation") || has("attention")) {
+        "Z-Image (S3-DiT: `layers.*.attention`, `feed_forward.w1..w3`)"
+    } else if has("double_blocks") || has("single_blocks") {
+        "Flux (`double_blocks`/`single_blocks`); not a Z-Image LoRA"
+    } else if has("down_blocks") || has("up_blocks") || has("input_blocks") {
+        "Stable Diffusion UNet; not a Z-Image LoRA"
+    } else if has("self_attn") || has("mlp") {
+        "a text encoder only"
+    } else {
+        "unknown"
+    }
+}
+
+/// A layer name with its block indices as `*`: `layers.*.attention.to_q`.
+fn generic(module: &str) -> String {
+    let star = |part: &str| {
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            "*".to_string()
+        } else {
+            part.to_string()
+        }
+    };
+    if module.contains('.') {
+        module.split('.').map(star).collect::<Vec<_>>().join(".")
+    } else {
+        module.split('_').map(star).collect::<Vec<_>>().join("_")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_takes_a_scale_after_the_last_colon() {
+        let s = LoraSpec::parse("style.safetensors:0.8").unwrap();
+        assert_eq!((s.path, s.scale), (PathBuf::from("style.safetensors"), 0.8));
+        let s = LoraSpec::parse("a:b.safetensors").unwrap();
+        assert_eq!((s.path, s.scale), (PathBuf::from("a:b.safetensors"), 1.0));
+        assert!(LoraSpec::parse(":1").is_err());
+        assert!(LoraSpec::parse("x:nan").is_err());
+        assert!(LoraSpec::parse("x:1e9").is_err());
+    }
+
+    #[test]
+    fn targets_group_block_indices() {
+        assert_eq!(
+            generic("layers.12.attention.to_q"),
+            "layers.*.attention.to_q"
+        );
+        assert_eq!(
+            generic("layers_3_feed_forward_w1"),
+            "layers_*_feed_forward_w1"
+        );
+    }
+
+    #[test]
+    fn hostile_names_are_escaped_and_cut() {
+        assert_eq!(shown("a\nb"), "a\\nb");
+        assert!(shown(&"x".repeat(10_000)).chars().count() <= SHOWN_CHARS + 1);
+    }
+}
