@@ -11,7 +11,11 @@ use zimage::safetensors::{header_bytes, Dtype, TensorSpec};
 use zimage::store::manifest::{self, Layer, Manifest};
 
 fn main() {
-    let out = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "fuzz/seeds".into()));
+    let out = PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .unwrap_or_else(|| "fuzz/seeds".into()),
+    );
     let mut seeds = Seeds { out, total: 0 };
     safetensors_header(&mut seeds);
     blob_classification(&mut seeds);
@@ -63,7 +67,11 @@ fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 
 fn safetensors_header(s: &mut Seeds) {
     let t = "safetensors_header";
-    s.put(t, "one_bf16", &safetensors(&[spec("data", Dtype::BF16, &[2, 3])], None));
+    s.put(
+        t,
+        "one_bf16",
+        &safetensors(&[spec("data", Dtype::BF16, &[2, 3])], None),
+    );
     s.put(
         t,
         "several_with_metadata",
@@ -79,7 +87,8 @@ fn safetensors_header(s: &mut Seeds) {
         ),
     );
     // The reference writer's layout: no padding, `__metadata__` last, unknown fields.
-    let json = r#"{"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3],"extra":1},"__metadata__":null}"#;
+    let json =
+        r#"{"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3],"extra":1},"__metadata__":null}"#;
     let mut file = (json.len() as u64).to_le_bytes().to_vec();
     file.extend_from_slice(json.as_bytes());
     file.extend_from_slice(&[1, 2, 3]);
@@ -123,8 +132,16 @@ fn blob_classification(s: &mut Seeds) {
             Some(&meta(&[("quant_type", quant_type), ("group_size", group)])),
         )
     };
-    s.put(t, "v2_quantized_int4", &blob(0, &[v2_quantized("int4", "32")]));
-    s.put(t, "v2_quantized_mxfp4", &blob(8, &[v2_quantized("mxfp4", "32")]));
+    s.put(
+        t,
+        "v2_quantized_int4",
+        &blob(0, &[v2_quantized("int4", "32")]),
+    );
+    s.put(
+        t,
+        "v2_quantized_mxfp4",
+        &blob(8, &[v2_quantized("mxfp4", "32")]),
+    );
     let no_metadata = safetensors(
         &[
             spec("w", Dtype::U32, &[2, 8]),
@@ -155,7 +172,11 @@ fn manifests(s: &mut Seeds) {
         &manifest::config_blob("bf16"),
         None,
     );
-    let mut tensor = layer(manifest::TENSOR_MEDIA_TYPE, b"w", Some("vae/decoder.conv_in.weight"));
+    let mut tensor = layer(
+        manifest::TENSOR_MEDIA_TYPE,
+        b"w",
+        Some("vae/decoder.conv_in.weight"),
+    );
     tensor.dtype = Some("BF16".into());
     tensor.shape = Some(vec![4, 3, 3, 3]);
     let quantized = layer(
@@ -188,7 +209,10 @@ fn model_names(s: &mut Seeds) {
         ("host_with_port", "localhost:5000/me/tiny:v1"),
         ("full", "registry.ollama.ai/library/z-image:latest"),
         ("digest", &format!("sha256:{hex}")),
-        ("digest_dash_upper", &format!("sha256-{}", hex.to_uppercase())),
+        (
+            "digest_dash_upper",
+            &format!("sha256-{}", hex.to_uppercase()),
+        ),
     ] {
         s.put(t, name, text.as_bytes());
     }
@@ -209,16 +233,35 @@ fn ztensor_files(s: &mut Seeds) {
         std::fs::read(&path).unwrap()
     };
     let dense = |w: &mut ztensor::Writer| {
-        w.add_dense("a", ztensor::ZDtype::Float32, &[2, 2], &f32s(&[1.0, 2.0, 3.0, 4.0]))
+        w.add_dense(
+            "a",
+            ztensor::ZDtype::Float32,
+            &[2, 2],
+            &f32s(&[1.0, 2.0, 3.0, 4.0]),
+        )
+        .unwrap();
+        w.add_dense("b", ztensor::ZDtype::Uint8, &[3], &[7, 8, 9])
             .unwrap();
-        w.add_dense("b", ztensor::ZDtype::Uint8, &[3], &[7, 8, 9]).unwrap();
     };
     let sparse = |w: &mut ztensor::Writer| {
         let values = f32s(&[1.0, 2.0, 3.0]);
-        w.add_csr("csr", ztensor::ZDtype::Float32, &[3, 4], &values, &[0, 3, 1], &[0, 2, 2, 3])
-            .unwrap();
-        w.add_coo("coo", ztensor::ZDtype::Float32, &[2, 3], &values, &[0, 1, 1, 0, 2, 1])
-            .unwrap();
+        w.add_csr(
+            "csr",
+            ztensor::ZDtype::Float32,
+            &[3, 4],
+            &values,
+            &[0, 3, 1],
+            &[0, 2, 2, 3],
+        )
+        .unwrap();
+        w.add_coo(
+            "coo",
+            ztensor::ZDtype::Float32,
+            &[2, 3],
+            &values,
+            &[0, 1, 1, 0, 2, 1],
+        )
+        .unwrap();
     };
     let mut attributes = BTreeMap::new();
     attributes.insert("source".to_string(), "seeds".to_string());
@@ -227,11 +270,31 @@ fn ztensor_files(s: &mut Seeds) {
         checksum,
         attributes: attributes.clone(),
     };
-    s.put(t, "dense_crc32c", &write("a.zt", opts(false, ztensor::Checksum::Crc32c), &dense));
-    s.put(t, "dense_zstd_sha256", &write("b.zt", opts(true, ztensor::Checksum::Sha256), &dense));
-    s.put(t, "sparse_raw", &write("c.zt", opts(false, ztensor::Checksum::None), &sparse));
-    s.put(t, "sparse_zstd", &write("d.zt", opts(true, ztensor::Checksum::Crc32c), &sparse));
-    s.put(t, "empty", &write("e.zt", ztensor::WriteOptions::default(), &|_| {}));
+    s.put(
+        t,
+        "dense_crc32c",
+        &write("a.zt", opts(false, ztensor::Checksum::Crc32c), &dense),
+    );
+    s.put(
+        t,
+        "dense_zstd_sha256",
+        &write("b.zt", opts(true, ztensor::Checksum::Sha256), &dense),
+    );
+    s.put(
+        t,
+        "sparse_raw",
+        &write("c.zt", opts(false, ztensor::Checksum::None), &sparse),
+    );
+    s.put(
+        t,
+        "sparse_zstd",
+        &write("d.zt", opts(true, ztensor::Checksum::Crc32c), &sparse),
+    );
+    s.put(
+        t,
+        "empty",
+        &write("e.zt", ztensor::WriteOptions::default(), &|_| {}),
+    );
 }
 
 /// A container with a small metadata area (the writer's is 2 MiB): every offset is the
@@ -240,9 +303,17 @@ fn dfsn(model_type: u16, metadata: &str, model: &[u8], little_endian: bool) -> V
     let meta_at = 0x2Eu32;
     let model_at = meta_at + metadata.len() as u32 + 4;
     let (ty, m, o) = if little_endian {
-        (model_type.to_le_bytes(), meta_at.to_le_bytes(), model_at.to_le_bytes())
+        (
+            model_type.to_le_bytes(),
+            meta_at.to_le_bytes(),
+            model_at.to_le_bytes(),
+        )
     } else {
-        (model_type.to_be_bytes(), meta_at.to_be_bytes(), model_at.to_be_bytes())
+        (
+            model_type.to_be_bytes(),
+            meta_at.to_be_bytes(),
+            model_at.to_be_bytes(),
+        )
     };
     let mut v = b"DFSN".to_vec();
     v.extend_from_slice(&ty);
@@ -259,9 +330,21 @@ fn dfsn_files(s: &mut Seeds) {
     let t = "dfsn";
     let model = safetensors(&[spec("w", Dtype::F16, &[2])], Some(&meta(&[("k", "v")])));
     let metadata = r#"{"name":"tiny","tags":["a","b"],"nested":{"x":1}}"#;
-    s.put(t, "safetensors_big_endian", &dfsn(2, metadata, &model, false));
-    s.put(t, "safetensors_little_endian", &dfsn(2, metadata, &model, true));
-    s.put(t, "ckpt_empty_metadata", &dfsn(1, "", b"PK\x03\x04not a zip", false));
+    s.put(
+        t,
+        "safetensors_big_endian",
+        &dfsn(2, metadata, &model, false),
+    );
+    s.put(
+        t,
+        "safetensors_little_endian",
+        &dfsn(2, metadata, &model, true),
+    );
+    s.put(
+        t,
+        "ckpt_empty_metadata",
+        &dfsn(1, "", b"PK\x03\x04not a zip", false),
+    );
 }
 
 fn png_files(s: &mut Seeds) {
@@ -289,7 +372,8 @@ fn png_files(s: &mut Seeds) {
         let mut enc = png::Encoder::new(&mut bytes, 1, 1);
         enc.set_color(png::ColorType::Grayscale);
         enc.set_depth(png::BitDepth::Eight);
-        enc.add_ztxt_chunk("parameters".into(), params.clone()).unwrap();
+        enc.add_ztxt_chunk("parameters".into(), params.clone())
+            .unwrap();
         let mut w = enc.write_header().unwrap();
         let mut itxt = png::text_metadata::ITXtChunk::new("zimage", "{\"a\":\"ß\"}");
         itxt.compress_text().unwrap();

@@ -13,7 +13,10 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(container.metadata.is_object());
     assert!(container.metadata_offset <= container.model_offset);
-    assert_eq!(container.model_offset + container.model_len, data.len() as u64);
+    assert_eq!(
+        container.model_offset + container.model_len,
+        data.len() as u64
+    );
     let _ = container.metadata_room();
     let _ = container.sha256_hex();
     if let Ok(v) = dfsn::verify(&path) {

@@ -24,7 +24,12 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(header.file_len(), data.len() as u64);
     for t in &header.tensors {
         let bits = t.numel() as u128 * t.dtype.bits() as u128;
-        assert_eq!(bits, t.nbytes() as u128 * 8, "`{}`: size does not match", t.name);
+        assert_eq!(
+            bits,
+            t.nbytes() as u128 * 8,
+            "`{}`: size does not match",
+            t.name
+        );
         assert!(t.data_offsets.1 <= header.data_len());
     }
 
@@ -46,5 +51,8 @@ fuzz_target!(|data: &[u8]| {
     let again = safetensors::parse(&rebuilt).expect("a header the writer built parses");
     let again_order: Vec<_> = again.tensors.iter().collect();
     assert_eq!(again_order, order, "tensors change through the writer");
-    assert_eq!(again.metadata, header.metadata, "metadata changes through the writer");
+    assert_eq!(
+        again.metadata, header.metadata,
+        "metadata changes through the writer"
+    );
 });
