@@ -1,0 +1,68 @@
+//! What the fuzz targets share: one scratch folder per process for the readers that take a
+//! path, and a throwaway model store.
+//!
+//! The folder lives in `$ZIMAGE_FUZZ_TMPDIR`, else `/dev/shm` (no disk writes at tens of
+//! thousands of inputs a second), else the system temp folder, and is removed when the fuzzer
+//! exits normally. A crashing run leaves it behind so the failing file can be looked at.
+
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+static SCRATCH: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_scratch() {
+    if let Some(dir) = SCRATCH.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// This process's scratch folder, created on first use.
+pub fn scratch_dir() -> &'static Path {
+    SCRATCH.get_or_init(|| {
+        let base = std::env::var_os("ZIMAGE_FUZZ_TMPDIR")
+            .map(PathBuf::from)
+            .or_else(|| Some(PathBuf::from("/dev/shm")).filter(|p| p.is_dir()))
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!("zimage-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch folder can be created");
+        // SAFETY: `remove_scratch` is a plain `extern "C" fn()` that only touches the
+        // initialised `SCRATCH`; registering it has no other effect.
+        unsafe { libc::atexit(remove_scratch) };
+        dir
+    })
+}
+
+/// Writes `bytes` to `name` in the scratch folder (the same path for every input) and
+/// returns the path.
+pub fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = scratch_dir().join(name);
+    std::fs::write(&path, bytes).expect("scratch file can be written");
+    path
+}
+
+/// An empty store folder in the scratch folder, emptied of the previous input's files.
+pub fn fresh_store() -> PathBuf {
+    let root = scratch_dir().join("store");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("blobs")).expect("store folder can be created");
+    root
+}
+
+/// Puts `bytes` in the store as a blob, the way the store names it, without the fsync of the
+/// real writer (nothing here must survive a power cut). Returns the digest.
+pub fn put_blob(root: &Path, bytes: &[u8]) -> String {
+    let digest = format!("sha256:{:x}", Sha256::digest(bytes));
+    let path = zimage::store::blob::blob_path(root, &digest).expect("digests we make are valid");
+    std::fs::write(path, bytes).expect("blob can be written");
+    digest
+}
+
+/// Puts `bytes` where the store looks for the manifest of `m` (`registry.ollama.ai/library/m:latest`).
+pub fn put_manifest(root: &Path, bytes: &[u8]) {
+    let name = zimage::store::ModelName::parse("m").expect("`m` is a valid name");
+    let path = root.join(name.manifest_path());
+    std::fs::create_dir_all(path.parent().expect("manifest paths have parents"))
+        .expect("manifest folder can be created");
+    std::fs::write(path, bytes).expect("manifest can be written");
+}
