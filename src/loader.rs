@@ -287,12 +287,13 @@ impl V1Companions {
 }
 
 /// Packed u32 columns × 32 / bits = columns = scale columns × group.
+/// In i64: the shapes come from a blob's header, and `packed × 32` overflows an i32.
 fn infer_bits(weight: &Array, scales: &Array, group: i32) -> Option<i32> {
-    let packed = *weight.shape().last()?;
-    let cols = *scales.shape().last()? * group;
+    let packed = i64::from(*weight.shape().last()?);
+    let cols = i64::from(*scales.shape().last()?) * i64::from(group);
     [4, 8, 2, 3, 6]
         .into_iter()
-        .find(|b| packed * 32 == cols * b)
+        .find(|&b| packed * 32 == cols * i64::from(b))
 }
 
 /// The arrays of one blob, keyed as in its header; `true` when mapped without a copy.
