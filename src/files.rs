@@ -245,7 +245,11 @@ impl Drop for Registered {
 /// Removes every registered temporary file; returns how many there were.
 pub fn remove_temporaries() -> usize {
     let list = TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner());
-    let paths: Vec<PathBuf> = list.iter().flat_map(|l| l.values().cloned()).collect();
+    remove_listed(&list)
+}
+
+fn remove_listed(list: &Option<HashMap<u64, PathBuf>>) -> usize {
+    let paths: Vec<&PathBuf> = list.iter().flat_map(|l| l.values()).collect();
     for p in &paths {
         let _ = std::fs::remove_file(p);
     }
@@ -263,7 +267,14 @@ pub fn remove_temporaries_on_signal() {
         };
         std::thread::spawn(move || {
             if let Some(signal) = signals.forever().next() {
-                remove_temporaries();
+                // The list stays locked until the process is gone, so no thread registers (and
+                // then creates) a file after the sweep. Paths are registered before their files
+                // exist; a file created by a thread that registered it just before the lock was
+                // taken is caught by the second sweep.
+                let list = TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner());
+                remove_listed(&list);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                remove_listed(&list);
                 let _ = signal_hook::low_level::emulate_default_handler(signal);
                 std::process::exit(128 + signal);
             }
@@ -289,8 +300,15 @@ impl TempFile {
         builder.prefix(prefix);
         #[cfg(unix)]
         builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-        let file = builder.tempfile_in(dir)?;
-        let registered = register_temporary(file.path());
+        // Created with the list locked, so a signal's sweep sees it (or it is never made).
+        let (file, registered) = {
+            let mut list = TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner());
+            let file = builder.tempfile_in(dir)?;
+            let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+            list.get_or_insert_with(HashMap::new)
+                .insert(id, file.path().to_path_buf());
+            (file, Registered(id))
+        };
         Ok(TempFile {
             file,
             _registered: registered,

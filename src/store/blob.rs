@@ -91,13 +91,15 @@ impl BlobWriter {
         })?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{PARTIAL_PREFIX}{}-{n}", std::process::id()));
+        // Registered before it exists, so a signal at any point finds it on the list.
+        let registered = crate::files::register_temporary(&tmp);
         let file = File::create(&tmp).map_err(|source| BlobError::Io {
             path: tmp.clone(),
             source,
         })?;
         Ok(BlobWriter {
             root: root.to_path_buf(),
-            _registered: Some(crate::files::register_temporary(&tmp)),
+            _registered: Some(registered),
             tmp,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             hasher: Sha256::new(),
