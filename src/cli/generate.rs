@@ -106,24 +106,27 @@ fn resolve_model(
             false,
         ));
     }
-    if let Ok(models) = user_store.list() {
-        for m in models {
-            let is_zimage = user_store
-                .config_file(&m, "model_index.json")
-                .ok()
-                .flatten()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .is_some_and(|j| j["_class_name"] == "ZImagePipeline");
-            if is_zimage && m.name.short() != DEMO_NAME {
-                return Ok((
-                    StoreSource {
-                        store: user_store,
-                        model: m,
-                        read_path: ReadPath::MlxLoader,
-                    },
-                    false,
-                ));
-            }
+    // A store that cannot be read is said, not silently passed over for the demo model.
+    let models = user_store.list().unwrap_or_else(|e| {
+        eprintln!("warning: cannot list the store ({e}); using the demo model");
+        Vec::new()
+    });
+    for m in models {
+        let is_zimage = user_store
+            .config_file(&m, "model_index.json")
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|j| j["_class_name"] == "ZImagePipeline");
+        if is_zimage && m.name.short() != DEMO_NAME {
+            return Ok((
+                StoreSource {
+                    store: user_store,
+                    model: m,
+                    read_path: ReadPath::MlxLoader,
+                },
+                false,
+            ));
         }
     }
     let cache = std::env::var_os("ZIMAGE_CACHE_DIR")
