@@ -4,7 +4,7 @@
 //! [`Array::to_bytes`], which evaluate what they read). Every op returns [`Result`], the
 //! arithmetic operators too, carrying MLX's own message and the name of the op.
 //!
-//! Every `unsafe` block and impl here says, in a `// SAFETY:` comment, what makes it sound.
+//! Every `unsafe` block and impl here says, in a safety comment, what makes it sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod array;
