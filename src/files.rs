@@ -403,21 +403,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let t = TempFile::beside(&dir.path().join("x"), ".t-").unwrap();
         let p = t.path().to_path_buf();
-        assert!(TEMPORARIES
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .values()
-            .any(|v| v == &p));
+        let listed = |p: &Path| {
+            let list = TEMPORARIES.lock().unwrap();
+            list.as_ref().is_some_and(|l| l.values().any(|v| v == p))
+        };
+        assert!(listed(&p));
         drop(t);
         assert!(!p.exists());
-        assert!(!TEMPORARIES
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .values()
-            .any(|v| v == &p));
+        assert!(!listed(&p));
     }
 }

@@ -121,24 +121,23 @@ pub fn read_png_text(path: &Path) -> Result<Vec<(String, String)>, Error> {
     for t in &info.uncompressed_latin1_text {
         out.push((t.keyword.clone(), t.text.clone()));
     }
-    for t in &info.compressed_latin1_text {
-        let mut t = t.clone();
-        let limit = MAX_TEXT_CHUNK_BYTES.min(budget);
-        t.decompress_text_with_limit(limit)
-            .map_err(|e| read_err(inflate_error(&t.keyword, limit, e)))?;
-        let text = t.get_text().map_err(|e| read_err(e.to_string()))?;
-        budget -= text.len().min(budget);
-        out.push((t.keyword, text));
+    // zTXt and iTXt chunks are two types with the same methods: one body for both, each
+    // chunk inflated within what is left of the budget.
+    macro_rules! inflate_within_budget {
+        ($chunks:expr) => {
+            for t in $chunks {
+                let mut t = t.clone();
+                let limit = MAX_TEXT_CHUNK_BYTES.min(budget);
+                t.decompress_text_with_limit(limit)
+                    .map_err(|e| read_err(inflate_error(&t.keyword, limit, e)))?;
+                let text = t.get_text().map_err(|e| read_err(e.to_string()))?;
+                budget -= text.len().min(budget);
+                out.push((t.keyword, text));
+            }
+        };
     }
-    for t in &info.utf8_text {
-        let mut t = t.clone();
-        let limit = MAX_TEXT_CHUNK_BYTES.min(budget);
-        t.decompress_text_with_limit(limit)
-            .map_err(|e| read_err(inflate_error(&t.keyword, limit, e)))?;
-        let text = t.get_text().map_err(|e| read_err(e.to_string()))?;
-        budget -= text.len().min(budget);
-        out.push((t.keyword, text));
-    }
+    inflate_within_budget!(&info.compressed_latin1_text);
+    inflate_within_budget!(&info.utf8_text);
     Ok(out)
 }
 

@@ -131,6 +131,14 @@ fn put_manifest(
     Ok(())
 }
 
+/// A blob to upload to `repo`: its digest, file and size.
+struct Upload<'a> {
+    repo: &'a str,
+    digest: &'a str,
+    path: &'a Path,
+    size: u64,
+}
+
 fn upload_retrying(
     client: &Client,
     repo: &str,
@@ -140,8 +148,14 @@ fn upload_retrying(
     progress: &dyn Progress,
 ) -> Result<(), RegistryError> {
     let mut tries = 0;
+    let blob = Upload {
+        repo,
+        digest,
+        path,
+        size,
+    };
     loop {
-        match upload(client, repo, digest, path, size, progress) {
+        match upload(client, &blob, progress) {
             Err(e) if e.is_transient() && tries + 1 < ATTEMPTS => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(100 << tries));
@@ -152,14 +166,13 @@ fn upload_retrying(
 }
 
 /// One blob: an upload session, its parts, and the closing `PUT` with the digest.
-fn upload(
-    client: &Client,
-    repo: &str,
-    digest: &str,
-    path: &Path,
-    size: u64,
-    progress: &dyn Progress,
-) -> Result<(), RegistryError> {
+fn upload(client: &Client, blob: &Upload, progress: &dyn Progress) -> Result<(), RegistryError> {
+    let Upload {
+        repo,
+        digest,
+        path,
+        size,
+    } = *blob;
     let start_url = client.url(&format!("/v2/{repo}/blobs/uploads/"));
     let response = client.send(&start_url, &|http| {
         http.post(&start_url).header(CONTENT_LENGTH, "0")
