@@ -15,6 +15,14 @@ use zimage::formats::ztensor::{self, Checksum, WriteOptions, ZDtype, ZtFile};
 use zimage::formats::FileKind;
 use zimage::safetensors::{self, Dtype, Header, TensorSpec};
 
+/// The checksums a zTensor file may carry per component.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChecksumArg {
+    None,
+    Crc32c,
+    Sha256,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ConvertArgs {
     /// The file to read: safetensors or zTensor v1.0 (told by its content).
@@ -25,8 +33,8 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub compress: bool,
     /// Digest stored with every component (.zt output only) [default: crc32c].
-    #[arg(long, value_name = "ALGO", value_parser = ["none", "crc32c", "sha256"])]
-    pub checksum: Option<String>,
+    #[arg(long, value_name = "ALGO", value_enum)]
+    pub checksum: Option<ChecksumArg>,
 }
 
 /// One tensor of the input, as the output sees it.
@@ -183,8 +191,11 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<ExitCode> {
     if out_kind == Output::Safetensors && (a.compress || a.checksum.is_some()) {
         bail!("`--compress` and `--checksum` apply to .zt output only; drop them or name the output `*.zt`");
     }
-    let checksum =
-        Checksum::parse(a.checksum.as_deref().unwrap_or("crc32c")).expect("clap checks the value");
+    let checksum = match a.checksum.unwrap_or(ChecksumArg::Crc32c) {
+        ChecksumArg::None => Checksum::None,
+        ChecksumArg::Crc32c => Checksum::Crc32c,
+        ChecksumArg::Sha256 => Checksum::Sha256,
+    };
     let input = Input::open(&a.input)?;
     for w in input.warnings() {
         eprintln!("warning: `{}`: {w}", a.input.display());

@@ -48,8 +48,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub noise: Option<PathBuf>,
     /// Compute dtype (default: bf16 on a GPU, f32 on the CPU).
-    #[arg(long, value_parser = ["f32", "bf16"])]
-    pub dtype: Option<String>,
+    #[arg(long, value_enum)]
+    pub dtype: Option<ComputeDtype>,
     /// Memory the run may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else 85% of the
     /// machine's memory). A request estimated above it is refused before anything loads.
     #[arg(long, value_name = "SIZE")]
@@ -72,6 +72,13 @@ pub struct GenerateArgs {
 
 fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
     zimage::lora::LoraSpec::parse(arg).map_err(|e| e.to_string())
+}
+
+/// The dtypes the pipeline computes in.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComputeDtype {
+    F32,
+    Bf16,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,9 +293,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     check_flags(&a)?;
     check_output(&a.output)?;
     zimage::platform::use_default_device()?;
-    let dtype = match a.dtype.as_deref() {
-        Some("bf16") => Dtype::BF16,
-        Some(_) => Dtype::F32,
+    let dtype = match a.dtype {
+        Some(ComputeDtype::Bf16) => Dtype::BF16,
+        Some(ComputeDtype::F32) => Dtype::F32,
         None => zimage::platform::default_compute_dtype(),
     };
     if let Some(dir) = model_dir(a.model.as_deref()) {

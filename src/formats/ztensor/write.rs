@@ -25,14 +25,6 @@ pub enum Checksum {
 }
 
 impl Checksum {
-    pub fn parse(s: &str) -> Option<Checksum> {
-        match s {
-            "none" => Some(Checksum::None),
-            "crc32c" => Some(Checksum::Crc32c),
-            "sha256" => Some(Checksum::Sha256),
-            _ => None,
-        }
-    }
     pub fn name(self) -> &'static str {
         match self {
             Checksum::None => "none",
