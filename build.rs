@@ -39,10 +39,45 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={file}");
     }
-    if let Err(msg) = run() {
+    if let Err(msg) = run().and_then(|()| embed_demo_model()) {
         eprintln!("\nzimage build: {msg}\n");
         panic!("zimage build: {msg}");
     }
+}
+
+/// Lists the demo model's files for `include_bytes!` (`$OUT_DIR/demo_files.rs`), so that the
+/// binary carries the model wherever it is installed.
+fn embed_demo_model() -> Result<(), String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    println!("cargo:rerun-if-changed={}", root.display());
+    let mut files = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries {
+            let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+            if path.is_dir() {
+                println!("cargo:rerun-if-changed={}", path.display());
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(&root).expect("below the root");
+                files.push((rel.to_string_lossy().replace('\\', "/"), path));
+            }
+        }
+    }
+    files.sort();
+    let mut out = String::from("/// The demo model's files: (path in the model, bytes).\n");
+    out.push_str("pub const DEMO_FILES: &[(&str, &[u8])] = &[\n");
+    for (rel, path) in &files {
+        out.push_str(&format!(
+            "    ({rel:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    out.push_str("];\n");
+    let dest =
+        PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?).join("demo_files.rs");
+    std::fs::write(&dest, out).map_err(|e| format!("{}: {e}", dest.display()))
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -89,10 +89,6 @@ pub enum WeightsArg {
 }
 
 /// The embedded demo model (random weights), shipped in the source tree.
-fn demo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny")
-}
-
 const DEMO_NAME: &str = "zimage/z-image-tiny:demo";
 
 /// The model to run: `--model`, else a Z-Image in the store, else the demo imported into a
@@ -151,7 +147,7 @@ fn resolve_model(
             m
         }
         _ => {
-            let dir = DiffusersDir::open(&demo_dir())?;
+            let dir = DiffusersDir::open(&super::demo::unpacked(&cache)?)?;
             demo_store.create(DEMO_NAME, &dir, &ImportOptions::default(), &|_| {})?;
             demo_store.open(DEMO_NAME)?
         }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod convert;
+mod demo;
 mod dfsn;
 mod diff;
 mod generate;
