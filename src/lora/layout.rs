@@ -187,7 +187,7 @@ pub fn flatten(module: &str) -> String {
 /// costs no more than a plausible one.
 const MAX_COMPARED: usize = 256;
 
-/// Levenshtein distance between `a` and `b` (each cut at [`MAX_COMPARED`] bytes).
+/// Levenshtein distance between `a` and `b` (each cut at `MAX_COMPARED` bytes).
 pub fn edit_distance(a: &str, b: &str) -> usize {
     let a = &a.as_bytes()[..a.len().min(MAX_COMPARED)];
     let b = &b.as_bytes()[..b.len().min(MAX_COMPARED)];

@@ -3,8 +3,8 @@
 //!
 //! - [`client`]: HTTP, redirects, timeouts and the authentication dance;
 //! - [`auth`]: credentials and `WWW-Authenticate` challenges;
-//! - [`pull`]: manifest and missing blobs into the store, verified, resumable;
-//! - [`push`]: missing blobs and the manifest to the registry.
+//! - [`pull`](mod@pull): manifest and missing blobs into the store, verified, resumable;
+//! - [`push`](mod@push): missing blobs and the manifest to the registry.
 //!
 //! Everything a registry sends is untrusted: digests and names are validated before they touch
 //! the filesystem, sizes are bounded by the manifest, and a blob is renamed into place only
