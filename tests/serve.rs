@@ -650,6 +650,11 @@ fn a_taken_port_is_refused_naming_the_flag() {
 
 /// Starts a streamed generation, reads `lines` progress lines, and hangs up.
 fn hang_up_after(port: u16, steps: u32, lines: usize) {
+    hang_up_when(port, steps, |seen| seen >= lines);
+}
+
+/// Streams a long run and hangs up once `done(progress lines seen)` says so.
+fn hang_up_when(port: u16, steps: u32, done: impl Fn(usize) -> bool) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let body =
         format!(r#"{{"model":"tiny","prompt":"a fox","width":64,"height":64,"steps":{steps}}}"#);
@@ -659,7 +664,7 @@ fn hang_up_after(port: u16, steps: u32, lines: usize) {
     let mut reader = BufReader::new(stream);
     let mut seen = 0;
     let mut line = String::new();
-    while seen < lines {
+    while !done(seen) {
         line.clear();
         assert!(reader.read_line(&mut line).unwrap() > 0);
         if line.contains("\"completed\"") {
@@ -683,9 +688,16 @@ fn a_client_that_leaves_stops_its_run_within_one_step() {
     let (left, stopped) = (numbers[0], numbers[1]);
     assert!(left >= 2 && stopped <= left + 1, "{line}");
 
-    // Queued: a long run holds the worker while a second request waits and is abandoned.
+    // Queued: a long run holds the worker until the second request has been abandoned.
     let port = server.port;
-    let long = std::thread::spawn(move || hang_up_after(port, 1000, 3));
+    let abandoned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let release = abandoned.clone();
+    let long = std::thread::spawn(move || {
+        hang_up_when(port, 1000, |seen| {
+            seen >= 1 && release.load(std::sync::atomic::Ordering::SeqCst)
+        })
+    });
+    // The long run is under way once the queue holds it (its first step is slower than this).
     std::thread::sleep(Duration::from_millis(300));
     let mut queued = TcpStream::connect(("127.0.0.1", port)).unwrap();
     queued
@@ -698,6 +710,7 @@ fn a_client_that_leaves_stops_its_run_within_one_step() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
     drop(queued);
+    abandoned.store(true, std::sync::atomic::Ordering::SeqCst);
     long.join().unwrap();
     server.wait_for_log("left while queued; not run");
     // The server is free again at once.
