@@ -51,10 +51,10 @@ pub enum Error {
     Index { path: PathBuf, reason: String },
     #[error(transparent)]
     Header(#[from] safetensors::Error),
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(transparent)]
     File(#[from] crate::files::FileError),
@@ -122,7 +122,7 @@ impl DiffusersDir {
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     }
 }
 

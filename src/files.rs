@@ -17,10 +17,10 @@ use std::sync::Mutex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("`{}` is {kind}, not a regular file; give the path of a file", path.display())]
     NotRegular { path: PathBuf, kind: &'static str },
@@ -40,7 +40,7 @@ impl FileError {
     fn io(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
         move |source| FileError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }
     }
 }
@@ -124,7 +124,7 @@ pub fn read_bounded(path: &Path, limit: u64, what: &'static str) -> Result<Vec<u
 pub fn read_text_bounded(path: &Path, limit: u64, what: &'static str) -> Result<String, FileError> {
     String::from_utf8(read_bounded(path, limit, what)?).map_err(|e| FileError::Io {
         path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        cause: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
     })
 }
 
@@ -171,7 +171,7 @@ fn destination(path: &Path) -> Result<Destination, FileError> {
     }
     Err(FileError::Io {
         path: path.to_path_buf(),
-        source: std::io::Error::other("too many levels of symbolic links"),
+        cause: std::io::Error::other("too many levels of symbolic links"),
     })
 }
 

@@ -108,7 +108,7 @@ pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
         "model": from.model_name,
         "model_identity": from.identity,
         "loras": from.loras,
-        "dtype": from.dtype.to_string(),
+        "dtype": from.dtype.lower_name(),
         "zimage_version": env!("CARGO_PKG_VERSION"),
         "mlx_version": mlx::version(),
     });

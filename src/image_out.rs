@@ -12,10 +12,10 @@ pub const ZIMAGE_KEY: &str = "zimage";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("writing `{}`: {source}", path.display())]
+    #[error("writing `{}`: {cause}", path.display())]
     Io {
         path: std::path::PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("encoding `{}`: {reason}", path.display())]
     Encode {
@@ -23,7 +23,7 @@ pub enum Error {
         reason: String,
     },
     #[error("writing {0}")]
-    Output(#[from] crate::files::FileError),
+    Output(crate::files::FileError),
     /// A PNG to read that is missing, unreadable or not a regular file.
     #[error("{0}")]
     Input(crate::files::FileError),
@@ -32,6 +32,14 @@ pub enum Error {
         path: std::path::PathBuf,
         reason: String,
     },
+}
+
+// Messages embed their cause rather than chain it, so the conversion is written out: `#[from]`
+// would also make the file error this one's source and print it twice.
+impl From<crate::files::FileError> for Error {
+    fn from(e: crate::files::FileError) -> Self {
+        Error::Output(e)
+    }
 }
 
 /// Writes RGB bytes as a PNG with the given text chunks. As Pillow (and so A1111) does, a

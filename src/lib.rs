@@ -14,6 +14,7 @@
 
 pub mod component;
 pub mod diffusers_dir;
+pub mod dtype;
 pub mod files;
 pub mod formats;
 pub mod generation;

@@ -12,7 +12,7 @@
 //! buffers), and, for blobs whose data starts on a page boundary (`zimage create --align`), a
 //! memory map handed to MLX without a copy where the backend allows it.
 
-use crate::mlx::{self, Array, Dtype};
+use crate::mlx::{self, Array};
 pub use crate::mlx::{QuantMode, QuantizedTensor};
 use crate::pipeline::ComponentWeights;
 use crate::safetensors::Header;
@@ -303,15 +303,16 @@ fn read_blob(p: &Pending, path: ReadPath) -> Result<(HashMap<String, Array>, boo
         && p.header.data_start().is_multiple_of(page_size())
     {
         let t = &p.header.tensors[0];
-        if let Some(dtype) = Dtype::from_safetensors(t.dtype.name()) {
+        if t.dtype.in_mlx() {
+            let dtype = t.dtype;
             let file = std::fs::File::open(&p.path).map_err(|source| StoreError::Io {
                 path: p.path.clone(),
-                source,
+                cause: source,
             })?;
             // SAFETY: blobs are immutable once renamed into place; the map is read-only.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| StoreError::Io {
                 path: p.path.clone(),
-                source,
+                cause: source,
             })?;
             let map = Arc::new(map);
             let start = (p.header.data_start() + t.data_offsets.0) as usize;
@@ -386,7 +387,7 @@ pub fn profile(
                 .map(|p| {
                     std::fs::read(p).map_err(|source| StoreError::Io {
                         path: p.clone(),
-                        source,
+                        cause: source,
                     })
                 })
                 .collect()
@@ -405,11 +406,11 @@ pub fn profile(
             buf.clear();
             let mut f = std::fs::File::open(p).map_err(|source| StoreError::Io {
                 path: p.clone(),
-                source,
+                cause: source,
             })?;
             std::io::Read::read_to_end(&mut f, &mut buf).map_err(|source| StoreError::Io {
                 path: p.clone(),
-                source,
+                cause: source,
             })?;
         }
         let streaming = t.elapsed().as_secs_f64();

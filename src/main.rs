@@ -12,16 +12,9 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            // Errors name their file in their own message and also chain their cause; print
-            // each cause once.
-            let mut msg = err.to_string();
-            for cause in err.chain().skip(1) {
-                let cause = cause.to_string();
-                if !msg.contains(&cause) {
-                    msg = format!("{msg}: {cause}");
-                }
-            }
-            eprintln!("error: {msg}");
+            // Every error embeds its own cause or chains it, never both, so the chain prints
+            // as it is.
+            eprintln!("error: {err:#}");
             cli::exit_error()
         }
     }

@@ -46,8 +46,8 @@ pub struct ComponentWeights {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("model `{model}`: {source}")]
-    Source { model: String, source: SourceError },
+    #[error("model `{model}`: {cause}")]
+    Source { model: String, cause: SourceError },
     #[error("model `{model}` has no `{path}`")]
     MissingConfig { model: String, path: String },
     #[error("`{path}` of model `{model}`: {reason}")]
@@ -174,7 +174,7 @@ fn parse_config<T: serde::de::DeserializeOwned>(
 fn read_config(source: &impl ModelSource, path: &str) -> Result<Option<Vec<u8>>, Error> {
     let bytes = source.config_file(path).map_err(|e| Error::Source {
         model: source.name(),
-        source: e,
+        cause: e,
     })?;
     let (limit, what) = crate::diffusers_dir::config_limit(path);
     match bytes {
@@ -295,7 +295,7 @@ impl<S: ModelSource> Pipeline<S> {
         let sizes = |c: &str| {
             self.source.tensor_sizes(c).map_err(|e| Error::Source {
                 model: self.source.name(),
-                source: e,
+                cause: e,
             })
         };
         Ok([sizes("text_encoder")?, sizes("transformer")?, sizes("vae")?])
@@ -338,7 +338,7 @@ impl<S: ModelSource> Pipeline<S> {
             .component(component)
             .map_err(|e| Error::Source {
                 model: self.source.name(),
-                source: e,
+                cause: e,
             })?;
         Ok(Checkpoint::new(component, weights.tensors, self.dtype)
             .with_quantized(weights.quantized)

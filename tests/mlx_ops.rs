@@ -464,6 +464,23 @@ fn errors_carry_mlx_messages_and_never_abort() {
 }
 
 #[test]
+fn one_dtype_serves_headers_and_arrays_and_types_mlx_lacks_are_errors() {
+    use zimage::safetensors::Dtype;
+    // The type a header names is the type an array is made of: no conversion through names.
+    let header_dtype = Dtype::parse("BF16").unwrap();
+    let a = Array::zeros(&[2, 2], header_dtype).unwrap();
+    assert_eq!(a.dtype(), header_dtype);
+    for d in Dtype::ALL {
+        let made = Array::zeros(&[2], d);
+        assert_eq!(made.is_ok(), d.in_mlx(), "{d}");
+        if let Err(e) = made {
+            assert!(e.message.contains(&format!("MLX has no {d} arrays")), "{e}");
+        }
+    }
+    assert!(a.astype(Dtype::F8_E4M3).is_err());
+}
+
+#[test]
 fn external_memory_is_released_exactly_once() {
     let drops = Arc::new(AtomicUsize::new(0));
     struct Owner(Vec<f32>, Arc<AtomicUsize>);

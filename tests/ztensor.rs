@@ -736,7 +736,7 @@ fn zt_files_import_into_the_store_and_load_equal() {
         assert_eq!(loaded.tensors.len(), want.len());
         for (name, arr) in &loaded.tensors {
             let (dtype, shape, data) = &want[name.as_str()];
-            assert_eq!(arr.dtype().safetensors_name(), *dtype, "{name}");
+            assert_eq!(arr.dtype().name(), *dtype, "{name}");
             assert_eq!(
                 arr.shape().iter().map(|&d| d as u64).collect::<Vec<_>>(),
                 *shape,

@@ -58,10 +58,10 @@ pub enum Error {
     /// The file is not a container this reader accepts; `reason` names the field.
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// `pack` was given something other than a ckpt or safetensors file.
     #[error("`{}` is a {} file; a DFSN container holds a ckpt or safetensors model", path.display(), kind.name())]
@@ -503,7 +503,7 @@ fn temp_beside(target: &Path, out: &Path) -> Result<crate::files::TempFile, Erro
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     }
 }
 

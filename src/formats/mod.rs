@@ -28,10 +28,10 @@ pub enum Error {
     Structural(#[from] structural::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("`{}` is not a safetensors, zTensor or DFSN file (read as safetensors)", path.display())]
     Unrecognised {
@@ -139,7 +139,7 @@ impl FileKind {
     /// a directory has no content; either is an error that says what it is.
     pub fn of_file(path: &Path) -> std::io::Result<FileKind> {
         let (mut file, len) = crate::files::open_regular(path).map_err(|e| match e {
-            crate::files::FileError::Io { source, .. } => source,
+            crate::files::FileError::Io { cause: source, .. } => source,
             e => std::io::Error::new(std::io::ErrorKind::InvalidInput, not_regular(&e)),
         })?;
         let mut head = Vec::with_capacity(16);
@@ -162,12 +162,12 @@ fn not_regular(e: &crate::files::FileError) -> String {
 pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     };
     let open = |path: &Path| {
         crate::files::open_regular(path).map_err(|e| Error::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, not_regular(&e)),
+            cause: std::io::Error::new(std::io::ErrorKind::InvalidInput, not_regular(&e)),
         })
     };
     match FileKind::of_file(path).map_err(io)? {

@@ -37,10 +37,10 @@ const QUEUE: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -139,7 +139,7 @@ pub fn hash_file(path: &Path) -> Result<ModelHashes, Error> {
     let size = std::fs::metadata(path)
         .map_err(|source| Error::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?
         .len();
     hash_region(path, 0, size)
@@ -150,7 +150,7 @@ pub fn hash_file(path: &Path) -> Result<ModelHashes, Error> {
 pub fn hash_region(path: &Path, start: u64, size: u64) -> Result<ModelHashes, Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     };
     let open = || -> std::io::Result<std::io::Take<std::fs::File>> {
         let mut file = std::fs::File::open(path)?;

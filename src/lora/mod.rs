@@ -24,13 +24,26 @@ pub enum Error {
     #[error("LoRA `{}`: {reason}", path.display())]
     File { path: PathBuf, reason: String },
     #[error("LoRA {0}")]
-    Read(#[from] crate::files::FileError),
+    Read(crate::files::FileError),
     #[error("LoRA {0}")]
-    Format(#[from] crate::safetensors::Error),
+    Format(crate::safetensors::Error),
     #[error("--lora `{0}`: {1}")]
     Spec(String, String),
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
+}
+
+// Written out rather than `#[from]`, which would chain the cause the message already shows.
+impl From<crate::files::FileError> for Error {
+    fn from(e: crate::files::FileError) -> Self {
+        Error::Read(e)
+    }
+}
+
+impl From<crate::safetensors::Error> for Error {
+    fn from(e: crate::safetensors::Error) -> Self {
+        Error::Format(e)
+    }
 }
 
 /// The longest name an error shows: a hostile key is cut, not echoed whole.

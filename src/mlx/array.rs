@@ -133,19 +133,24 @@ impl Array {
     /// Copies little-endian raw bytes into a new array of `dtype`.
     #[track_caller]
     pub fn from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
+        let code = dtype.code("from_bytes")?;
         let needed = element_count("from_bytes", shape)?
             .checked_mul(dtype.size_bytes())
             .ok_or_else(|| {
                 Error::new(
                     "from_bytes",
-                    format!("shape {shape:?} of {dtype} needs more bytes than memory can address"),
+                    format!(
+                        "shape {shape:?} of {} needs more bytes than memory can address",
+                        dtype.lower_name()
+                    ),
                 )
             })?;
         if needed != bytes.len() {
             return Err(Error::new(
                 "from_bytes",
                 format!(
-                    "shape {shape:?} of {dtype} needs {needed} bytes, got {}",
+                    "shape {shape:?} of {} needs {needed} bytes, got {}",
+                    dtype.lower_name(),
                     bytes.len()
                 ),
             ));
@@ -157,7 +162,7 @@ impl Array {
                 bytes.as_ptr() as *const c_void,
                 shape.as_ptr(),
                 shape.len(),
-                dtype.code(),
+                code,
             )
         )
     }
@@ -180,6 +185,8 @@ impl Array {
             // (when MLX frees the buffer, or at once if the array could not be made).
             drop(unsafe { Box::from_raw(ctx as *mut Box<dyn std::any::Any + Send>) });
         }
+        // Checked before the owner is handed over, so an error cannot leak it.
+        let code = dtype.code("from_external")?;
         let ctx = Box::into_raw(Box::new(owner)) as *mut c_void;
         call("from_external", |out| {
             // SAFETY: `out` is `call`'s local; `ptr` holds numel × dtype size bytes kept valid by
@@ -191,7 +198,7 @@ impl Array {
                     ptr as *mut c_void,
                     shape.as_ptr(),
                     shape.len(),
-                    dtype.code(),
+                    code,
                     release,
                     ctx,
                 )
@@ -206,9 +213,10 @@ impl Array {
 
     #[track_caller]
     pub fn full(shape: &[i32], value: f32, dtype: Dtype) -> Result<Array> {
+        let code = dtype.code("full")?;
         shim_call!(
             "full",
-            mlxs_full(shape.as_ptr(), shape.len(), value as f64, dtype.code())
+            mlxs_full(shape.as_ptr(), shape.len(), value as f64, code)
         )
     }
 
@@ -224,7 +232,8 @@ impl Array {
 
     #[track_caller]
     pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
-        shim_call!("arange", mlxs_arange(start, stop, step, dtype.code()))
+        let code = dtype.code("arange")?;
+        shim_call!("arange", mlxs_arange(start, stop, step, code))
     }
 
     pub fn shape(&self) -> Vec<i32> {
@@ -282,7 +291,11 @@ impl Array {
         if T::DTYPE != self.dtype() {
             return Err(Error::new(
                 "to_vec",
-                format!("array holds {}, asked for {}", self.dtype(), T::DTYPE),
+                format!(
+                    "array holds {}, asked for {}",
+                    self.dtype().lower_name(),
+                    T::DTYPE.lower_name()
+                ),
             ));
         }
         let n = self.size();
@@ -350,6 +363,11 @@ impl Drop for Array {
 
 impl std::fmt::Debug for Array {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Array({:?}, {})", self.shape(), self.dtype())
+        write!(
+            f,
+            "Array({:?}, {})",
+            self.shape(),
+            self.dtype().lower_name()
+        )
     }
 }

@@ -12,8 +12,9 @@ pub fn key(seed: u64) -> Result<Array> {
 /// Standard normal samples of `shape`, drawn from `key`.
 #[track_caller]
 pub fn normal(shape: &[i32], dtype: Dtype, key: &Array) -> Result<Array> {
+    let code = dtype.code("random::normal")?;
     shim_call!(
         "random::normal",
-        mlxs_random_normal(shape.as_ptr(), shape.len(), dtype.code(), key.as_ptr())
+        mlxs_random_normal(shape.as_ptr(), shape.len(), code, key.as_ptr())
     )
 }

@@ -102,7 +102,7 @@ pub fn pull(
     let dir = path.parent().expect("manifest paths have parents");
     std::fs::create_dir_all(dir).map_err(|source| crate::store::StoreError::Io {
         path: dir.to_path_buf(),
-        source,
+        cause: source,
     })?;
     crate::store::write_atomic(&path, &bytes)?;
     Ok(summary)

@@ -14,12 +14,11 @@
 //! One job per file: `dtype` names the element types, `header` holds the parsed header,
 //! `parse` reads and checks it, `write` writes ours.
 
-mod dtype;
 mod header;
 mod parse;
 mod write;
 
-pub use dtype::Dtype;
+pub use crate::dtype::Dtype;
 pub use header::{Header, TensorInfo};
 pub use parse::{header_len_from_prefix, parse, parse_header_json, read_header, read_header_file};
 pub use write::{header_bytes, TensorSpec};
@@ -42,7 +41,7 @@ pub enum Error {
     #[error("header length {header_len} runs past the end of the {file_len}-byte file")]
     InvalidHeaderLength { header_len: u64, file_len: u64 },
     #[error("header is not valid UTF-8: {0}")]
-    InvalidUtf8(#[from] std::str::Utf8Error),
+    InvalidUtf8(std::str::Utf8Error),
     #[error("header is not a JSON object: {0}")]
     InvalidJson(String),
     #[error("header has the key `{0}` twice")]
@@ -85,12 +84,25 @@ pub enum Error {
     )]
     LengthMismatch { expected: u64, got: u64 },
     #[error("I/O error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The file is missing, unreadable or not a regular file; the message names it.
     #[error(transparent)]
     File(#[from] crate::files::FileError),
-    #[error("`{}`: {source}", path.display())]
-    InFile { path: PathBuf, source: Box<Error> },
+    #[error("`{}`: {cause}", path.display())]
+    InFile { path: PathBuf, cause: Box<Error> },
+}
+
+// Written out rather than `#[from]`, which would chain the cause the message already shows.
+impl From<std::str::Utf8Error> for Error {
+    fn from(e: std::str::Utf8Error) -> Self {
+        Error::InvalidUtf8(e)
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
 }
 
 impl Error {
@@ -100,7 +112,7 @@ impl Error {
             e @ (Error::InFile { .. } | Error::File(_)) => e,
             e => Error::InFile {
                 path: path.to_path_buf(),
-                source: Box::new(e),
+                cause: Box::new(e),
             },
         }
     }

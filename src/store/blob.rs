@@ -21,10 +21,10 @@ pub enum BlobError {
     BadDigest(String),
     #[error("blob `{digest}` is missing from `{}`", dir.display())]
     Missing { digest: String, dir: PathBuf },
-    #[error("blob `{digest}`: {source}")]
+    #[error("blob `{digest}`: {cause}")]
     Header {
         digest: String,
-        source: safetensors::Error,
+        cause: safetensors::Error,
     },
     #[error("blob `{digest}`: {reason}")]
     Layout { digest: String, reason: String },
@@ -38,10 +38,10 @@ pub enum BlobError {
         digest: String,
         size: u64,
     },
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -87,7 +87,7 @@ impl BlobWriter {
         let dir = root.join("blobs");
         std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io {
             path: dir.clone(),
-            source,
+            cause: source,
         })?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{PARTIAL_PREFIX}{}-{n}", std::process::id()));
@@ -95,7 +95,7 @@ impl BlobWriter {
         let registered = crate::files::register_temporary(&tmp);
         let file = File::create(&tmp).map_err(|source| BlobError::Io {
             path: tmp.clone(),
-            source,
+            cause: source,
         })?;
         Ok(BlobWriter {
             root: root.to_path_buf(),
@@ -120,12 +120,12 @@ impl BlobWriter {
         let dir = root.join("blobs");
         std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io {
             path: dir.clone(),
-            source,
+            cause: source,
         })?;
         let tmp = dir.join(format!("{PARTIAL_PREFIX}{hex}"));
         let io = |source| BlobError::Io {
             path: tmp.clone(),
-            source,
+            cause: source,
         };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -184,7 +184,7 @@ impl BlobWriter {
     pub fn restart(&mut self) -> Result<(), BlobError> {
         let io = |source| BlobError::Io {
             path: self.tmp.clone(),
-            source,
+            cause: source,
         };
         let out = self.out.as_mut().expect("writer open until finish");
         out.flush().map_err(io)?;
@@ -224,7 +224,7 @@ impl BlobWriter {
         let out = self.out.as_mut().expect("writer open until finish");
         out.write_all(bytes).map_err(|source| BlobError::Io {
             path: self.tmp.clone(),
-            source,
+            cause: source,
         })
     }
 
@@ -234,7 +234,7 @@ impl BlobWriter {
         let tmp = self.tmp.clone();
         let io = |source| BlobError::Io {
             path: tmp.clone(),
-            source,
+            cause: source,
         };
         let out = self.out.take().expect("finish runs once");
         let file = out.into_inner().map_err(|e| io(e.into_error()))?;
@@ -251,7 +251,7 @@ impl BlobWriter {
         drop(file);
         std::fs::rename(&self.tmp, &dest).map_err(|source| BlobError::Io {
             path: dest.clone(),
-            source,
+            cause: source,
         })?;
         self.done = true;
         Ok((digest, self.size, true))
@@ -276,7 +276,7 @@ pub fn sync_filesystem(root: &Path, paths: &[PathBuf]) -> Result<(), BlobError> 
         let _ = paths;
         let dir = File::open(root).map_err(|source| BlobError::Io {
             path: root.to_path_buf(),
-            source,
+            cause: source,
         })?;
         // SAFETY: `dir` is an open file descriptor for the duration of the call; syncfs only
         // flushes the filesystem that holds it.
@@ -284,7 +284,7 @@ pub fn sync_filesystem(root: &Path, paths: &[PathBuf]) -> Result<(), BlobError> 
         if rc != 0 {
             return Err(BlobError::Io {
                 path: root.to_path_buf(),
-                source: std::io::Error::last_os_error(),
+                cause: std::io::Error::last_os_error(),
             });
         }
         Ok(())
@@ -350,7 +350,7 @@ pub fn check_inside_store(root: &Path, digest: &str, path: &Path) -> Result<(), 
     }
     let io = |source| BlobError::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     };
     let target = std::fs::canonicalize(path).map_err(io)?;
     let root = std::fs::canonicalize(root).map_err(io)?;
@@ -379,7 +379,7 @@ pub fn read_blob_header(root: &Path, digest: &str) -> Result<(PathBuf, Header), 
     check_inside_store(root, digest, &path)?;
     let header = safetensors::read_header_file(&path).map_err(|source| BlobError::Header {
         digest: digest.into(),
-        source,
+        cause: source,
     })?;
     Ok((path, header))
 }
@@ -388,7 +388,7 @@ pub fn read_blob_header(root: &Path, digest: &str) -> Result<(PathBuf, Header), 
 pub fn hash_file(path: &Path) -> Result<(String, u64), BlobError> {
     let io = |source| BlobError::Io {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     };
     let mut f = File::open(path).map_err(io)?;
     let mut h = Sha256::new();

@@ -28,7 +28,7 @@ impl SafetensorsFile {
     ) -> Result<SafetensorsFile, StoreError> {
         let io = |source| StoreError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         };
         let mut file = std::fs::File::open(path).map_err(io)?;
         file.seek(SeekFrom::Start(offset)).map_err(io)?;

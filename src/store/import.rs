@@ -255,7 +255,8 @@ impl Store {
         if let Some(d) = opts.dtype {
             if !convertible(d) {
                 return Err(StoreError::Invalid(format!(
-                    "`--dtype {d}` is not supported; use bf16, f16 or f32"
+                    "`--dtype {}` is not supported; use bf16, f16 or f32",
+                    d.lower_name()
                 )));
             }
         }
@@ -355,7 +356,7 @@ impl Store {
                 .read_exact(&mut buf[..n])
                 .map_err(|source| StoreError::Io {
                     path: t.file.clone(),
-                    source,
+                    cause: source,
                 })?;
             if target == t.dtype {
                 w.write(&buf[..n])?;
@@ -384,7 +385,7 @@ impl Store {
             .read_exact(&mut bytes)
             .map_err(|source| StoreError::Io {
                 path: t.file.clone(),
-                source,
+                cause: source,
             })?;
         let shape = t
             .shape
@@ -400,13 +401,12 @@ impl Store {
                     t.shape
                 ))
             })?;
-        let mlx_dtype =
-            crate::mlx::Dtype::from_safetensors(t.dtype.name()).expect("float dtypes map to MLX");
+        let mlx_dtype = t.dtype;
         let full = format!("{}/{}", t.component, t.name);
         let blobs = self.root.join("blobs");
         std::fs::create_dir_all(&blobs).map_err(|source| StoreError::Io {
             path: blobs.clone(),
-            source,
+            cause: source,
         })?;
         // MLX's writer insists on the `.safetensors` extension.
         let tmp = blobs.join(format!(
@@ -441,7 +441,7 @@ impl Store {
         }
         let data = std::fs::read(&tmp).map_err(|source| StoreError::Io {
             path: tmp.clone(),
-            source,
+            cause: source,
         });
         let _ = std::fs::remove_file(&tmp);
         let (digest, size, new) = blob::write_blob(&self.root, &data?)?;
@@ -452,18 +452,16 @@ impl Store {
     }
 }
 
-/// The error, somewhere in its chain, is the disk being full.
+/// The error is the disk being full.
 fn is_disk_full(e: &StoreError) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::StorageFull {
-                return true;
-            }
-        }
-        cause = c.source();
-    }
-    false
+    let io = match e {
+        StoreError::Io { cause, .. } => Some(cause),
+        StoreError::File(crate::files::FileError::Io { cause, .. }) => Some(cause),
+        StoreError::Blob(blob::BlobError::Io { cause, .. }) => Some(cause),
+        StoreError::Header(crate::safetensors::Error::Io(cause)) => Some(cause),
+        _ => None,
+    };
+    io.is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
 }
 
 /// Makes the renames into a folder durable (on Unix a folder is synced through a handle on it).
@@ -473,7 +471,7 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
         .and_then(|d| d.sync_all())
         .map_err(|source| StoreError::Io {
             path: dir.to_path_buf(),
-            source,
+            cause: source,
         })?;
     #[cfg(not(unix))]
     let _ = dir;
@@ -505,7 +503,7 @@ fn tensor_layer(
 fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
     let io = |source| StoreError::Io {
         path: t.file.clone(),
-        source,
+        cause: source,
     };
     let mut f = std::fs::File::open(&t.file).map_err(io)?;
     f.seek(SeekFrom::Start(t.offset)).map_err(io)?;

@@ -50,7 +50,7 @@ impl Store {
         let path = self.lock_path();
         let io = |source| StoreError::Io {
             path: path.clone(),
-            source,
+            cause: source,
         };
         let file = self.open_lock_file().map_err(io)?;
         file.lock_shared().map_err(io)?;
@@ -64,7 +64,7 @@ impl Store {
             Ok(file) => {
                 file.lock_shared().map_err(|source| StoreError::Io {
                     path: self.lock_path(),
-                    source,
+                    cause: source,
                 })?;
                 Ok(StoreLock { _file: Some(file) })
             }
@@ -78,7 +78,7 @@ impl Store {
             }
             Err(source) => Err(StoreError::Io {
                 path: self.lock_path(),
-                source,
+                cause: source,
             }),
         }
     }
@@ -88,14 +88,17 @@ impl Store {
         let path = self.lock_path();
         let file = self.open_lock_file().map_err(|source| StoreError::Io {
             path: path.clone(),
-            source,
+            cause: source,
         })?;
         match file.try_lock() {
             Ok(()) => Ok(StoreLock { _file: Some(file) }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Invalid(
                 "another zimage process is using the store".into(),
             )),
-            Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io { path, source }),
+            Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
+                path,
+                cause: source,
+            }),
         }
     }
 
@@ -105,7 +108,7 @@ impl Store {
         let path = self.lock_path();
         let io = |source| StoreError::Io {
             path: path.clone(),
-            source,
+            cause: source,
         };
         let file = self.open_lock_file().map_err(io)?;
         match file.try_lock() {

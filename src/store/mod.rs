@@ -51,10 +51,10 @@ pub enum StoreError {
     Header(#[from] crate::safetensors::Error),
     #[error(transparent)]
     Mlx(#[from] crate::mlx::Error),
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{0}")]
     Invalid(String),
@@ -179,7 +179,7 @@ impl Store {
     fn io(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
         move |source| StoreError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }
     }
 
@@ -204,7 +204,7 @@ impl Store {
         };
         let bytes = crate::files::read_bounded(path, MAX_MANIFEST_BYTES, "manifest").map_err(
             |e| match e {
-                crate::files::FileError::Io { source, .. } => bad(source.to_string()),
+                crate::files::FileError::Io { cause: source, .. } => bad(source.to_string()),
                 other => bad(other.to_string()),
             },
         )?;
@@ -543,7 +543,7 @@ fn remove_if_present(path: &Path) -> Result<bool, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(source) => Err(StoreError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }),
     }
 }

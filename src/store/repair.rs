@@ -122,7 +122,12 @@ impl Store {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(StoreError::Io { path, source }),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path,
+                    cause: source,
+                })
+            }
         }
         if !matches!(damage, Damage::Temporary { .. }) {
             self.tidy_manifest_dirs(&path);

@@ -29,10 +29,10 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("`{}`: file is {len} bytes, too small for the 8-byte header length", path.display())]
     TooSmall { path: PathBuf, len: u64 },
@@ -44,15 +44,15 @@ pub enum Error {
         header_len: u64,
         file_len: u64,
     },
-    #[error("`{}`: header is not valid UTF-8: {source}", path.display())]
+    #[error("`{}`: header is not valid UTF-8: {cause}", path.display())]
     NotUtf8 {
         path: PathBuf,
-        source: std::str::Utf8Error,
+        cause: std::str::Utf8Error,
     },
-    #[error("`{}`: header is not JSON: {source}", path.display())]
+    #[error("`{}`: header is not JSON: {cause}", path.display())]
     NotJson {
         path: PathBuf,
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     #[error("`{}`: tensor `{tensor}`: field `{field}` {reason}", path.display())]
     BadTensor {

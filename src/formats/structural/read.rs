@@ -31,7 +31,7 @@ pub fn read_safetensors_listing<R: Read>(
     let mut prefix = [0u8; 8];
     reader.read_exact(&mut prefix).map_err(|source| Error::Io {
         path: path_buf(),
-        source,
+        cause: source,
     })?;
     let header_len = u64::from_le_bytes(prefix);
     if header_len > MAX_HEADER_LEN {
@@ -53,7 +53,7 @@ pub fn read_safetensors_listing<R: Read>(
         .read_to_end(&mut header)
         .map_err(|source| Error::Io {
             path: path_buf(),
-            source,
+            cause: source,
         })?;
     if (header.len() as u64) < header_len {
         return Err(Error::HeaderPastEnd {
@@ -64,7 +64,7 @@ pub fn read_safetensors_listing<R: Read>(
     }
     let text = std::str::from_utf8(&header).map_err(|source| Error::NotUtf8 {
         path: path_buf(),
-        source,
+        cause: source,
     })?;
     listing_from_header(text, path)
 }
@@ -73,7 +73,7 @@ pub fn read_safetensors_listing<R: Read>(
 pub fn listing_from_header(text: &str, path: &Path) -> Result<Listing, Error> {
     let json: Value = serde_json::from_str(text).map_err(|source| Error::NotJson {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     })?;
     let Value::Object(entries) = json else {
         return Err(Error::Invalid {

@@ -87,10 +87,10 @@ pub enum Error {
     },
     #[error("`{}`: no tensor `{tensor}` in the file (see `zimage inspect`)", path.display())]
     NotFound { path: PathBuf, tensor: String },
-    #[error("`{}`: {source}", path.display())]
+    #[error("`{}`: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -98,7 +98,7 @@ impl Error {
     pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
         move |source| Error::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }
     }
 }

@@ -42,13 +42,15 @@ unary_methods! {
 impl Array {
     #[track_caller]
     pub fn astype(&self, dtype: Dtype) -> Result<Array> {
-        shim_call!("astype", mlxs_astype(self.as_ptr(), dtype.code()))
+        let code = dtype.code("astype")?;
+        shim_call!("astype", mlxs_astype(self.as_ptr(), code))
     }
 
     /// Reinterprets the bytes as another dtype of the same or a dividing size.
     #[track_caller]
     pub fn view(&self, dtype: Dtype) -> Result<Array> {
-        shim_call!("view", mlxs_view(self.as_ptr(), dtype.code()))
+        let code = dtype.code("view")?;
+        shim_call!("view", mlxs_view(self.as_ptr(), code))
     }
 }
 

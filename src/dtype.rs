@@ -1,8 +1,10 @@
-//! Element types of the safetensors format.
+//! Element types, one set for every layer: the safetensors header, the store's manifests, and
+//! MLX arrays. MLX holds a subset of them (no 4-, 6- or 8-bit floats); [`Dtype::in_mlx`] says
+//! which, and `crate::mlx` maps those onto its own codes.
 
 use std::fmt;
 
-/// Element types of the safetensors format, named exactly as in the header.
+/// Element types, named exactly as the safetensors header spells them.
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
@@ -105,6 +107,23 @@ impl Dtype {
             Dtype::I32 | Dtype::U32 | Dtype::F32 => 32,
             Dtype::C64 | Dtype::F64 | Dtype::I64 | Dtype::U64 => 64,
         }
+    }
+}
+
+impl Dtype {
+    /// Bytes per element, for whole-byte types (sub-byte types round up).
+    pub fn size_bytes(self) -> usize {
+        self.bits().div_ceil(8) as usize
+    }
+
+    /// A floating-point type MLX computes in (F16, BF16, F32, F64).
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64)
+    }
+
+    /// The lower-case spelling people type and read (`bf16`), as in `--dtype`.
+    pub fn lower_name(self) -> String {
+        self.name().to_lowercase()
     }
 }
 
