@@ -376,22 +376,6 @@ int mlxs_conv2d(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, int 
   });
 }
 
-int mlxs_quantize(mlxs_array** wq, mlxs_array** scales, mlxs_array** biases, const mlxs_array* w,
-                  int group_size, int bits) {
-  return guard([&] {
-    auto parts = mx::quantize(w->a, group_size, bits, "affine");
-    if (parts.size() != 3) throw std::runtime_error("[quantize] affine mode returned no biases");
-    put(wq, parts[0]);
-    put(scales, parts[1]);
-    put(biases, parts[2]);
-  });
-}
-
-int mlxs_dequantize(mlxs_array** out, const mlxs_array* wq, const mlxs_array* scales, const mlxs_array* biases,
-                    int group_size, int bits) {
-  return guard([&] { put(out, mx::dequantize(wq->a, scales->a, opt(biases), group_size, bits, "affine")); });
-}
-
 int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_array* wq, const mlxs_array* scales,
                           const mlxs_array* biases, int transpose, int group_size, int bits) {
   return guard([&] {

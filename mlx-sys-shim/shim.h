@@ -113,10 +113,6 @@ int mlxs_conv2d(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, int 
                 int pad_h, int pad_w, int dil_h, int dil_w, int groups);
 
 /* Quantization (affine mode) */
-int mlxs_quantize(mlxs_array** wq, mlxs_array** scales, mlxs_array** biases, const mlxs_array* w,
-                  int group_size, int bits);
-int mlxs_dequantize(mlxs_array** out, const mlxs_array* wq, const mlxs_array* scales,
-                    const mlxs_array* biases, int group_size, int bits);
 int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_array* wq,
                           const mlxs_array* scales, const mlxs_array* biases, int transpose,
                           int group_size, int bits);

@@ -37,7 +37,8 @@ pub enum FileError {
 }
 
 impl FileError {
-    fn io(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
+    /// Turns an I/O error on `path` into one that names it: `.map_err(FileError::io(path))`.
+    pub fn io(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
         move |source| FileError::Io {
             path: path.to_path_buf(),
             cause: source,

@@ -679,7 +679,7 @@ fn both_parsers_expand_their_declaration_macros() {
     }
     assert_eq!(c["mlxs_sum"].params.len(), 5);
     assert_eq!(rust["mlxs_sum"].params.len(), 5);
-    assert!(c.len() > 100, "only {} functions read from shim.h", c.len());
+    assert!(c.len() > 90, "only {} functions read from shim.h", c.len());
 }
 
 #[test]

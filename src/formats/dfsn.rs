@@ -58,11 +58,8 @@ pub enum Error {
     /// The file is not a container this reader accepts; `reason` names the field.
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
-    #[error("`{}`: {cause}", path.display())]
-    Io {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     /// `pack` was given something other than a ckpt or safetensors file.
     #[error("`{}` is a {} file; a DFSN container holds a ckpt or safetensors model", path.display(), kind.name())]
     NotAModel { path: PathBuf, kind: FileKind },
@@ -501,10 +498,7 @@ fn temp_beside(target: &Path, out: &Path) -> Result<crate::files::TempFile, Erro
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.to_path_buf(),
-        cause: source,
-    }
+    move |e| crate::files::FileError::io(path)(e).into()
 }
 
 #[cfg(test)]

@@ -157,22 +157,6 @@ extern "C" {
         groups: c_int,
     ) -> c_int;
 
-    pub fn mlxs_quantize(
-        wq: Out,
-        scales: Out,
-        biases: Out,
-        w: Arr,
-        group_size: c_int,
-        bits: c_int,
-    ) -> c_int;
-    pub fn mlxs_dequantize(
-        out: Out,
-        wq: Arr,
-        scales: Arr,
-        biases: Arr,
-        group_size: c_int,
-        bits: c_int,
-    ) -> c_int;
     pub fn mlxs_quantized_matmul(
         out: Out,
         x: Arr,

@@ -179,14 +179,23 @@ pub struct ModelBody {
     model: String,
 }
 
+/// A request that names one model: its body and the name, checked.
+async fn model_request(
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(ModelBody, ModelName), ApiError> {
+    let body: ModelBody = read_json(API, headers, body).await?;
+    let name = super::model_name(API, &body.model)?;
+    Ok((body, name))
+}
+
 /// `POST /api/show`.
 pub async fn show(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body: ModelBody = read_json(API, &headers, body).await?;
-    let name = super::model_name(API, &body.model)?;
+    let (body, name) = model_request(&headers, body).await?;
     let model = open_model(&state, API, &name, false).await?;
     let store = state.store.clone();
     let answer = tokio::task::spawn_blocking(move || {
@@ -224,8 +233,7 @@ pub async fn delete(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body: ModelBody = read_json(API, &headers, body).await?;
-    let name = super::model_name(API, &body.model)?;
+    let (body, name) = model_request(&headers, body).await?;
     let store = state.store.clone();
     let full = name.to_string();
     tokio::task::spawn_blocking(move || store.remove(&full))

@@ -218,7 +218,8 @@ impl Store {
         opts: &ImportOptions,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<ImportSummary, StoreError> {
-        self.create_inner(name, source, opts, progress)
+        let name = super::ModelName::parse(name)?;
+        self.import(&name, source, opts, progress)
             .map_err(|e| self.explain_full_disk(e, source))
     }
 
@@ -244,14 +245,13 @@ impl Store {
         ))
     }
 
-    fn create_inner(
+    fn import(
         &self,
-        name: &str,
+        name: &super::ModelName,
         source: &dyn TensorSourceSync,
         opts: &ImportOptions,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<ImportSummary, StoreError> {
-        let name = super::ModelName::parse(name)?;
         if let Some(d) = opts.dtype {
             if !convertible(d) {
                 return Err(StoreError::Invalid(format!(
@@ -267,7 +267,7 @@ impl Store {
             )));
         }
         let tensors = source.tensors();
-        check_manifest_fits(&name, &tensors)?;
+        check_manifest_fits(name, &tensors)?;
         // Held until the manifest is written: a `gc` cannot sweep the blobs written so far,
         // which no manifest references yet.
         let _lock = self.lock_for_writing()?;
@@ -329,7 +329,7 @@ impl Store {
         };
         let manifest = Manifest::new(config, all);
         self.check_blobs_present(&manifest)?;
-        self.write_manifest(&name, &manifest)?;
+        self.write_manifest(name, &manifest)?;
         Ok(summary)
     }
 

@@ -29,11 +29,6 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("`{}`: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
-    #[error("`{}`: {cause}", path.display())]
-    Io {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
     #[error("`{}`: file is {len} bytes, too small for the 8-byte header length", path.display())]
     TooSmall { path: PathBuf, len: u64 },
     #[error("`{}`: header length {header_len} exceeds the {MAX_HEADER_LEN}-byte limit", path.display())]
@@ -61,6 +56,8 @@ pub enum Error {
         field: String,
         reason: String,
     },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
 }
 
 /// weight-inspect's `Artifact`: what the structural hash covers.

@@ -5,6 +5,7 @@
 //! begin`), which weight-inspect rejects, is read here with a byte length of 0.
 
 use super::Error;
+use crate::files::FileError;
 use crate::formats::{Listing, TensorEntry};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -29,10 +30,9 @@ pub fn read_safetensors_listing<R: Read>(
         });
     }
     let mut prefix = [0u8; 8];
-    reader.read_exact(&mut prefix).map_err(|source| Error::Io {
-        path: path_buf(),
-        cause: source,
-    })?;
+    reader
+        .read_exact(&mut prefix)
+        .map_err(FileError::io(path))?;
     let header_len = u64::from_le_bytes(prefix);
     if header_len > MAX_HEADER_LEN {
         return Err(Error::HeaderTooLarge {
@@ -51,10 +51,7 @@ pub fn read_safetensors_listing<R: Read>(
     reader
         .take(header_len)
         .read_to_end(&mut header)
-        .map_err(|source| Error::Io {
-            path: path_buf(),
-            cause: source,
-        })?;
+        .map_err(FileError::io(path))?;
     if (header.len() as u64) < header_len {
         return Err(Error::HeaderPastEnd {
             path: path_buf(),

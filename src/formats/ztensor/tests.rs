@@ -49,11 +49,9 @@ fn golden_manifest() -> Vec<u8> {
     m
 }
 
-#[test]
-fn writer_reproduces_the_reference_manifest_byte_for_byte() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("w.zt");
-    let mut w = Writer::create(&p, WriteOptions::default()).unwrap();
+/// Writes the reference container: one dense 2×3 F32 tensor `weight`. Returns its size.
+fn write_weight(p: &std::path::Path) -> u64 {
+    let mut w = Writer::create(p, WriteOptions::default()).unwrap();
     w.add_dense(
         "weight",
         ZDtype::Float32,
@@ -61,7 +59,14 @@ fn writer_reproduces_the_reference_manifest_byte_for_byte() {
         &f32s(&[1., 2., 3., 4., 5., 6.]),
     )
     .unwrap();
-    let size = w.finish().unwrap();
+    w.finish().unwrap()
+}
+
+#[test]
+fn writer_reproduces_the_reference_manifest_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("w.zt");
+    let size = write_weight(&p);
     let bytes = std::fs::read(&p).unwrap();
     assert_eq!(size, bytes.len() as u64);
     assert_eq!(&bytes[..8], MAGIC);
@@ -399,19 +404,10 @@ fn rejects_each_malformation_naming_file_and_field() {
     .contains("zstd"));
     let no_tensors = map(vec![("version", text("1.0"))]);
     assert!(err("notensors.zt", no_tensors).contains("no `tensors`"));
-    let shape_neg = map(vec![
-        ("version", text("1.0")),
-        (
-            "tensors",
-            map(vec![(
-                "t",
-                map(vec![
-                    ("dtype", text("uint8")),
-                    ("shape", Value::Array(vec![Value::Integer((-1).into())])),
-                ]),
-            )]),
-        ),
-    ]);
+    let shape_neg = one_uint8_tensor(vec![(
+        "shape",
+        Value::Array(vec![Value::Integer((-1).into())]),
+    )]);
     assert!(err("neg.zt", shape_neg).contains("unsigned"));
 }
 
@@ -419,15 +415,7 @@ fn rejects_each_malformation_naming_file_and_field() {
 fn rejects_broken_containers() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("w.zt");
-    let mut w = Writer::create(&p, WriteOptions::default()).unwrap();
-    w.add_dense(
-        "weight",
-        ZDtype::Float32,
-        &[2, 3],
-        &f32s(&[1., 2., 3., 4., 5., 6.]),
-    )
-    .unwrap();
-    w.finish().unwrap();
+    write_weight(&p);
     let good = std::fs::read(&p).unwrap();
     let check = |name: &str, bytes: &[u8], want: &str| {
         let q = dir.path().join(name);
@@ -502,11 +490,7 @@ fn sparse_indices_are_checked_when_decoded() {
     let start = bytes.len() - 8 - m.len() + pos;
     bytes[start..start + new.len()].copy_from_slice(new.as_bytes());
     std::fs::write(&p, &bytes).unwrap();
-    let e = ZtFile::open(&p)
-        .unwrap()
-        .read_dense("coo")
-        .unwrap_err()
-        .to_string();
+    let e = dense_error(&p, "coo");
     assert!(
         e.contains("component `coords`") && e.contains("outside dimension 0"),
         "{e}"
@@ -527,11 +511,7 @@ fn cut_zstd_frames_are_refused() {
         cut,
         &dense_manifest("1.0", "float32", &[256], comp),
     );
-    let e = ZtFile::open(&p)
-        .unwrap()
-        .read_dense("t")
-        .unwrap_err()
-        .to_string();
+    let e = dense_error(&p, "t");
     assert!(
         e.contains("cut.zt") && e.contains("component `data`"),
         "{e}"
@@ -550,6 +530,25 @@ fn cut_zstd_frames_are_refused() {
     assert_eq!(ZtFile::open(&p).unwrap().read_dense("t").unwrap(), data);
 }
 
+/// The error reading tensor `name` of the container at `p` gives.
+fn dense_error(p: &std::path::Path, name: &str) -> String {
+    ZtFile::open(p)
+        .unwrap()
+        .read_dense(name)
+        .unwrap_err()
+        .to_string()
+}
+
+/// A version 1.0 manifest of one uint8 tensor `t` with `fields` besides its dtype.
+fn one_uint8_tensor(fields: Vec<(&str, Value)>) -> Value {
+    let mut tensor = vec![("dtype", text("uint8"))];
+    tensor.extend(fields);
+    map(vec![
+        ("version", text("1.0")),
+        ("tensors", map(vec![("t", map(tensor))])),
+    ])
+}
+
 #[test]
 fn csr_row_pointers_that_fall_back_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -559,37 +558,23 @@ fn csr_row_pointers_that_fall_back_are_refused() {
     blob.extend(u64s(&[0, 1, 2]));
     blob.resize(128, 0);
     blob.extend(u64s(&[0, 10, 3]));
-    let m = map(vec![
-        ("version", text("1.0")),
+    let m = one_uint8_tensor(vec![
         (
-            "tensors",
-            map(vec![(
-                "t",
-                map(vec![
-                    ("dtype", text("uint8")),
-                    (
-                        "shape",
-                        Value::Array(vec![Value::Integer(2.into()), Value::Integer(4.into())]),
-                    ),
-                    ("format", text("sparse_csr")),
-                    (
-                        "components",
-                        map(vec![
-                            ("values", map(at(64, 3))),
-                            ("indices", map(at(128, 24))),
-                            ("indptr", map(at(192, 24))),
-                        ]),
-                    ),
-                ]),
-            )]),
+            "shape",
+            Value::Array(vec![Value::Integer(2.into()), Value::Integer(4.into())]),
+        ),
+        ("format", text("sparse_csr")),
+        (
+            "components",
+            map(vec![
+                ("values", map(at(64, 3))),
+                ("indices", map(at(128, 24))),
+                ("indptr", map(at(192, 24))),
+            ]),
         ),
     ]);
     let p = craft(dir.path(), "csr.zt", &blob, &m);
-    let e = ZtFile::open(&p)
-        .unwrap()
-        .read_dense("t")
-        .unwrap_err()
-        .to_string();
+    let e = dense_error(&p, "t");
     assert!(
         e.contains("component `indptr`") && e.contains("decreases at row 1"),
         "{e}"

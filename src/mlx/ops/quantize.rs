@@ -1,23 +1,20 @@
 //! Affine quantization along the last axis, and products with quantized weights.
 
-use crate::mlx::array::{check, shim_call, Array};
-use crate::mlx::error::Result;
-use crate::mlx::ffi;
-use std::ptr::{null_mut, NonNull};
+use crate::mlx::array::{shim_call, Array};
+use crate::mlx::error::{Error, Result};
+use crate::mlx::{QuantMode, QuantizedTensor};
 
 /// Affine quantization along the last axis: `(packed u32 weights, scales, biases)`.
 #[track_caller]
 pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
-    let (mut q, mut s, mut b) = (null_mut(), null_mut(), null_mut());
-    // SAFETY: the three out-pointers are locals the shim writes once each on success; `w` is a
-    // live handle borrowed for the call.
-    let status =
-        unsafe { ffi::mlxs_quantize(&mut q, &mut s, &mut b, w.as_ptr(), group_size, bits) };
-    check("quantize", status)?;
-    let wrap = |p| Array::from_raw(NonNull::new(p).expect("quantize filled its outputs"));
-    Ok((wrap(q), wrap(s), wrap(b)))
+    let q = QuantizedTensor::quantize(w, group_size, bits, QuantMode::Affine)?;
+    let biases = q
+        .biases
+        .ok_or_else(|| Error::new("quantize", "affine mode returned no biases"))?;
+    Ok((q.weight, q.scales, biases))
 }
 
+/// The full-precision weight of an affine quantization, in the scales' dtype.
 #[track_caller]
 pub fn dequantize(
     wq: &Array,
@@ -26,16 +23,15 @@ pub fn dequantize(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
-    shim_call!(
-        "dequantize",
-        mlxs_dequantize(
-            wq.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            group_size,
-            bits,
-        )
-    )
+    QuantizedTensor {
+        weight: wq.clone(),
+        scales: scales.clone(),
+        biases: Some(biases.clone()),
+        group_size,
+        bits,
+        mode: QuantMode::Affine,
+    }
+    .dequantize()
 }
 
 /// `x @ dequantize(w)ᵀ` (or without the transpose), without materialising the weights.
