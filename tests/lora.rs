@@ -848,3 +848,67 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// The share of values identical and the largest difference.
+fn agreement(got: &[u8], want: &[u8]) -> (f64, u8) {
+    assert_eq!(got.len(), want.len());
+    let same = got.iter().zip(want).filter(|(a, b)| a == b).count();
+    let max = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap_or(0);
+    (same as f64 / got.len() as f64, max)
+}
+
+#[test]
+fn peft_lora_matches_diffusers_load_lora_weights() {
+    // models/make_lora_reference.py: a rank-4, alpha-8 LoRA made with peft on every attention
+    // and feed-forward layer, saved by diffusers, and the image diffusers draws with it loaded.
+    let refs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference");
+    let st = zimage::mlx::io::load_safetensors(&refs.join("lora.safetensors")).unwrap();
+    let case: serde_json::Value = serde_json::from_str(&st.metadata["case"]).unwrap();
+    let want = st.tensors["image_u8"].to_vec::<u8>().unwrap();
+    let base = zimage::mlx::io::load_safetensors(&refs.join("square.safetensors")).unwrap();
+    let base = base.tensors["image_u8"].to_vec::<u8>().unwrap();
+    let (same, _) = agreement(&base, &want);
+    assert!(
+        same < 0.5,
+        "the reference LoRA barely changes the image ({same})"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("lora.png");
+    let lora = refs.join(case["lora"].as_str().unwrap());
+    let text = |k: &str| case[k].to_string();
+    let o = zimage(&[
+        "generate",
+        case["prompt"].as_str().unwrap(),
+        "--model",
+        s(&demo()),
+        "--width",
+        &text("width"),
+        "--height",
+        &text("height"),
+        "--steps",
+        &text("steps"),
+        "--seed",
+        &text("seed"),
+        "--dtype",
+        "f32",
+        "--lora",
+        &format!("{}:{}", s(&lora), case["lora_scale"]),
+        "-o",
+        s(&png),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = image::open(&png).unwrap().to_rgb8().into_raw();
+    let (same, max) = agreement(&got, &want);
+    println!("LoRA parity: {:.4}% identical, max off {max}", same * 100.0);
+    assert!(
+        same >= 0.999 && max <= 1,
+        "{:.4}% of values identical, max off {max}",
+        same * 100.0
+    );
+}
