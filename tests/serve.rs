@@ -959,6 +959,29 @@ fn a_request_lora_draws_what_the_cli_lora_flag_draws_and_bad_paths_are_400() {
         "OpenAI's LoRA image differs from `--lora`'s"
     );
 
+    // A model that carries the LoRA draws the same, with no `loras` in the request.
+    let spec = format!("{}:0.8", s(&file));
+    let out = common::zimage_in(
+        &store,
+        &["create", "styled", "--from", "tiny", "--lora", &spec],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, body) = post(
+        server.port,
+        "/api/generate",
+        r#"{"model":"styled","prompt":"a red fox in the snow","width":64,"height":64,"steps":2,"options":{"seed":7},"stream":false}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let got = pixels(&b64(json(&body)["image"].as_str().unwrap()));
+    assert!(
+        got == expected,
+        "the derived model's image differs from `--lora`'s"
+    );
+
     let refused = |loras: &str, needle: &str| {
         let (status, body) = ollama(&format!(r#","loras":{loras}"#));
         assert_eq!(status, 400, "{loras}: {body}");
