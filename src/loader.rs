@@ -500,4 +500,8 @@ impl crate::pipeline::ModelSource for StoreSource {
         let loaded = load_component(&self.store, &self.model, component, self.read_path)?;
         Ok(loaded.into_weights())
     }
+
+    fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
+        crate::lora::stored::read(&self.store, &self.model)
+    }
 }

@@ -40,6 +40,79 @@ pub struct AppState {
     pub store: crate::store::Store,
     pub worker: Worker,
     pub api_key: Option<String>,
+    /// The folder requests may name LoRA files in (`--lora-dir`); none: requests name none.
+    pub lora_dir: Option<std::path::PathBuf>,
+}
+
+/// The most LoRAs one request may apply.
+pub const MAX_LORAS_PER_REQUEST: usize = 16;
+
+/// One LoRA a request asks for: a file in the server's `--lora-dir`, with its scale.
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct LoraBody {
+    pub path: String,
+    pub scale: Option<f32>,
+}
+
+/// A request's `loras`, each resolved inside the server's LoRA folder. A path that leaves the
+/// folder (absolute, `..`, or a link to elsewhere) or names no file is refused: a client
+/// reads no file the operator did not put there.
+pub fn request_loras(
+    state: &AppState,
+    api: Api,
+    loras: Option<&[LoraBody]>,
+) -> Result<Vec<crate::lora::LoraSpec>, ApiError> {
+    let loras = loras.unwrap_or_default();
+    if loras.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bad = |message: String| ApiError::bad_request(api, message).with_param("loras");
+    let Some(dir) = &state.lora_dir else {
+        return Err(bad(
+            "this server takes no LoRA files: start it with `--lora-dir DIR` (or ZIMAGE_LORA_DIR) and name files in that folder".into(),
+        ));
+    };
+    if loras.len() > MAX_LORAS_PER_REQUEST {
+        return Err(bad(format!(
+            "{} LoRAs asked for; a request may apply at most {MAX_LORAS_PER_REQUEST}",
+            loras.len()
+        )));
+    }
+    loras
+        .iter()
+        .map(|l| {
+            let shown = crate::lora::shown(&l.path);
+            let scale = l.scale.unwrap_or(1.0);
+            if !scale.is_finite() || scale.abs() > crate::lora::MAX_SCALE {
+                return Err(bad(format!(
+                    "LoRA `{shown}`: scale {scale} must be a finite number within -{0}..={0}",
+                    crate::lora::MAX_SCALE
+                )));
+            }
+            let relative = std::path::Path::new(&l.path);
+            let inside = !l.path.is_empty()
+                && relative
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return Err(bad(format!(
+                    "LoRA path `{shown}` must be a file name relative to the server's LoRA folder, without `..`"
+                )));
+            }
+            let found = dir
+                .join(relative)
+                .canonicalize()
+                .ok()
+                .filter(|p| p.starts_with(dir) && p.is_file());
+            let Some(path) = found else {
+                return Err(bad(format!(
+                    "LoRA `{shown}`: no such file in the server's LoRA folder"
+                )));
+            };
+            Ok(crate::lora::LoraSpec { path, scale })
+        })
+        .collect()
 }
 
 /// The model a request named, for the request's log line.

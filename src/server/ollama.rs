@@ -263,6 +263,7 @@ pub struct GenerateBody {
     guidance: Option<f32>,
     stream: Option<bool>,
     keep_alive: Option<Value>,
+    loras: Option<Vec<super::LoraBody>>,
 }
 
 /// The numbers of a request checked before it is queued; the sides left to the model are
@@ -347,6 +348,7 @@ pub async fn generate(
         .map(super::parse_keep_alive)
         .transpose()
         .map_err(|e| ApiError::bad_request(API, e))?;
+    let loras = super::request_loras(&state, API, body.loras.as_deref())?;
     open_model(&state, API, &name, true).await?;
     let seed = match body.options.as_ref().and_then(|o| o.seed) {
         Some(s) if s >= 0 => s as u64,
@@ -375,6 +377,7 @@ pub async fn generate(
         .submit(Job {
             model: name,
             specs,
+            loras,
             keep_alive,
             cancel,
             events: tx,

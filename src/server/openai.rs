@@ -57,6 +57,7 @@ pub struct ImagesBody {
     steps: Option<u64>,
     negative_prompt: Option<String>,
     guidance: Option<f32>,
+    loras: Option<Vec<super::LoraBody>>,
 }
 
 /// `"WxH"`, or `"auto"` (the model's default) as OpenAI's size.
@@ -128,6 +129,7 @@ pub async fn generate(
         .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
     let guidance = body.guidance.unwrap_or(0.0);
     check_ranges(API, steps, guidance, width, height)?;
+    let loras = super::request_loras(&state, API, body.loras.as_deref())?;
     open_model(&state, API, &name, true).await?;
     let seed = match body.seed {
         Some(s) if s >= 0 => s as u64,
@@ -152,6 +154,7 @@ pub async fn generate(
         .submit(Job {
             model: name,
             specs,
+            loras,
             keep_alive: None,
             cancel,
             events: tx,

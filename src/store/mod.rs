@@ -442,7 +442,7 @@ impl Store {
                 ));
                 continue;
             }
-            if layer.is_tensor() {
+            if layer.is_tensor() || layer.is_lora_tensor() {
                 match crate::safetensors::read_header_file(&path) {
                     Err(e) => report.problems.push(format!("`{label}`: {e}")),
                     Ok(h) => {
