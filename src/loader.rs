@@ -12,6 +12,7 @@
 //! buffers), and, for blobs whose data starts on a page boundary (`zimage create --align`), a
 //! memory map handed to MLX without a copy where the backend allows it.
 
+use crate::files::FileError;
 use crate::mlx::{self, Array};
 pub use crate::mlx::{QuantMode, QuantizedTensor};
 use crate::pipeline::ComponentWeights;
@@ -314,15 +315,9 @@ fn read_blob(p: &Pending, path: ReadPath) -> Result<(HashMap<String, Array>, boo
         let t = &p.header.tensors[0];
         if t.dtype.in_mlx() {
             let dtype = t.dtype;
-            let file = std::fs::File::open(&p.path).map_err(|source| StoreError::Io {
-                path: p.path.clone(),
-                cause: source,
-            })?;
+            let file = std::fs::File::open(&p.path).map_err(FileError::io(&p.path))?;
             // SAFETY: blobs are immutable once renamed into place; the map is read-only.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| StoreError::Io {
-                path: p.path.clone(),
-                cause: source,
-            })?;
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(FileError::io(&p.path))?;
             let map = Arc::new(map);
             let start = (p.header.data_start() + t.data_offsets.0) as usize;
             let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
@@ -393,12 +388,7 @@ pub fn profile(
         let read_all = || -> Result<Vec<Vec<u8>>, StoreError> {
             paths
                 .iter()
-                .map(|p| {
-                    std::fs::read(p).map_err(|source| StoreError::Io {
-                        path: p.clone(),
-                        cause: source,
-                    })
-                })
+                .map(|p| std::fs::read(p).map_err(|e| FileError::io(p)(e).into()))
                 .collect()
         };
         drop(read_all()?);
@@ -413,14 +403,8 @@ pub fn profile(
         let mut buf = Vec::new();
         for p in &paths {
             buf.clear();
-            let mut f = std::fs::File::open(p).map_err(|source| StoreError::Io {
-                path: p.clone(),
-                cause: source,
-            })?;
-            std::io::Read::read_to_end(&mut f, &mut buf).map_err(|source| StoreError::Io {
-                path: p.clone(),
-                cause: source,
-            })?;
+            let mut f = std::fs::File::open(p).map_err(FileError::io(p))?;
+            std::io::Read::read_to_end(&mut f, &mut buf).map_err(FileError::io(p))?;
         }
         let streaming = t.elapsed().as_secs_f64();
 

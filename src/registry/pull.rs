@@ -100,10 +100,8 @@ pub fn pull(
     // The registry's bytes, as they are: the stored manifest's digest is the registry's.
     let path = store.root.join(name.manifest_path());
     let dir = path.parent().expect("manifest paths have parents");
-    std::fs::create_dir_all(dir).map_err(|source| crate::store::StoreError::Io {
-        path: dir.to_path_buf(),
-        cause: source,
-    })?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| crate::store::StoreError::from(crate::files::FileError::io(dir)(e)))?;
     crate::store::write_atomic(&path, &bytes)?;
     Ok(summary)
 }

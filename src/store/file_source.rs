@@ -3,6 +3,7 @@
 //! inside a container at an offset, as the model of a DFSN container does.
 
 use super::{SourceTensor, StoreError, TensorSource};
+use crate::files::FileError;
 use crate::safetensors;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -26,12 +27,9 @@ impl SafetensorsFile {
         len: u64,
         component: &str,
     ) -> Result<SafetensorsFile, StoreError> {
-        let io = |source| StoreError::Io {
-            path: path.to_path_buf(),
-            cause: source,
-        };
-        let mut file = std::fs::File::open(path).map_err(io)?;
-        file.seek(SeekFrom::Start(offset)).map_err(io)?;
+        let io = FileError::io(path);
+        let mut file = std::fs::File::open(path).map_err(&io)?;
+        file.seek(SeekFrom::Start(offset)).map_err(&io)?;
         let header = safetensors::read_header(&mut Read::by_ref(&mut file).take(len), len)
             .map_err(|e| e.in_file(path))?;
         Ok(SafetensorsFile {

@@ -13,6 +13,7 @@ use super::manifest::{
 };
 use super::{Store, StoreError};
 use crate::diffusers_dir::DiffusersDir;
+use crate::files::FileError;
 use crate::mlx;
 use crate::safetensors::Dtype;
 use half::{bf16, f16};
@@ -333,10 +334,7 @@ impl Store {
             let n = (buf.len() as u64).min(left) as usize;
             reader
                 .read_exact(&mut buf[..n])
-                .map_err(|source| StoreError::Io {
-                    path: t.file.clone(),
-                    cause: source,
-                })?;
+                .map_err(FileError::io(&t.file))?;
             if target == t.dtype {
                 w.write(&buf[..n])?;
             } else {
@@ -362,10 +360,7 @@ impl Store {
         let mut bytes = vec![0u8; t.nbytes as usize];
         open_range(t)?
             .read_exact(&mut bytes)
-            .map_err(|source| StoreError::Io {
-                path: t.file.clone(),
-                cause: source,
-            })?;
+            .map_err(FileError::io(&t.file))?;
         let shape = t
             .shape
             .iter()
@@ -379,10 +374,7 @@ impl Store {
         let mlx_dtype = t.dtype;
         let full = format!("{}/{}", t.component, t.name);
         let blobs = self.root.join("blobs");
-        std::fs::create_dir_all(&blobs).map_err(|source| StoreError::Io {
-            path: blobs.clone(),
-            cause: source,
-        })?;
+        std::fs::create_dir_all(&blobs).map_err(FileError::io(&blobs))?;
         // MLX's writer insists on the `.safetensors` extension.
         let tmp = blobs.join(format!(
             "{}q-{}-{}.safetensors",
@@ -414,10 +406,7 @@ impl Store {
             let _ = std::fs::remove_file(&tmp);
             return Err(StoreError::Mlx(e));
         }
-        let data = std::fs::read(&tmp).map_err(|source| StoreError::Io {
-            path: tmp.clone(),
-            cause: source,
-        });
+        let data = std::fs::read(&tmp).map_err(FileError::io(&tmp));
         let _ = std::fs::remove_file(&tmp);
         let (digest, size, new) = blob::write_blob(&self.root, &data?)?;
         Ok(vec![(
@@ -430,7 +419,6 @@ impl Store {
 /// The error is the disk being full.
 fn is_disk_full(e: &StoreError) -> bool {
     let io = match e {
-        StoreError::Io { cause, .. } => Some(cause),
         StoreError::File(crate::files::FileError::Io { cause, .. }) => Some(cause),
         StoreError::Blob(blob::BlobError::Io { cause, .. }) => Some(cause),
         StoreError::Header(crate::safetensors::Error::Io(cause)) => Some(cause),
@@ -444,10 +432,7 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
     #[cfg(unix)]
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|source| StoreError::Io {
-            path: dir.to_path_buf(),
-            cause: source,
-        })?;
+        .map_err(FileError::io(dir))?;
     #[cfg(not(unix))]
     let _ = dir;
     Ok(())
@@ -476,12 +461,9 @@ fn tensor_layer(
 }
 
 fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
-    let io = |source| StoreError::Io {
-        path: t.file.clone(),
-        cause: source,
-    };
-    let mut f = std::fs::File::open(&t.file).map_err(io)?;
-    f.seek(SeekFrom::Start(t.offset)).map_err(io)?;
+    let io = FileError::io(&t.file);
+    let mut f = std::fs::File::open(&t.file).map_err(&io)?;
+    f.seek(SeekFrom::Start(t.offset)).map_err(&io)?;
     Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
 }
 

@@ -10,6 +10,7 @@
 //! the process ends however it ends, so a killed process never leaves the store locked.
 
 use super::{Store, StoreError};
+use crate::files::FileError;
 use std::fs::File;
 use std::path::PathBuf;
 
@@ -48,12 +49,9 @@ impl Store {
     /// The shared lock, for anything that writes blobs and manifests.
     pub fn lock_for_writing(&self) -> Result<StoreLock, StoreError> {
         let path = self.lock_path();
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            cause: source,
-        };
-        let file = self.open_lock_file().map_err(io)?;
-        file.lock_shared().map_err(io)?;
+        let io = FileError::io(&path);
+        let file = self.open_lock_file().map_err(&io)?;
+        file.lock_shared().map_err(&io)?;
         Ok(StoreLock { _file: Some(file) })
     }
 
@@ -62,10 +60,8 @@ impl Store {
     pub fn lock_for_reading(&self) -> Result<StoreLock, StoreError> {
         match self.open_lock_file() {
             Ok(file) => {
-                file.lock_shared().map_err(|source| StoreError::Io {
-                    path: self.lock_path(),
-                    cause: source,
-                })?;
+                file.lock_shared()
+                    .map_err(FileError::io(&self.lock_path()))?;
                 Ok(StoreLock { _file: Some(file) })
             }
             Err(e)
@@ -76,27 +72,24 @@ impl Store {
             {
                 Ok(StoreLock::none())
             }
-            Err(source) => Err(StoreError::Io {
+            Err(source) => Err(StoreError::from(FileError::Io {
                 path: self.lock_path(),
                 cause: source,
-            }),
+            })),
         }
     }
 
     /// The exclusive lock if nobody else holds the store now.
     pub fn try_lock_for_sweeping(&self) -> Result<StoreLock, StoreError> {
         let path = self.lock_path();
-        let file = self.open_lock_file().map_err(|source| StoreError::Io {
-            path: path.clone(),
-            cause: source,
-        })?;
+        let file = self.open_lock_file().map_err(FileError::io(&path))?;
         match file.try_lock() {
             Ok(()) => Ok(StoreLock { _file: Some(file) }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Busy),
-            Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
+            Err(std::fs::TryLockError::Error(source)) => Err(StoreError::from(FileError::Io {
                 path,
                 cause: source,
-            }),
+            })),
         }
     }
 
@@ -104,18 +97,15 @@ impl Store {
     /// called once before this blocks until they finish.
     pub fn lock_for_sweeping(&self, waiting: &dyn Fn()) -> Result<StoreLock, StoreError> {
         let path = self.lock_path();
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            cause: source,
-        };
-        let file = self.open_lock_file().map_err(io)?;
+        let io = FileError::io(&path);
+        let file = self.open_lock_file().map_err(&io)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 waiting();
-                file.lock().map_err(io)?;
+                file.lock().map_err(&io)?;
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e).into()),
         }
         Ok(StoreLock { _file: Some(file) })
     }

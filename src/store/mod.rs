@@ -21,6 +21,7 @@ pub use lock::StoreLock;
 pub use manifest::{Layer, Manifest, MAX_MANIFEST_BYTES};
 pub use name::ModelName;
 
+use crate::files::FileError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -51,11 +52,6 @@ pub enum StoreError {
     Header(#[from] crate::safetensors::Error),
     #[error(transparent)]
     Mlx(#[from] crate::mlx::Error),
-    #[error("`{}`: {cause}", path.display())]
-    Io {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
     #[error(
         "model `{model}` has no `{component}` tensors (it has: {})",
         list_or_none(have)
@@ -293,10 +289,7 @@ impl Store {
     }
 
     fn io(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
-        move |source| StoreError::Io {
-            path: path.to_path_buf(),
-            cause: source,
-        }
+        move |e| FileError::io(path)(e).into()
     }
 
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf, StoreError> {
@@ -655,10 +648,10 @@ fn remove_if_present(path: &Path) -> Result<bool, StoreError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(StoreError::Io {
+        Err(source) => Err(StoreError::from(FileError::Io {
             path: path.to_path_buf(),
             cause: source,
-        }),
+        })),
     }
 }
 

@@ -2,6 +2,7 @@
 //! and the temporary files of interrupted writes.
 
 use super::{DamagedModel, Store, StoreError};
+use crate::files::FileError;
 use std::path::PathBuf;
 
 /// One thing wrong with a store, and what removing it takes away.
@@ -119,10 +120,10 @@ impl Store {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
-                return Err(StoreError::Io {
+                return Err(StoreError::from(FileError::Io {
                     path,
                     cause: source,
-                })
+                }))
             }
         }
         if !matches!(damage, Damage::Temporary { .. }) {
