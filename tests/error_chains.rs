@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{s, zimage, zimage_in};
+use common::{copy_model, s, zimage, zimage_in};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -150,22 +150,6 @@ fn library_errors_embed_or_chain_their_cause_never_both() {
             );
             above = text;
             cause = c.source();
-        }
-    }
-}
-
-/// Copies a model's configs and links its weights (configs must lie inside the model).
-fn copy_model(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let dest = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy_model(&path, &dest);
-        } else if path.extension().is_some_and(|e| e == "safetensors") {
-            std::os::unix::fs::symlink(&path, &dest).unwrap();
-        } else {
-            std::fs::copy(&path, &dest).unwrap();
         }
     }
 }

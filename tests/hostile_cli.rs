@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::s;
+use common::{copy_model, s};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -18,23 +18,8 @@ fn demo() -> PathBuf {
 /// A copy of the demo model in `dir/model`: configs copied (to be edited), weights linked.
 fn model_copy(dir: &Path) -> PathBuf {
     let root = dir.join("model");
-    copy_tree(&demo(), &root);
+    copy_model(&demo(), &root);
     root
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let dest = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy_tree(&path, &dest);
-        } else if path.extension().is_some_and(|e| e == "safetensors") {
-            std::os::unix::fs::symlink(&path, &dest).unwrap();
-        } else {
-            std::fs::copy(&path, &dest).unwrap();
-        }
-    }
 }
 
 /// Sets `key` of the JSON file `rel` in `model` to `value` (`Value::Null` removes it).

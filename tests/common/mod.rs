@@ -26,6 +26,22 @@ pub fn zimage_in(store: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Copies a model's configs and links its weights (configs must lie inside the model).
+pub fn copy_model(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let dest = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_model(&path, &dest);
+        } else if path.extension().is_some_and(|e| e == "safetensors") {
+            std::os::unix::fs::symlink(&path, &dest).unwrap();
+        } else {
+            std::fs::copy(&path, &dest).unwrap();
+        }
+    }
+}
+
 /// A path as an argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
