@@ -66,3 +66,96 @@ pub fn put_manifest(root: &Path, bytes: &[u8]) {
         .expect("manifest folder can be created");
     std::fs::write(path, bytes).expect("manifest can be written");
 }
+
+const BLOB_SEPARATOR: &[u8] = b"@@BLOB@@";
+
+/// A one-model store built from a blob-classification input: one mode byte, then up to three
+/// blobs separated by `@@BLOB@@`, given in turn to the layers the mode names (cycling when
+/// there are fewer blobs than layers).
+/// - bits 0-1: the layers of component `c`: `w`; `w`, `w_scale`, `w_qbias` (v1 quantized);
+///   `w`, `w_scale` (a scale without its bias); `w_qbias` alone;
+/// - bit 2: layers state the dtype and shape of their blob's first tensor, as we write them;
+/// - bit 3: read through a memory map instead of MLX's loader.
+///
+/// Returns the store, its model `m`, and the read path; `None` for an empty input.
+pub fn blob_store(
+    data: &[u8],
+) -> Option<(
+    zimage::store::Store,
+    zimage::store::StoredModel,
+    zimage::loader::ReadPath,
+)> {
+    use zimage::store::manifest::{self, Layer, Manifest, TENSOR_MEDIA_TYPE};
+    let (&mode, rest) = data.split_first()?;
+    let blobs = split_blobs(rest);
+    let names: &[&str] = match mode & 3 {
+        0 => &["w"],
+        1 => &["w", "w_scale", "w_qbias"],
+        2 => &["w", "w_scale"],
+        _ => &["w_qbias"],
+    };
+    let declare = mode & 4 != 0;
+    let read_path = if mode & 8 != 0 {
+        zimage::loader::ReadPath::Mmap
+    } else {
+        zimage::loader::ReadPath::MlxLoader
+    };
+
+    let root = fresh_store();
+    let config = manifest::config_blob("bf16");
+    let config = Layer {
+        media_type: manifest::CONFIG_MEDIA_TYPE.into(),
+        digest: put_blob(&root, &config),
+        size: config.len() as u64,
+        from: None,
+        name: None,
+        dtype: None,
+        shape: None,
+    };
+    let layers = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let bytes = blobs[i % blobs.len()];
+            let first = zimage::safetensors::parse(bytes)
+                .ok()
+                .and_then(|h| h.tensors.into_iter().next())
+                .filter(|_| declare);
+            Layer {
+                media_type: TENSOR_MEDIA_TYPE.into(),
+                digest: put_blob(&root, bytes),
+                size: bytes.len() as u64,
+                from: None,
+                name: Some(format!("c/{name}")),
+                dtype: first.as_ref().map(|t| t.dtype.name().to_string()),
+                shape: first.map(|t| t.shape),
+            }
+        })
+        .collect();
+    let m = Manifest::new(config, layers);
+    put_manifest(&root, &m.to_bytes());
+
+    let store = zimage::store::Store::at(&root);
+    let model = store.open("m").expect("the manifest we wrote opens");
+    assert_eq!(
+        model.name,
+        zimage::store::ModelName::parse("m").expect("`m` is a valid name")
+    );
+    Some((store, model, read_path))
+}
+
+fn split_blobs(mut rest: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while out.len() < 2 {
+        let Some(at) = rest
+            .windows(BLOB_SEPARATOR.len())
+            .position(|w| w == BLOB_SEPARATOR)
+        else {
+            break;
+        };
+        out.push(&rest[..at]);
+        rest = &rest[at + BLOB_SEPARATOR.len()..];
+    }
+    out.push(rest);
+    out
+}
