@@ -68,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         store,
         worker,
         api_key: None,
+        lora_dir: None,
     });
     let runtime = tokio::runtime::Runtime::new()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

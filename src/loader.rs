@@ -88,10 +88,11 @@ pub fn load_component(
 ) -> Result<LoadedComponent, StoreError> {
     let layers: Vec<&Layer> = model.manifest.component_layers(component).collect();
     if layers.is_empty() {
-        return Err(StoreError::Invalid(format!(
-            "model `{}` has no `{component}` tensors",
-            model.name.short()
-        )));
+        return Err(StoreError::NoComponent {
+            model: model.name.short(),
+            component: component.to_string(),
+            have: model.manifest.components(),
+        });
     }
     // Blobs are opened under the store lock, so that no `gc` sweeps between a manifest read
     // and its blobs opened; once open, a blob outlives its removal.
@@ -139,11 +140,13 @@ fn ensure_open_file_limit(
     let wanted = blobs as u64 + 256;
     if let Ok(limit) = crate::platform::raise_open_file_limit(wanted) {
         if limit < blobs as u64 + 32 {
-            return Err(StoreError::Invalid(format!(
-                "model `{}`: `{component}` has {blobs} blobs to hold open, but this process may \
-                 open only {limit} files (the hard limit); raise it, e.g. `ulimit -n {wanted}`",
-                model.name.short(),
-            )));
+            return Err(StoreError::TooManyOpenFiles {
+                model: model.name.short(),
+                component: component.to_string(),
+                blobs,
+                limit,
+                wanted,
+            });
         }
     }
     Ok(())
@@ -255,17 +258,20 @@ impl V1Companions {
     fn join(mut self, component: &str, out: &mut LoadedComponent) -> Result<(), StoreError> {
         for (base, scales) in self.scales {
             let weight = out.tensors.remove(&base).ok_or_else(|| {
-                StoreError::Invalid(format!("`{component}/{base}_scale` has no `{base}`"))
+                StoreError::v1_quantized(component, &base, "_scale", "has no weight layer")
             })?;
             let biases = self.biases.remove(&base).ok_or_else(|| {
-                StoreError::Invalid(format!("`{component}/{base}` has no `_qbias` layer"))
+                StoreError::v1_quantized(component, &base, "", "has no `_qbias` layer")
             })?;
             // Ollama's first quantized imports used group 32.
             let group_size = 32;
             let bits = infer_bits(&weight, &scales, group_size).ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "`{component}/{base}`: packed shape does not match its scales"
-                ))
+                StoreError::v1_quantized(
+                    component,
+                    &base,
+                    "",
+                    "packed shape does not match its scales",
+                )
             })?;
             let q = QuantizedTensor {
                 weight,
@@ -278,9 +284,12 @@ impl V1Companions {
             out.quantized.insert(base, q);
         }
         match self.biases.keys().next() {
-            Some(base) => Err(StoreError::Invalid(format!(
-                "`{component}/{base}_qbias` has no matching `_scale` layer"
-            ))),
+            Some(base) => Err(StoreError::v1_quantized(
+                component,
+                base,
+                "_qbias",
+                "has no matching `_scale` layer",
+            )),
             None => Ok(()),
         }
     }
@@ -499,5 +508,9 @@ impl crate::pipeline::ModelSource for StoreSource {
     fn component(&self, component: &str) -> Result<ComponentWeights, crate::pipeline::SourceError> {
         let loaded = load_component(&self.store, &self.model, component, self.read_path)?;
         Ok(loaded.into_weights())
+    }
+
+    fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
+        crate::lora::stored::read(&self.store, &self.model)
     }
 }

@@ -35,6 +35,10 @@ pub trait ModelSource {
     fn component(&self, component: &str) -> Result<ComponentWeights, SourceError>;
     /// The sizes of one component's tensors, read without loading them.
     fn tensor_sizes(&self, component: &str) -> Result<Vec<TensorSize>, SourceError>;
+    /// The LoRAs the model itself carries (a derived model's), read and checked.
+    fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
+        Ok(Vec::new())
+    }
 }
 
 /// One component's tensors as stored: plain arrays, and quantized weights kept packed.
@@ -62,6 +66,8 @@ pub enum Error {
     Text(#[from] crate::text::Error),
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
+    #[error(transparent)]
+    Lora(#[from] crate::lora::Error),
     #[error("invalid request: {0}")]
     Request(String),
     /// The progress callback asked to stop; `step` denoising steps of `total` had run.
@@ -274,6 +280,26 @@ impl<S: ModelSource> Pipeline<S> {
     pub fn set_adapters(&mut self, adapters: crate::lora::Adapters) {
         self.adapters = adapters;
         self.transformer = None;
+    }
+
+    /// The model's own LoRAs, then the files `specs` names, bound to the model's layers in the
+    /// compute dtype (none: no adapters). `lenient` applies to `specs`; the model's own keep
+    /// the choice made when they were stored.
+    pub fn load_adapters(
+        &self,
+        specs: &[crate::lora::LoraSpec],
+        lenient: bool,
+    ) -> Result<crate::lora::Adapters, Error> {
+        let mut inputs = self.source.loras()?;
+        for spec in specs {
+            inputs.push(crate::lora::Input::read(spec, lenient)?);
+        }
+        if inputs.is_empty() {
+            return Ok(Default::default());
+        }
+        let [text_encoder, transformer, _] = self.tensor_sizes()?;
+        let targets = crate::lora::Targets::new(&text_encoder, &transformer);
+        Ok(crate::lora::Adapters::bind(&inputs, &targets, self.dtype)?)
     }
 
     /// The LoRAs applied, for metadata.

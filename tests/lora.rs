@@ -618,3 +618,297 @@ fn png_metadata_names_each_lora_with_its_hash_and_scale() {
     assert_eq!(lora["scale"], 0.6f32 as f64);
     assert_eq!(lora["hash"], hash);
 }
+
+/// The pixels of a PNG generated at the test's size by the binary, against `store`.
+fn generate_stored(store: &Path, model: &str, extra: &[&str], png: &Path) -> Vec<u8> {
+    let mut args = vec![
+        "generate",
+        "x",
+        "--model",
+        model,
+        "--width",
+        "32",
+        "--height",
+        "32",
+        "--steps",
+        "1",
+        "--dtype",
+        "f32",
+        "-o",
+        s(png),
+    ];
+    args.extend(extra);
+    let o = zimage_in(store, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    image::open(png).unwrap().to_rgb8().into_raw()
+}
+
+fn blob_count(store: &Path) -> usize {
+    std::fs::read_dir(store.join("blobs")).unwrap().count()
+}
+
+/// A store holding the demo model as `base`.
+fn store_with_base(dir: &Path) -> PathBuf {
+    let store = dir.join("store");
+    let o = zimage_in(&store, &["create", "base", "--from", s(&demo())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    store
+}
+
+#[test]
+fn derived_model_shares_the_base_blobs_and_draws_what_the_lora_flag_draws() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_base(dir.path());
+    let file = dir.path().join("style.safetensors");
+    write_lora(&file, Layout::Kohya, &random_pairs(false));
+    let before = blob_count(&store);
+    let spec = format!("{}:0.6", s(&file));
+    let o = zimage_in(
+        &store,
+        &["create", "styled", "--from", "base", "--lora", &spec],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let st = zimage::store::Store::at(&store);
+    let (base, styled) = (st.open("base").unwrap(), st.open("styled").unwrap());
+    let digests = |m: &zimage::store::StoredModel| -> std::collections::BTreeSet<String> {
+        m.manifest.digests().map(str::to_string).collect()
+    };
+    assert!(digests(&base).is_subset(&digests(&styled)));
+    // Every base layer is named as it was; the LoRA adds one layer per tensor and a record.
+    let tensors = 3 * layers().len();
+    assert_eq!(
+        styled.manifest.layers[..base.manifest.layers.len()],
+        base.manifest.layers[..]
+    );
+    assert_eq!(
+        styled.manifest.layers.len(),
+        base.manifest.layers.len() + tensors + 1
+    );
+    assert_eq!(styled.manifest.config, base.manifest.config);
+    // Only the LoRA's blobs were written (its alphas are all one blob).
+    let written = blob_count(&store) - before;
+    assert_eq!(written, 2 * layers().len() + 1 + 1);
+    for l in &styled.manifest.layers[base.manifest.layers.len()..] {
+        let name = l.name.as_deref().unwrap();
+        assert!(name.starts_with("lora/0/"), "{name}");
+        if l.is_lora_tensor() {
+            let path = st.blob_path(&l.digest).unwrap();
+            let h = safetensors::read_header_file(&path).unwrap();
+            assert_eq!(h.tensors.len(), 1);
+            assert_eq!(h.tensors[0].name, "data");
+            assert_eq!(Some(&h.tensors[0].shape), l.shape.as_ref());
+        }
+    }
+    let report = st.verify("styled").unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+
+    let png = |n: &str| dir.path().join(n);
+    let derived = generate_stored(&store, "styled", &[], &png("styled.png"));
+    let flagged = generate_stored(&store, "base", &["--lora", &spec], &png("flag.png"));
+    let plain = generate_stored(&store, "base", &[], &png("base.png"));
+    assert_eq!(derived, flagged);
+    assert_ne!(derived, plain);
+    // The image names the stored LoRA as it names a flag's.
+    let chunks = zimage::image_out::read_png_text(&png("styled.png")).unwrap();
+    let params = &chunks.iter().find(|(k, _)| k == "parameters").unwrap().1;
+    assert!(params.contains("Lora hashes: \"style: "), "{params}");
+
+    // `--lora` on the command line adds to the model's own: 0.6 stored + 0.4 given ≈ 1.0.
+    let stacked = generate_stored(
+        &store,
+        "styled",
+        &["--lora", &format!("{}:0.4", s(&file))],
+        &png("stacked.png"),
+    );
+    let whole = generate_stored(
+        &store,
+        "base",
+        &["--lora", &format!("{}:1", s(&file))],
+        &png("whole.png"),
+    );
+    assert_parity(&stacked, &whole, "stored and given LoRAs stacked");
+
+    // Removing the base and collecting garbage leaves the derived model whole.
+    assert!(zimage_in(&store, &["rm", "base"]).status.success());
+    let o = zimage_in(&store, &["gc"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("deleted 0 unreferenced blobs"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let report = st.verify("styled").unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(
+        generate_stored(&store, "styled", &[], &png("after.png")),
+        derived
+    );
+}
+
+#[test]
+fn show_list_and_inspect_say_a_model_carries_loras() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_base(dir.path());
+    let file = dir.path().join("detail.safetensors");
+    write_lora(&file, Layout::Diffusers, &random_pairs(false));
+    let spec = format!("{}:0.8", s(&file));
+    let o = zimage_in(
+        &store,
+        &["create", "me/detailed", "--from", "base", "--lora", &spec],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = |args: &[&str]| {
+        let o = zimage_in(&store, args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let list = out(&["list"]);
+    let line = list.lines().find(|l| l.starts_with("me/detailed")).unwrap();
+    assert!(line.contains("LoRA detail.safetensors ×0.8"), "{list}");
+    let base_line = list.lines().find(|l| l.starts_with("base")).unwrap();
+    assert!(!base_line.contains("LoRA"), "{list}");
+    let show = out(&["show", "me/detailed"]);
+    assert!(
+        show.contains("lora        detail.safetensors ×0.8"),
+        "{show}"
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&out(&["show", "me/detailed", "--json"])).unwrap();
+    assert_eq!(j["loras"][0]["scale"], 0.8f32 as f64);
+    assert_eq!(j["loras"][0]["pairs"], layers().len());
+    assert_eq!(j["loras"][0]["layout"], "peft");
+    let j: serde_json::Value =
+        serde_json::from_str(&out(&["inspect", "me/detailed", "--json"])).unwrap();
+    assert!(
+        j["loras"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("detail.safetensors ×0.8"),
+        "{j}"
+    );
+}
+
+#[test]
+fn bad_lora_fails_create_with_a_clear_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_base(dir.path());
+    let good = dir.path().join("good.safetensors");
+    write_lora(&good, Layout::Diffusers, &random_pairs(false));
+    let typo = dir.path().join("typo.safetensors");
+    one_layer_lora(&typo, "layers.0.attention.to_qq", 256, 256);
+    let before = walk(&store);
+    // A good file before the bad one: nothing of either is written.
+    let o = zimage_in(
+        &store,
+        &[
+            "create",
+            "styled",
+            "--from",
+            "base",
+            "--lora",
+            s(&good),
+            "--lora",
+            s(&typo),
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("typo.safetensors") && err.contains("closest is `layers.0.attention.to_q`"),
+        "{err}"
+    );
+    let missing = dir.path().join("missing.safetensors");
+    let o = zimage_in(
+        &store,
+        &["create", "styled", "--from", "base", "--lora", s(&missing)],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("missing.safetensors"), "{}", stderr(&o));
+    let o = zimage_in(
+        &store,
+        &["create", "styled", "--from", "nobase", "--lora", s(&good)],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("`nobase` not found"), "{}", stderr(&o));
+    assert_eq!(walk(&store), before);
+}
+
+/// Every file under `dir`, sorted, the store's lock file aside.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if !p.ends_with(".zimage-lock") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The share of values identical and the largest difference.
+fn agreement(got: &[u8], want: &[u8]) -> (f64, u8) {
+    assert_eq!(got.len(), want.len());
+    let same = got.iter().zip(want).filter(|(a, b)| a == b).count();
+    let max = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap_or(0);
+    (same as f64 / got.len() as f64, max)
+}
+
+#[test]
+fn peft_lora_matches_diffusers_load_lora_weights() {
+    // models/make_lora_reference.py: a rank-4, alpha-8 LoRA made with peft on every attention
+    // and feed-forward layer, saved by diffusers, and the image diffusers draws with it loaded.
+    let refs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference");
+    let st = zimage::mlx::io::load_safetensors(&refs.join("lora.safetensors")).unwrap();
+    let case: serde_json::Value = serde_json::from_str(&st.metadata["case"]).unwrap();
+    let want = st.tensors["image_u8"].to_vec::<u8>().unwrap();
+    let base = zimage::mlx::io::load_safetensors(&refs.join("square.safetensors")).unwrap();
+    let base = base.tensors["image_u8"].to_vec::<u8>().unwrap();
+    let (same, _) = agreement(&base, &want);
+    assert!(
+        same < 0.5,
+        "the reference LoRA barely changes the image ({same})"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("lora.png");
+    let lora = refs.join(case["lora"].as_str().unwrap());
+    let text = |k: &str| case[k].to_string();
+    let o = zimage(&[
+        "generate",
+        case["prompt"].as_str().unwrap(),
+        "--model",
+        s(&demo()),
+        "--width",
+        &text("width"),
+        "--height",
+        &text("height"),
+        "--steps",
+        &text("steps"),
+        "--seed",
+        &text("seed"),
+        "--dtype",
+        "f32",
+        "--lora",
+        &format!("{}:{}", s(&lora), case["lora_scale"]),
+        "-o",
+        s(&png),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = image::open(&png).unwrap().to_rgb8().into_raw();
+    let (same, max) = agreement(&got, &want);
+    println!("LoRA parity: {:.4}% identical, max off {max}", same * 100.0);
+    assert!(
+        same >= 0.999 && max <= 1,
+        "{:.4}% of values identical, max off {max}",
+        same * 100.0
+    );
+}

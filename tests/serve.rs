@@ -825,3 +825,196 @@ fn concurrent_clients_complete_or_get_503_and_memory_stays_flat() {
         "RSS grew from {rss_after_first} KiB to {rss} KiB"
     );
 }
+
+/// A rank-4 LoRA on the attention of the demo's two main blocks, in the diffusers layout, with
+/// values that change the image.
+fn write_attention_lora(path: &Path) {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut values = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
+            })
+            .collect()
+    };
+    let mut tensors = Vec::new();
+    for layer in 0..2 {
+        for m in ["to_q", "to_k", "to_v", "to_out.0"] {
+            let module = format!("transformer.layers.{layer}.attention.{m}");
+            tensors.push((
+                format!("{module}.lora_A.weight"),
+                vec![4, 256],
+                values(4 * 256),
+            ));
+            tensors.push((
+                format!("{module}.lora_B.weight"),
+                vec![256, 4],
+                values(256 * 4),
+            ));
+        }
+    }
+    let refs: Vec<(&str, zimage::safetensors::Dtype, Vec<u64>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.as_str(),
+                zimage::safetensors::Dtype::F32,
+                s.clone(),
+                b.clone(),
+            )
+        })
+        .collect();
+    common::write_safetensors(path, &refs);
+}
+
+/// `zimage generate` of the demo with `--lora`, as pixels.
+fn cli_lora_pixels(store: &Path, dir: &Path, lora: &str) -> (u32, u32, Vec<u8>) {
+    let png = dir.join("cli-lora.png");
+    let out = common::zimage_in(
+        store,
+        &[
+            "generate",
+            "a red fox in the snow",
+            "--model",
+            "tiny",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--steps",
+            "2",
+            "--seed",
+            "7",
+            "--lora",
+            lora,
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    pixels(&std::fs::read(&png).unwrap())
+}
+
+#[test]
+fn a_request_lora_draws_what_the_cli_lora_flag_draws_and_bad_paths_are_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let loras = dir.path().join("loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    let file = loras.join("style.safetensors");
+    write_attention_lora(&file);
+    std::fs::write(loras.join("notes.safetensors"), b"not a safetensors file").unwrap();
+    std::fs::write(dir.path().join("outside.safetensors"), b"").unwrap();
+    let server = Server::start(&store, &["--lora-dir", s(&loras)], &[]);
+    let ollama = |loras: &str| {
+        post(
+            server.port,
+            "/api/generate",
+            &format!(
+                r#"{{"model":"tiny","prompt":"a red fox in the snow","width":64,"height":64,"steps":2,"options":{{"seed":7}},"stream":false{loras}}}"#
+            ),
+        )
+    };
+    let with_lora = r#","loras":[{"path":"style.safetensors","scale":0.8}]"#;
+    let (status, body) = ollama(with_lora);
+    assert_eq!(status, 200, "{body}");
+    let expected = cli_lora_pixels(&store, dir.path(), &format!("{}:0.8", s(&file)));
+    let got = pixels(&b64(json(&body)["image"].as_str().unwrap()));
+    assert!(
+        got == expected,
+        "the request's LoRA image differs from `--lora`'s"
+    );
+    assert!(
+        got != cli_pixels(&store, dir.path(), 7, 2),
+        "the LoRA changed nothing"
+    );
+
+    // The LoRA is the request's alone: the next request without one gets the plain image.
+    let (status, body) = ollama("");
+    assert_eq!(status, 200, "{body}");
+    let plain = pixels(&b64(json(&body)["image"].as_str().unwrap()));
+    assert!(
+        plain == cli_pixels(&store, dir.path(), 7, 2),
+        "the LoRA outlived its request"
+    );
+
+    let (status, body) = post(
+        server.port,
+        "/v1/images/generations",
+        &format!(
+            r#"{{"model":"tiny","prompt":"a red fox in the snow","size":"64x64","steps":2,"seed":7{with_lora}}}"#
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let got = pixels(&b64(json(&body)["data"][0]["b64_json"].as_str().unwrap()));
+    assert!(
+        got == expected,
+        "OpenAI's LoRA image differs from `--lora`'s"
+    );
+
+    // A model that carries the LoRA draws the same, with no `loras` in the request.
+    let spec = format!("{}:0.8", s(&file));
+    let out = common::zimage_in(
+        &store,
+        &["create", "styled", "--from", "tiny", "--lora", &spec],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, body) = post(
+        server.port,
+        "/api/generate",
+        r#"{"model":"styled","prompt":"a red fox in the snow","width":64,"height":64,"steps":2,"options":{"seed":7},"stream":false}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let got = pixels(&b64(json(&body)["image"].as_str().unwrap()));
+    assert!(
+        got == expected,
+        "the derived model's image differs from `--lora`'s"
+    );
+
+    let refused = |loras: &str, needle: &str| {
+        let (status, body) = ollama(&format!(r#","loras":{loras}"#));
+        assert_eq!(status, 400, "{loras}: {body}");
+        let message = json(&body)["error"].as_str().unwrap().to_string();
+        assert!(message.contains(needle), "{loras}: {message}");
+    };
+    refused(
+        r#"[{"path":"missing.safetensors"}]"#,
+        "`missing.safetensors`: no such file in the server's LoRA folder",
+    );
+    refused(r#"[{"path":"../outside.safetensors"}]"#, "without `..`");
+    refused(
+        &format!(r#"[{{"path":"{}"}}]"#, s(&file)),
+        "relative to the server's LoRA folder",
+    );
+    refused(r#"[{"path":"style.safetensors","scale":1e9}]"#, "scale");
+    refused(r#"[{"path":"notes.safetensors"}]"#, "notes.safetensors");
+    let (status, body) = post(
+        server.port,
+        "/v1/images/generations",
+        r#"{"model":"tiny","prompt":"x","loras":[{"path":"missing.safetensors"}]}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(json(&body)["error"]["param"], "loras", "{body}");
+
+    // A server started without a LoRA folder applies none, and says how to allow them.
+    drop(server);
+    let server = Server::start(&store, &[], &[]);
+    let (status, body) = post(
+        server.port,
+        "/api/generate",
+        &format!(r#"{{"model":"tiny","prompt":"x","stream":false{with_lora}}}"#),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("--lora-dir"), "{body}");
+}

@@ -70,7 +70,7 @@ pub struct GenerateArgs {
     pub verbose: bool,
 }
 
-fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
+pub(super) fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
     zimage::lora::LoraSpec::parse(arg).map_err(|e| e.to_string())
 }
 
@@ -326,25 +326,18 @@ fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow:
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
         pipeline.validate(&req)?;
     }
-    if !a.loras.is_empty() {
-        let [text_encoder, transformer, _] = pipeline.tensor_sizes()?;
-        let adapters = zimage::lora::Adapters::load(
-            &a.loras,
-            &text_encoder,
-            &transformer,
-            a.lora_lenient,
-            dtype,
-        )?;
-        for applied in &adapters.applied {
-            if !applied.skipped.is_empty() {
-                eprintln!(
-                    "note: LoRA `{}`: skipped {} keys that fit no layout or name no layer of the model (first: `{}`)",
-                    applied.file.display(),
-                    applied.skipped.len(),
-                    applied.skipped[0].escape_debug()
-                );
-            }
+    let adapters = pipeline.load_adapters(&a.loras, a.lora_lenient)?;
+    for applied in &adapters.applied {
+        if !applied.skipped.is_empty() {
+            eprintln!(
+                "note: LoRA `{}`: skipped {} keys that fit no layout or name no layer of the model (first: `{}`)",
+                applied.file.display(),
+                applied.skipped.len(),
+                applied.skipped[0].escape_debug()
+            );
         }
+    }
+    if !adapters.applied.is_empty() {
         pipeline.set_adapters(adapters);
     }
     let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;

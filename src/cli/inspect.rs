@@ -195,7 +195,7 @@ fn safetensors_flavour(path: &Path, header: &safetensors::Header) -> &'static st
 }
 
 fn inspect_model(t: &Target, component: Option<&str>) -> anyhow::Result<Report> {
-    let Target::Model { model, .. } = t else {
+    let Target::Model { model, store } = t else {
         unreachable!("called for stored models")
     };
     let listing = t.listing(component)?;
@@ -210,6 +210,21 @@ fn inspect_model(t: &Target, component: Option<&str>) -> anyhow::Result<Report> 
         ("size", json!(model.size())),
         ("components", json!(model.manifest.components())),
     ];
+    let loras = zimage::lora::stored::records(store, model)?;
+    if !loras.is_empty() {
+        let shown: Vec<String> = loras
+            .iter()
+            .map(|(_, r)| {
+                format!(
+                    "{} ({} pairs, {})",
+                    zimage::lora::stored::describe(r),
+                    r.pairs,
+                    r.layout.describe()
+                )
+            })
+            .collect();
+        facts.push(("loras", json!(shown)));
+    }
     facts.extend(tensor_totals(&listing));
     Ok(Report {
         facts,

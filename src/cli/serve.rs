@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// machine's memory); a request estimated above it is refused with 400.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
+    /// A folder of LoRA files requests may apply by name (`"loras": [{"path": "style.safetensors",
+    /// "scale": 0.8}]`); without it requests apply none (default: ZIMAGE_LORA_DIR).
+    #[arg(long, value_name = "DIR")]
+    pub lora_dir: Option<PathBuf>,
 }
 
 /// A setting from its flag, else from the first of `vars` that is set.
@@ -91,6 +95,24 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(limit) = &a.memory_limit {
         zimage::memory_plan::parse_size(limit).map_err(|e| anyhow!("--memory-limit: {e}"))?;
     }
+    let lora_dir = match setting(
+        a.lora_dir.map(|p| p.to_string_lossy().into_owned()),
+        &["ZIMAGE_LORA_DIR"],
+    ) {
+        Some((dir, from)) => {
+            let from = if from == "--" {
+                "--lora-dir".into()
+            } else {
+                from
+            };
+            let canonical = std::fs::canonicalize(&dir)
+                .ok()
+                .filter(|d| d.is_dir())
+                .ok_or_else(|| anyhow!("{from} `{dir}` is not a folder; give the folder that holds the LoRA files requests may name"))?;
+            Some(canonical)
+        }
+        None => None,
+    };
     let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             anyhow!(
@@ -114,6 +136,7 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         store,
         worker,
         api_key,
+        lora_dir,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -16,7 +16,8 @@ use zimage::store::{self, ImportOptions, Quantization, SafetensorsFile, Store};
 pub struct CreateArgs {
     /// Model name, e.g. `z-image` or `me/z-image:tiny`.
     pub name: String,
-    /// Source: a diffusers directory, or one model file (.safetensors, .zt or .dfsn).
+    /// Source: a diffusers directory, or one model file (.safetensors, .zt or .dfsn); with
+    /// `--lora`, the stored model the new one derives from.
     #[arg(long)]
     pub from: PathBuf,
     /// For a single-file source: the component its tensors go under (`transformer`, …).
@@ -31,6 +32,16 @@ pub struct CreateArgs {
     /// Start tensor data on this boundary (e.g. 16384) so blobs can be mapped without a copy.
     #[arg(long, default_value_t = 8)]
     pub align: u64,
+    /// A LoRA the new model carries, with its scale (default 1); repeat for several. The model
+    /// shares every blob of the stored model `--from` names and adds the LoRAs' tensors;
+    /// `generate` applies them unfused.
+    #[arg(long = "lora", value_name = "FILE[:SCALE]", value_parser = super::generate::lora_arg,
+          conflicts_with_all = ["dtype", "quantize"])]
+    pub loras: Vec<zimage::lora::LoraSpec>,
+    /// With `--lora`: store LoRA keys that name no layer of the model, skipped when applied,
+    /// instead of refusing the file.
+    #[arg(long, requires = "loras")]
+    pub lora_lenient: bool,
 }
 
 /// The float dtypes an import can convert to.
@@ -115,6 +126,9 @@ fn open(store: Option<PathBuf>) -> anyhow::Result<Store> {
 
 pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
+    if !a.loras.is_empty() {
+        return create_derived(&store, &a);
+    }
     let source = open_source(&a.from, &a.component)?;
     let opts = ImportOptions {
         dtype: a.dtype.map(Dtype::from),
@@ -147,6 +161,31 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         human(summary.bytes_written),
         summary.blobs_present,
         human(summary.bytes_present)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `create NAME --from BASE --lora FILE…`: a model that shares BASE's blobs and carries LoRAs.
+fn create_derived(store: &Store, a: &CreateArgs) -> anyhow::Result<ExitCode> {
+    let base = a.from.to_string_lossy();
+    let derived = zimage::lora::stored::create(store, &a.name, &base, &a.loras, a.lora_lenient);
+    let derived = match derived {
+        Err(zimage::lora::Error::Store(
+            store::StoreError::NotFound(_) | store::StoreError::Name(_),
+        )) if a.from.exists() => bail!(
+            "with --lora, --from names a stored model, and `{}` is not one; import it first (`zimage create BASE --from {}`), then `zimage create {} --from BASE --lora …`",
+            base, base, a.name
+        ),
+        other => other.with_context(|| format!("creating `{}` from `{base}`", a.name))?,
+    };
+    println!(
+        "created {}: {} layers shared with {base}, {} LoRAs ({} tensors, {} blobs written, {})",
+        a.name,
+        derived.shared_layers,
+        derived.loras,
+        derived.lora_tensors,
+        derived.blobs_written,
+        human(derived.bytes_written)
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -208,8 +247,11 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or("")
             .to_string();
         let modified: chrono_free::Ago = m.modified.into();
+        let loras = lora_note(&store, &m)
+            .map(|n| format!("  + {n}"))
+            .unwrap_or_default();
         println!(
-            "{:<40} {:<14} {:>10}  {}",
+            "{:<40} {:<14} {:>10}  {}{loras}",
             m.name.short(),
             id,
             human(m.size()),
@@ -217,6 +259,28 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `LoRA style.safetensors ×0.8, …` for a model that carries LoRAs; a record that cannot be
+/// read is said so.
+fn lora_note(store: &Store, model: &store::StoredModel) -> Option<String> {
+    if !zimage::lora::stored::carries_loras(model) {
+        return None;
+    }
+    Some(match zimage::lora::stored::records(store, model) {
+        Ok(records) => {
+            let shown: Vec<String> = records
+                .iter()
+                .map(|(_, r)| zimage::lora::stored::describe(r))
+                .collect();
+            format!(
+                "LoRA{} {}",
+                if shown.len() == 1 { "" } else { "s" },
+                shown.join(", ")
+            )
+        }
+        Err(e) => format!("LoRAs unreadable: {e}"),
+    })
 }
 
 /// A stored model's estimated run-time peak, with weights held either way.
@@ -281,6 +345,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
         "none".to_string()
     };
     let runtime = runtime_memory(&store, &model);
+    let loras = zimage::lora::stored::records(&store, &model)?;
     if a.json {
         let json = serde_json::json!({
             "runtime_memory": runtime.as_ref().map(|r| serde_json::json!({
@@ -296,6 +361,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             "components": summary,
             "shared_blobs": shared.len(),
             "shared_bytes": shared_bytes,
+            "loras": loras.iter().map(|(_, r)| r).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
@@ -305,6 +371,15 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     println!("manifest    {}", model.manifest_digest);
     println!("size        {}", human(model.size()));
     println!("quantized   {quant}");
+    for (_, r) in &loras {
+        println!(
+            "lora        {} ({} pairs, {}, hash {}), applied unfused",
+            zimage::lora::stored::describe(r),
+            r.pairs,
+            r.layout.describe(),
+            r.hash
+        );
+    }
     if let Some(r) = &runtime {
         println!(
             "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored",

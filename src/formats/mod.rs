@@ -245,11 +245,11 @@ pub fn listing_of_model(
         }
     }
     if let Some(c) = component.filter(|_| tensors.is_empty()) {
-        let have = model.manifest.components().join(", ");
-        return Err(StoreError::Invalid(format!(
-            "model `{}` has no component `{c}` (it has: {have})",
-            model.name.short()
-        ))
+        return Err(StoreError::NoComponent {
+            model: model.name.short(),
+            component: c.to_string(),
+            have: model.manifest.components(),
+        }
         .into());
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));

@@ -48,8 +48,9 @@ pub struct LoraFile {
     pub pairs: BTreeMap<(Component, ModuleKey), StoredPair>,
     /// Keys that fit no layout or mix layouts, skipped when lenient (else an error).
     pub skipped: Vec<String>,
+    /// The file's header: every tensor in file order, and its metadata.
+    pub header: safetensors::Header,
     bytes: Vec<u8>,
-    data_start: u64,
 }
 
 /// The parts of one module's pair found so far.
@@ -64,11 +65,16 @@ impl LoraFile {
     /// Reads `path` (bounded by [`MAX_LORA_BYTES`]), detects its layout and pairs its keys.
     /// Keys that fit no layout are an error naming the first, unless `lenient`.
     pub fn read(path: &Path, lenient: bool) -> Result<LoraFile, Error> {
+        let bytes = crate::files::read_bounded(path, MAX_LORA_BYTES, "LoRA file")?;
+        LoraFile::from_bytes(path, bytes, lenient)
+    }
+
+    /// A LoRA file's bytes, read from `path` (named in errors) or rebuilt from a store.
+    pub fn from_bytes(path: &Path, bytes: Vec<u8>, lenient: bool) -> Result<LoraFile, Error> {
         let file = |reason: String| Error::File {
             path: path.to_path_buf(),
             reason,
         };
-        let bytes = crate::files::read_bounded(path, MAX_LORA_BYTES, "LoRA file")?;
         let header = safetensors::parse(&bytes).map_err(|e| e.in_file(path))?;
         if let Some(t) = header
             .tensors
@@ -143,14 +149,14 @@ impl LoraFile {
             layout,
             pairs,
             skipped,
-            data_start: header.data_start(),
+            header,
             bytes,
         })
     }
 
     /// The bytes of tensor `t`, which the parser has checked lie inside the file.
-    fn data(&self, t: &TensorInfo) -> &[u8] {
-        tensor_bytes(&self.bytes, self.data_start, t)
+    pub fn data(&self, t: &TensorInfo) -> &[u8] {
+        tensor_bytes(&self.bytes, self.header.data_start(), t)
     }
 
     /// `t` as an f32 array of its own shape.

@@ -3,13 +3,15 @@
 //! weights are never copied and a quantized base stays packed.
 //!
 //! - [`layout`]: the key layouts (diffusers/PEFT, ComfyUI, kohya) and what each key names;
-//! - [`adapter`]: a file's pairs, read and checked, and a pair bound to a layer.
+//! - [`adapter`]: a file's pairs, read and checked, and a pair bound to a layer;
+//! - [`stored`]: LoRAs kept in a stored model as layers of their own, beside the base's.
 //!
 //! [`Adapters::load`] resolves every file against the model's linear layers before any weight
 //! loads: a key that names no layer is an error naming the closest one, unless lenient.
 
 pub mod adapter;
 pub mod layout;
+pub mod stored;
 
 pub use adapter::{LoraFile, LoraPair, StoredPair};
 pub use layout::{Component, Layout, ModuleKey};
@@ -31,6 +33,14 @@ pub enum Error {
     Spec(String, String),
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("model `{model}`: LoRA layer `{layer}`: {reason}; the model is damaged: create it again with `zimage create … --lora`")]
+    Stored {
+        model: String,
+        layer: String,
+        reason: String,
+    },
 }
 
 // Written out rather than `#[from]`, which would chain the cause the message already shows.
@@ -172,6 +182,80 @@ pub struct Applied {
     pub skipped: Vec<String>,
 }
 
+/// A LoRA ready to bind: its file read and checked, with the scale it is applied at.
+pub struct Input {
+    pub file: LoraFile,
+    pub scale: f32,
+    /// A1111's LoRA hash of the file, first 12 hex.
+    pub hash: String,
+    /// Keys that name no layer are skipped rather than refused.
+    pub lenient: bool,
+}
+
+impl Input {
+    /// Reads the file `spec` names.
+    pub fn read(spec: &LoraSpec, lenient: bool) -> Result<Input, Error> {
+        Ok(Input {
+            file: LoraFile::read(&spec.path, lenient)?,
+            scale: spec.scale,
+            hash: a1111_hash(&spec.path),
+            lenient,
+        })
+    }
+}
+
+/// The linear layers of a model a LoRA may target, by component.
+pub struct Targets {
+    text_encoder: Modules,
+    transformer: Modules,
+}
+
+/// One pair of a file with the layer it targets.
+pub struct Bound<'f> {
+    pub component: Component,
+    pub layer: String,
+    pub pair: &'f StoredPair,
+}
+
+impl Targets {
+    /// The linear layers among the text encoder's and the transformer's tensors.
+    pub fn new(text_encoder: &[TensorSize], transformer: &[TensorSize]) -> Targets {
+        Targets {
+            text_encoder: Modules::from_sizes(Component::TextEncoder, text_encoder),
+            transformer: Modules::from_sizes(Component::Transformer, transformer),
+        }
+    }
+
+    /// Every pair of `input`'s file with the layer it targets, and the keys skipped. A key
+    /// that names no layer, or a pair whose shape does not fit its layer, is an error, unless
+    /// the input is lenient (then the key is skipped and listed).
+    pub fn resolve<'f>(&self, input: &'f Input) -> Result<(Vec<Bound<'f>>, Vec<String>), Error> {
+        let file = &input.file;
+        let mut skipped = file.skipped.clone();
+        let mut bound = Vec::new();
+        for ((component, key), pair) in &file.pairs {
+            let index = match component {
+                Component::TextEncoder => &self.text_encoder,
+                Component::Transformer => &self.transformer,
+            };
+            let Some((layer, shape)) =
+                check_target(file, *component, key, pair, index, input.lenient)?
+            else {
+                skipped.push(pair.down.name.clone());
+                skipped.push(pair.up.name.clone());
+                continue;
+            };
+            debug_assert_eq!(shape, [pair.out_features(), pair.in_features()]);
+            bound.push(Bound {
+                component: *component,
+                layer: layer.to_string(),
+                pair,
+            });
+        }
+        Ok((bound, skipped))
+    }
+}
+
 impl Adapters {
     /// Reads each file, resolves its keys against the model's linear layers (`sizes`: the
     /// text encoder's and the transformer's tensors) and binds its pairs in `dtype`. A key that
@@ -184,46 +268,39 @@ impl Adapters {
         lenient: bool,
         dtype: Dtype,
     ) -> Result<Adapters, Error> {
-        let text_modules = Modules::from_sizes(Component::TextEncoder, text_encoder);
-        let transformer_modules = Modules::from_sizes(Component::Transformer, transformer);
+        let inputs = specs
+            .iter()
+            .map(|spec| Input::read(spec, lenient))
+            .collect::<Result<Vec<_>, _>>()?;
+        Adapters::bind(&inputs, &Targets::new(text_encoder, transformer), dtype)
+    }
+
+    /// Binds every input's pairs, in order, to the layers they target, in `dtype`.
+    pub fn bind(inputs: &[Input], targets: &Targets, dtype: Dtype) -> Result<Adapters, Error> {
         let mut adapters = Adapters::default();
-        for spec in specs {
-            let file = LoraFile::read(&spec.path, lenient)?;
-            let mut skipped = file.skipped.clone();
-            let mut layers = 0;
-            for ((component, key), pair) in &file.pairs {
-                let index = match component {
-                    Component::TextEncoder => &text_modules,
-                    Component::Transformer => &transformer_modules,
-                };
-                let Some((layer, shape)) =
-                    check_target(&file, *component, key, pair, index, lenient)?
-                else {
-                    skipped.push(pair.down.name.clone());
-                    skipped.push(pair.up.name.clone());
-                    continue;
-                };
-                debug_assert_eq!(shape, [pair.out_features(), pair.in_features()]);
-                let scale = spec.scale as f64 * pair.alpha_scale();
-                let bound = LoraPair {
-                    down: file.array(&pair.down)?.astype(dtype)?,
-                    up: file.array(&pair.up)?.astype(dtype)?,
+        for input in inputs {
+            let (bound, skipped) = targets.resolve(input)?;
+            let file = &input.file;
+            for b in &bound {
+                let scale = input.scale as f64 * b.pair.alpha_scale();
+                let pair = LoraPair {
+                    down: file.array(&b.pair.down)?.astype(dtype)?,
+                    up: file.array(&b.pair.up)?.astype(dtype)?,
                     scale: scale as f32,
                 };
                 adapters
                     .by_layer
-                    .entry((*component, layer.to_string()))
+                    .entry((b.component, b.layer.clone()))
                     .or_default()
-                    .push(bound);
-                layers += 1;
+                    .push(pair);
             }
             adapters.applied.push(Applied {
-                name: file_stem(&spec.path),
-                file: spec.path.clone(),
-                scale: spec.scale,
+                name: file_stem(&file.path),
+                file: file.path.clone(),
+                scale: input.scale,
                 layout: file.layout,
-                layers,
-                hash: a1111_hash(&spec.path),
+                layers: bound.len(),
+                hash: input.hash.clone(),
                 skipped,
             });
         }

@@ -10,6 +10,7 @@ pub mod ollama;
 pub mod openai;
 pub mod worker;
 
+use crate::store::{Store, StoredModel};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -21,6 +22,7 @@ use errors::{Api, ApiError};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use worker::{KeepAlive, Worker};
 
 /// Where Ollama listens, so that its clients find this server without settings.
@@ -40,6 +42,79 @@ pub struct AppState {
     pub store: crate::store::Store,
     pub worker: Worker,
     pub api_key: Option<String>,
+    /// The folder requests may name LoRA files in (`--lora-dir`); none: requests name none.
+    pub lora_dir: Option<std::path::PathBuf>,
+}
+
+/// The most LoRAs one request may apply.
+pub const MAX_LORAS_PER_REQUEST: usize = 16;
+
+/// One LoRA a request asks for: a file in the server's `--lora-dir`, with its scale.
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct LoraBody {
+    pub path: String,
+    pub scale: Option<f32>,
+}
+
+/// A request's `loras`, each resolved inside the server's LoRA folder. A path that leaves the
+/// folder (absolute, `..`, or a link to elsewhere) or names no file is refused: a client
+/// reads no file the operator did not put there.
+pub fn request_loras(
+    state: &AppState,
+    api: Api,
+    loras: Option<&[LoraBody]>,
+) -> Result<Vec<crate::lora::LoraSpec>, ApiError> {
+    let loras = loras.unwrap_or_default();
+    if loras.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bad = |message: String| ApiError::bad_request(api, message).with_param("loras");
+    let Some(dir) = &state.lora_dir else {
+        return Err(bad(
+            "this server takes no LoRA files: start it with `--lora-dir DIR` (or ZIMAGE_LORA_DIR) and name files in that folder".into(),
+        ));
+    };
+    if loras.len() > MAX_LORAS_PER_REQUEST {
+        return Err(bad(format!(
+            "{} LoRAs asked for; a request may apply at most {MAX_LORAS_PER_REQUEST}",
+            loras.len()
+        )));
+    }
+    loras
+        .iter()
+        .map(|l| {
+            let shown = crate::lora::shown(&l.path);
+            let scale = l.scale.unwrap_or(1.0);
+            if !scale.is_finite() || scale.abs() > crate::lora::MAX_SCALE {
+                return Err(bad(format!(
+                    "LoRA `{shown}`: scale {scale} must be a finite number within -{0}..={0}",
+                    crate::lora::MAX_SCALE
+                )));
+            }
+            let relative = std::path::Path::new(&l.path);
+            let inside = !l.path.is_empty()
+                && relative
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return Err(bad(format!(
+                    "LoRA path `{shown}` must be a file name relative to the server's LoRA folder, without `..`"
+                )));
+            }
+            let found = dir
+                .join(relative)
+                .canonicalize()
+                .ok()
+                .filter(|p| p.starts_with(dir) && p.is_file());
+            let Some(path) = found else {
+                return Err(bad(format!(
+                    "LoRA `{shown}`: no such file in the server's LoRA folder"
+                )));
+            };
+            Ok(crate::lora::LoraSpec { path, scale })
+        })
+        .collect()
 }
 
 /// The model a request named, for the request's log line.
@@ -203,6 +278,34 @@ pub fn unix_seconds(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// A request body that names the model it is for, in the dialect of `API`.
+pub trait NamesModel {
+    const API: Api;
+    fn model(&self) -> &str;
+}
+
+/// A request that names one model: its JSON body, read within [`MAX_BODY_BYTES`], and the
+/// name, checked; a handler's argument.
+pub struct Named<T> {
+    pub body: T,
+    pub name: crate::store::ModelName,
+}
+
+impl<T, S> axum::extract::FromRequest<S> for Named<T>
+where
+    T: serde::de::DeserializeOwned + NamesModel,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let body: T = read_json(T::API, &parts.headers, body).await?;
+        let name = model_name(T::API, body.model())?;
+        Ok(Named { body, name })
+    }
+}
+
 /// Reads a JSON body within [`MAX_BODY_BYTES`]; errors name the field at fault.
 pub async fn read_json<T: serde::de::DeserializeOwned>(
     api: Api,
@@ -264,6 +367,23 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
 }
 
 /// A model name from a request, checked as the store checks names.
+/// `describe` of every readable model in the store, read off the async threads.
+pub async fn each_model<T: Send + 'static>(
+    state: &AppState,
+    api: Api,
+    describe: fn(&Store, &StoredModel) -> T,
+) -> Result<Vec<T>, ApiError> {
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let scan = store.scan().map_err(|e| e.to_string())?;
+        Ok(scan.models.iter().map(|m| describe(&store, m)).collect())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, e))
+}
+
 pub fn model_name(api: Api, name: &str) -> Result<crate::store::ModelName, ApiError> {
     if name.is_empty() {
         return Err(ApiError::bad_request(api, "field `model` is required").with_param("model"));
@@ -308,6 +428,22 @@ pub fn job_error(api: Api, e: worker::JobError) -> ApiError {
 }
 
 /// The answer when the queue is full.
+/// Queues the job `make` builds around a fresh cancel flag and event channel; returns the
+/// guard that cancels it if the client goes, and the job's events.
+pub fn queue(
+    state: &AppState,
+    api: Api,
+    make: impl FnOnce(Arc<worker::Cancel>, UnboundedSender<worker::Event>) -> worker::Job,
+) -> Result<(worker::CancelGuard, UnboundedReceiver<worker::Event>), ApiError> {
+    let (guard, cancel) = worker::CancelGuard::new();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    state
+        .worker
+        .submit(make(cancel, tx))
+        .map_err(|f| queue_full(api, f))?;
+    Ok((guard, rx))
+}
+
 pub fn queue_full(api: Api, full: worker::QueueFull) -> ApiError {
     ApiError::new(
         api,

@@ -4,12 +4,12 @@
 
 use super::errors::{Api, ApiError};
 use super::worker::{CancelGuard, Event, Finished, Job, JobError, Spec};
-use super::{open_model, read_json, rfc3339, with_model, AppState};
+use super::{open_model, rfc3339, with_model, AppState};
 use crate::store::name::DEFAULT_TAG;
 use crate::store::{ModelName, Store, StoredModel};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
@@ -128,20 +128,7 @@ pub async fn version() -> Json<Value> {
 
 /// `GET /api/tags`: every model in the store, text models included.
 pub async fn tags(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
-    let store = state.store.clone();
-    let models = tokio::task::spawn_blocking(move || {
-        let scan = store.scan().map_err(|e| e.to_string())?;
-        Ok::<_, String>(
-            scan.models
-                .iter()
-                .map(|m| listed(&store, m))
-                .collect::<Vec<_>>(),
-        )
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let models = super::each_model(&state, API, listed).await?;
     Ok(Json(json!({ "models": models })))
 }
 
@@ -179,23 +166,11 @@ pub struct ModelBody {
     model: String,
 }
 
-/// A request that names one model: its body and the name, checked.
-async fn model_request(
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(ModelBody, ModelName), ApiError> {
-    let body: ModelBody = read_json(API, headers, body).await?;
-    let name = super::model_name(API, &body.model)?;
-    Ok((body, name))
-}
-
 /// `POST /api/show`.
 pub async fn show(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    super::Named { body, name }: super::Named<ModelBody>,
 ) -> Result<Response, ApiError> {
-    let (body, name) = model_request(&headers, body).await?;
     let model = open_model(&state, API, &name, false).await?;
     let store = state.store.clone();
     let answer = tokio::task::spawn_blocking(move || {
@@ -230,10 +205,8 @@ pub async fn show(
 /// model if it is loaded.
 pub async fn delete(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    super::Named { body, name }: super::Named<ModelBody>,
 ) -> Result<Response, ApiError> {
-    let (body, name) = model_request(&headers, body).await?;
     let store = state.store.clone();
     let full = name.to_string();
     tokio::task::spawn_blocking(move || store.remove(&full))
@@ -263,6 +236,7 @@ pub struct GenerateBody {
     guidance: Option<f32>,
     stream: Option<bool>,
     keep_alive: Option<Value>,
+    loras: Option<Vec<super::LoraBody>>,
 }
 
 /// The numbers of a request checked before it is queued; the sides left to the model are
@@ -331,11 +305,8 @@ fn progress_line(model: &str, completed: usize, total: usize) -> Value {
 /// the image alone.
 pub async fn generate(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    super::Named { body, name }: super::Named<GenerateBody>,
 ) -> Result<Response, ApiError> {
-    let body: GenerateBody = read_json(API, &headers, body).await?;
-    let name = super::model_name(API, &body.model)?;
     let steps = body
         .steps
         .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
@@ -347,6 +318,7 @@ pub async fn generate(
         .map(super::parse_keep_alive)
         .transpose()
         .map_err(|e| ApiError::bad_request(API, e))?;
+    let loras = super::request_loras(&state, API, body.loras.as_deref())?;
     open_model(&state, API, &name, true).await?;
     let seed = match body.options.as_ref().and_then(|o| o.seed) {
         Some(s) if s >= 0 => s as u64,
@@ -367,20 +339,16 @@ pub async fn generate(
             seed,
         }]
     };
-    let (guard, cancel) = CancelGuard::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let label = format!("POST /api/generate {}", body.model.escape_debug());
-    state
-        .worker
-        .submit(Job {
-            model: name,
-            specs,
-            keep_alive,
-            cancel,
-            events: tx,
-            label,
-        })
-        .map_err(|f| super::queue_full(API, f))?;
+    let (guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
+        model: name,
+        specs,
+        loras,
+        keep_alive,
+        cancel,
+        events,
+        label,
+    })?;
     let model = body.model.clone();
     let first = first_event(&mut rx).await;
     let response = match first {
@@ -463,4 +431,20 @@ fn ndjson(v: &Value) -> Result<Bytes, std::convert::Infallible> {
     let mut line = serde_json::to_vec(v).unwrap_or_default();
     line.push(b'\n');
     Ok(Bytes::from(line))
+}
+
+impl super::NamesModel for ModelBody {
+    const API: Api = API;
+
+    fn model(&self) -> &str {
+        &self.model
+    }
+}
+
+impl super::NamesModel for GenerateBody {
+    const API: Api = API;
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }

@@ -3,11 +3,9 @@
 
 use super::errors::{Api, ApiError};
 use super::ollama::{check_ranges, display_name, wait_done};
-use super::worker::{CancelGuard, Job, Spec};
-use super::{open_model, read_json, unix_seconds, with_model, AppState, MAX_IMAGES_PER_REQUEST};
-use axum::body::Body;
+use super::worker::{Job, Spec};
+use super::{open_model, unix_seconds, with_model, AppState, MAX_IMAGES_PER_REQUEST};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
@@ -20,27 +18,15 @@ const API: Api = Api::OpenAi;
 
 /// `GET /v1/models`: the store's image models.
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
-    let store = state.store.clone();
-    let data = tokio::task::spawn_blocking(move || {
-        let scan = store.scan().map_err(|e| e.to_string())?;
-        Ok::<_, String>(
-            scan.models
-                .iter()
-                .map(|m| {
-                    json!({
-                        "id": display_name(&m.name),
-                        "object": "model",
-                        "created": unix_seconds(m.modified),
-                        "owned_by": m.name.namespace,
-                    })
-                })
-                .collect::<Vec<_>>(),
-        )
+    let data = super::each_model(&state, API, |_, m| {
+        json!({
+            "id": display_name(&m.name),
+            "object": "model",
+            "created": unix_seconds(m.modified),
+            "owned_by": m.name.namespace,
+        })
     })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r)
-    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    .await?;
     Ok(Json(json!({ "object": "list", "data": data })))
 }
 
@@ -57,6 +43,7 @@ pub struct ImagesBody {
     steps: Option<u64>,
     negative_prompt: Option<String>,
     guidance: Option<f32>,
+    loras: Option<Vec<super::LoraBody>>,
 }
 
 /// `"WxH"`, or `"auto"` (the model's default) as OpenAI's size.
@@ -86,11 +73,8 @@ fn parse_size(size: &str) -> Result<(Option<u32>, Option<u32>), ApiError> {
 /// `POST /v1/images/generations`.
 pub async fn generate(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
+    super::Named { body, name }: super::Named<ImagesBody>,
 ) -> Result<Response, ApiError> {
-    let body: ImagesBody = read_json(API, &headers, body).await?;
-    let name = super::model_name(API, &body.model)?;
     if body.prompt.is_empty() {
         return Err(ApiError::bad_request(API, "field `prompt` is required").with_param("prompt"));
     }
@@ -128,6 +112,7 @@ pub async fn generate(
         .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
     let guidance = body.guidance.unwrap_or(0.0);
     check_ranges(API, steps, guidance, width, height)?;
+    let loras = super::request_loras(&state, API, body.loras.as_deref())?;
     open_model(&state, API, &name, true).await?;
     let seed = match body.seed {
         Some(s) if s >= 0 => s as u64,
@@ -145,19 +130,16 @@ pub async fn generate(
             seed: seed.wrapping_add(i),
         })
         .collect();
-    let (mut guard, cancel) = CancelGuard::new();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    state
-        .worker
-        .submit(Job {
-            model: name,
-            specs,
-            keep_alive: None,
-            cancel,
-            events: tx,
-            label: format!("POST /v1/images/generations {}", body.model.escape_debug()),
-        })
-        .map_err(|f| super::queue_full(API, f))?;
+    let label = format!("POST /v1/images/generations {}", body.model.escape_debug());
+    let (mut guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
+        model: name,
+        specs,
+        loras,
+        keep_alive: None,
+        cancel,
+        events,
+        label,
+    })?;
     let finished = wait_done(&mut rx)
         .await
         .map_err(|e| super::job_error(API, e))?;
@@ -174,4 +156,12 @@ pub async fn generate(
         .collect();
     let answer = json!({ "created": unix_seconds(SystemTime::now()), "data": data });
     Ok(with_model(Json(answer).into_response(), &body.model))
+}
+
+impl super::NamesModel for ImagesBody {
+    const API: Api = API;
+
+    fn model(&self) -> &str {
+        &self.model
+    }
 }

@@ -147,6 +147,8 @@ pub struct Job {
     pub model: ModelName,
     /// The images to make; none just loads the model (or unloads it, with `keep_alive` 0).
     pub specs: Vec<Spec>,
+    /// LoRAs applied on top of the model's own, for this request only.
+    pub loras: Vec<crate::lora::LoraSpec>,
     pub keep_alive: Option<KeepAlive>,
     pub cancel: Arc<Cancel>,
     pub events: UnboundedSender<Event>,
@@ -306,6 +308,53 @@ struct Resident {
     model: StoredModel,
     pipeline: Pipeline<StoreSource>,
     expires: Option<Instant>,
+    /// The request LoRAs the pipeline's adapters were bound for (`None`: none bound yet, not
+    /// even the model's own).
+    loras: Option<Vec<LoraStamp>>,
+}
+
+/// A request LoRA as bound: its file's size and time of change tell an edited file from the
+/// one bound before.
+#[derive(Debug, Clone, PartialEq)]
+struct LoraStamp {
+    spec: crate::lora::LoraSpec,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl LoraStamp {
+    fn of(spec: &crate::lora::LoraSpec) -> LoraStamp {
+        let meta = std::fs::metadata(&spec.path).ok();
+        LoraStamp {
+            spec: spec.clone(),
+            len: meta.as_ref().map_or(0, |m| m.len()),
+            modified: meta.and_then(|m| m.modified().ok()),
+        }
+    }
+}
+
+/// Binds the model's own LoRAs and the job's to the resident pipeline, unless those are
+/// bound already. A file that is no LoRA, or does not fit the model, is the request's fault.
+fn bind_loras(job: &Job, r: &mut Resident) -> Result<(), JobError> {
+    let wanted: Vec<LoraStamp> = job.loras.iter().map(LoraStamp::of).collect();
+    if r.loras.as_ref() == Some(&wanted) {
+        return Ok(());
+    }
+    let adapters = r
+        .pipeline
+        .load_adapters(&job.loras, false)
+        .map_err(|e| match e {
+            pipeline::Error::Lora(
+                crate::lora::Error::File { .. }
+                | crate::lora::Error::Read(_)
+                | crate::lora::Error::Format(_)
+                | crate::lora::Error::Spec(..),
+            ) => JobError::new(JobErrorKind::BadRequest, e.to_string()),
+            other => JobError::new(JobErrorKind::Internal, other.to_string()),
+        })?;
+    r.pipeline.set_adapters(adapters);
+    r.loras = Some(wanted);
+    Ok(())
 }
 
 /// Whether a stored model is one this server generates with: a Z-Image pipeline. Text models
@@ -435,6 +484,7 @@ fn ensure_resident<'a>(
             model,
             pipeline,
             expires: None,
+            loras: None,
         });
     }
     Ok(resident.as_mut().expect("set above"))
@@ -469,6 +519,7 @@ fn run_job(
     }
     let load_start = Instant::now();
     let r = ensure_resident(job, resident, settings, dtype)?;
+    bind_loras(job, r)?;
     let load = load_start.elapsed();
     let _ = job.events.send(Event::Started);
     let mut images = Vec::with_capacity(job.specs.len());

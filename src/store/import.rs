@@ -68,10 +68,10 @@ impl TensorSource for DiffusersDir {
                 // not when the model is first run.
                 if rel.ends_with(".json") {
                     if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                        return Err(StoreError::Invalid(format!(
-                            "`{}` is not valid JSON ({e}); fix or remove it and import again",
-                            path.display()
-                        )));
+                        return Err(StoreError::ConfigNotJson {
+                            path: path.clone(),
+                            reason: e.to_string(),
+                        });
                     }
                 }
                 Ok((rel.clone(), bytes))
@@ -173,15 +173,11 @@ fn check_manifest_fits(
     // Config files add a few layers; a margin covers them.
     let predicted = Manifest::new(config, layers).to_bytes().len() as u64 + (64 << 10);
     if predicted > MAX_MANIFEST_BYTES {
-        return Err(StoreError::Invalid(format!(
-            "`{}` would have {} tensors and a manifest of about {} MiB, more than the {} MiB a \
-             manifest may be; nothing was written (merge tensors, or import the components \
-             one by one)",
-            name.short(),
-            tensors.len(),
-            predicted >> 20,
-            MAX_MANIFEST_BYTES >> 20
-        )));
+        return Err(StoreError::ImportTooLarge {
+            model: name.short(),
+            tensors: tensors.len(),
+            manifest_bytes: predicted,
+        });
     }
     Ok(())
 }
@@ -194,16 +190,12 @@ impl Store {
             let path = self.blob_path(&layer.digest)?;
             let size = std::fs::metadata(&path).map(|m| m.len()).ok();
             if size != Some(layer.size) {
-                return Err(StoreError::Invalid(format!(
-                    "blob `{}` written by this import is {} (another program removed it from \
-                     `{}`?); no manifest was written: run the import again",
-                    layer.digest,
-                    size.map_or("missing".into(), |s| format!(
-                        "{s} bytes, not {}",
-                        layer.size
-                    )),
-                    self.root.join("blobs").display()
-                )));
+                return Err(StoreError::BlobVanished {
+                    digest: layer.digest.clone(),
+                    expected: layer.size,
+                    found: size,
+                    blobs: self.root.join("blobs"),
+                });
             }
         }
         sync_dir(&self.root.join("blobs"))
@@ -228,21 +220,14 @@ impl Store {
         if !is_disk_full(&e) {
             return e;
         }
-        let needed = source
-            .tensors()
-            .iter()
-            .fold(0u64, |n, t| n.saturating_add(t.nbytes));
-        let free = crate::platform::free_disk_bytes(&self.root)
-            .map_or("unknown".to_string(), |b| {
-                format!("{:.1} MB", b as f64 / 1e6)
-            });
-        StoreError::Invalid(format!(
-            "no space left on the disk holding `{}`: the import needs up to {:.1} MB (less what \
-             the store already holds), {free} are free; no manifest was written and no partial \
-             blob is left; free some space (or import with `--quantize`) and run it again",
-            self.root.display(),
-            needed as f64 / 1e6
-        ))
+        StoreError::DiskFull {
+            root: self.root.clone(),
+            needed: source
+                .tensors()
+                .iter()
+                .fold(0u64, |n, t| n.saturating_add(t.nbytes)),
+            free: crate::platform::free_disk_bytes(&self.root),
+        }
     }
 
     fn import(
@@ -254,17 +239,11 @@ impl Store {
     ) -> Result<ImportSummary, StoreError> {
         if let Some(d) = opts.dtype {
             if !convertible(d) {
-                return Err(StoreError::Invalid(format!(
-                    "`--dtype {}` is not supported; use bf16, f16 or f32",
-                    d.lower_name()
-                )));
+                return Err(StoreError::UnsupportedDtype(d));
             }
         }
         if !opts.align.is_power_of_two() || opts.align < 8 {
-            return Err(StoreError::Invalid(format!(
-                "alignment {} must be a power of two ≥ 8",
-                opts.align
-            )));
+            return Err(StoreError::BadAlignment(opts.align));
         }
         let tensors = source.tensors();
         check_manifest_fits(name, &tensors)?;
@@ -392,14 +371,10 @@ impl Store {
             .iter()
             .map(|&d| i32::try_from(d))
             .collect::<Result<Vec<i32>, _>>()
-            .map_err(|_| {
-                StoreError::Invalid(format!(
-                    "`{}`: tensor `{}` has shape {:?}, a dimension past what MLX can quantize \
-                     (2^31 - 1); import it without `--quantize`",
-                    t.file.display(),
-                    t.name,
-                    t.shape
-                ))
+            .map_err(|_| StoreError::Unquantizable {
+                file: t.file.clone(),
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
             })?;
         let mlx_dtype = t.dtype;
         let full = format!("{}/{}", t.component, t.name);

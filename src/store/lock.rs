@@ -92,9 +92,7 @@ impl Store {
         })?;
         match file.try_lock() {
             Ok(()) => Ok(StoreLock { _file: Some(file) }),
-            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Invalid(
-                "another zimage process is using the store".into(),
-            )),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Busy),
             Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
                 path,
                 cause: source,

@@ -20,6 +20,12 @@ pub const TENSOR_MEDIA_TYPE: &str = "application/vnd.ollama.image.tensor";
 pub const JSON_MEDIA_TYPE: &str = "application/vnd.ollama.image.json";
 /// The same, as some writers name them; accepted on reading.
 pub const CONFIG_FILE_MEDIA_TYPE_ALT: &str = "application/vnd.ollama.image.config";
+/// One tensor of a LoRA a derived model carries (`lora/<n>/<key as in the file>`), a tensor
+/// blob like any other; a type of its own, so that no reader takes it for a base weight.
+pub const LORA_TENSOR_MEDIA_TYPE: &str = "application/vnd.zimage.lora.tensor";
+/// The record of one LoRA a derived model carries (`lora/<n>/adapter.json`): its file, scale
+/// and hash, and the file's metadata.
+pub const LORA_JSON_MEDIA_TYPE: &str = "application/vnd.zimage.lora.json";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Layer {
@@ -40,6 +46,12 @@ pub struct Layer {
 impl Layer {
     pub fn is_tensor(&self) -> bool {
         self.media_type == TENSOR_MEDIA_TYPE
+    }
+    pub fn is_lora_tensor(&self) -> bool {
+        self.media_type == LORA_TENSOR_MEDIA_TYPE
+    }
+    pub fn is_lora_record(&self) -> bool {
+        self.media_type == LORA_JSON_MEDIA_TYPE
     }
     pub fn is_config_file(&self) -> bool {
         self.media_type == JSON_MEDIA_TYPE || self.media_type == CONFIG_FILE_MEDIA_TYPE_ALT

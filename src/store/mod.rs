@@ -56,8 +56,131 @@ pub enum StoreError {
         path: PathBuf,
         cause: std::io::Error,
     },
-    #[error("{0}")]
-    Invalid(String),
+    #[error(
+        "model `{model}` has no `{component}` tensors (it has: {})",
+        list_or_none(have)
+    )]
+    NoComponent {
+        model: String,
+        component: String,
+        have: Vec<String>,
+    },
+    #[error(
+        "model `{model}`: `{component}` has {blobs} blobs to hold open, but this process may \
+         open only {limit} files (the hard limit); raise it, e.g. `ulimit -n {wanted}`"
+    )]
+    TooManyOpenFiles {
+        model: String,
+        component: String,
+        blobs: usize,
+        limit: u64,
+        wanted: u64,
+    },
+    /// Ollama's first quantized layout (`X`, `X_scale`, `X_qbias`), with parts that do not fit.
+    #[error("`{layer}` {problem}")]
+    V1Quantized {
+        layer: String,
+        problem: &'static str,
+    },
+    #[error("blob `{digest}` holds no tensor")]
+    EmptyBlob { digest: String },
+    #[error("cannot find the store: set --store, ZIMAGE_MODELS or HOME")]
+    NoStore,
+    #[error(
+        "the store `{}` is not a directory; give `--store` (or ZIMAGE_MODELS) a folder",
+        path.display()
+    )]
+    StoreNotDir { path: PathBuf },
+    /// The store is locked by another process and this one would not wait.
+    #[error("another zimage process is using the store")]
+    Busy,
+    #[error(
+        "another zimage process is using the store, so `{}` may be its work in progress; run \
+         `zimage doctor` again when it has finished",
+        path.display()
+    )]
+    TemporaryInUse { path: PathBuf },
+    #[error(
+        "the manifest of `{model}` would be {bytes} bytes, more than the {MAX_MANIFEST_BYTES} a \
+         manifest may be; nothing was written"
+    )]
+    ManifestTooLarge { model: String, bytes: u64 },
+    #[error(
+        "`{model}` would have {tensors} tensors and a manifest of about {} MiB, more than the {} \
+         MiB a manifest may be; nothing was written (merge tensors, or import the components \
+         one by one)",
+        manifest_bytes >> 20,
+        MAX_MANIFEST_BYTES >> 20
+    )]
+    ImportTooLarge {
+        model: String,
+        tensors: usize,
+        manifest_bytes: u64,
+    },
+    #[error("`{}` is not valid JSON ({reason}); fix or remove it and import again", path.display())]
+    ConfigNotJson { path: PathBuf, reason: String },
+    #[error(
+        "blob `{digest}` written by this import is {} (another program removed it from `{}`?); \
+         no manifest was written: run the import again",
+        found.map_or("missing".into(), |s| format!("{s} bytes, not {expected}")),
+        blobs.display()
+    )]
+    BlobVanished {
+        digest: String,
+        expected: u64,
+        found: Option<u64>,
+        blobs: PathBuf,
+    },
+    #[error(
+        "no space left on the disk holding `{}`: the import needs up to {:.1} MB (less what the \
+         store already holds), {} are free; no manifest was written and no partial blob is left; \
+         free some space (or import with `--quantize`) and run it again",
+        root.display(),
+        *needed as f64 / 1e6,
+        free.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6))
+    )]
+    DiskFull {
+        root: PathBuf,
+        needed: u64,
+        free: Option<u64>,
+    },
+    #[error("`--dtype {}` is not supported; use bf16, f16 or f32", .0.lower_name())]
+    UnsupportedDtype(crate::dtype::Dtype),
+    #[error("alignment {0} must be a power of two ≥ 8")]
+    BadAlignment(u64),
+    #[error(
+        "`{}`: tensor `{tensor}` has shape {shape:?}, a dimension past what MLX can quantize \
+         (2^31 - 1); import it without `--quantize`",
+        file.display()
+    )]
+    Unquantizable {
+        file: PathBuf,
+        tensor: String,
+        shape: Vec<u64>,
+    },
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(", ")
+    }
+}
+
+impl StoreError {
+    /// A v1 quantized layer `component/base` + `suffix` and what is wrong with it.
+    pub(crate) fn v1_quantized(
+        component: &str,
+        base: &str,
+        suffix: &str,
+        problem: &'static str,
+    ) -> StoreError {
+        StoreError::V1Quantized {
+            layer: format!("{component}/{base}{suffix}"),
+            problem,
+        }
+    }
 }
 
 /// A store on disk.
@@ -152,20 +275,13 @@ impl Store {
             {
                 Some(p) => PathBuf::from(p),
                 None => {
-                    let home = std::env::var_os("HOME").ok_or_else(|| {
-                        StoreError::Invalid(
-                            "cannot find the store: set --store, ZIMAGE_MODELS or HOME".into(),
-                        )
-                    })?;
+                    let home = std::env::var_os("HOME").ok_or(StoreError::NoStore)?;
                     PathBuf::from(home).join(".ollama/models")
                 }
             },
         };
         if root.exists() && !root.is_dir() {
-            return Err(StoreError::Invalid(format!(
-                "the store `{}` is not a directory; give `--store` (or ZIMAGE_MODELS) a folder",
-                root.display()
-            )));
+            return Err(StoreError::StoreNotDir { path: root });
         }
         Ok(Store { root })
     }
@@ -231,12 +347,10 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(Self::io(dir))?;
         let bytes = manifest.to_bytes();
         if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(StoreError::Invalid(format!(
-                "the manifest of `{}` would be {} bytes, more than the {MAX_MANIFEST_BYTES} a \
-                 manifest may be; nothing was written",
-                name.short(),
-                bytes.len()
-            )));
+            return Err(StoreError::ManifestTooLarge {
+                model: name.short(),
+                bytes: bytes.len() as u64,
+            });
         }
         write_atomic(&path, &bytes)
     }
@@ -442,7 +556,7 @@ impl Store {
                 ));
                 continue;
             }
-            if layer.is_tensor() {
+            if layer.is_tensor() || layer.is_lora_tensor() {
                 match crate::safetensors::read_header_file(&path) {
                     Err(e) => report.problems.push(format!("`{label}`: {e}")),
                     Ok(h) => {
@@ -596,8 +710,8 @@ pub fn summarize(
             }
             _ => {
                 let (_, h) = blob::read_blob_header(&store.root, &layer.digest)?;
-                let main = blob::main_tensor(&h).ok_or_else(|| {
-                    StoreError::Invalid(format!("blob `{}` holds no tensor", layer.digest))
+                let main = blob::main_tensor(&h).ok_or_else(|| StoreError::EmptyBlob {
+                    digest: layer.digest.clone(),
                 })?;
                 (
                     main.dtype.name().to_string(),

@@ -109,13 +109,9 @@ impl Store {
             }
             Damage::Temporary { path, .. } => {
                 // Only while nobody else holds the store is a temporary file surely stale.
-                let _lock = self.try_lock_for_sweeping().map_err(|_| {
-                    StoreError::Invalid(format!(
-                        "another zimage process is using the store, so `{}` may be its work in \
-                         progress; run `zimage doctor` again when it has finished",
-                        path.display()
-                    ))
-                })?;
+                let _lock = self
+                    .try_lock_for_sweeping()
+                    .map_err(|_| StoreError::TemporaryInUse { path: path.clone() })?;
                 path.clone()
             }
         };
