@@ -42,11 +42,50 @@ pub fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 /// An empty store folder in the scratch folder, emptied of the previous input's files.
+///
+/// The folders are kept and only the files the last input left are removed: making and
+/// removing the folder tree was most of the time an input took.
 pub fn fresh_store() -> PathBuf {
     let root = scratch_dir().join("store");
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("blobs")).expect("store folder can be created");
+    let blobs = root.join("blobs");
+    if blobs.is_dir() {
+        let manifests = root.join("manifests");
+        for entry in std::fs::read_dir(&root).expect("store folder can be read") {
+            let path = entry.expect("store folder can be read").path();
+            if path == blobs {
+                empty_folder(&blobs);
+            } else if path == manifests {
+                let _ = std::fs::remove_file(manifests.join(manifest_rel()));
+            } else if path.is_dir() {
+                let _ = std::fs::remove_dir_all(&path);
+            } else if path.file_name().is_some_and(|n| n != ".zimage-lock") {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    } else {
+        std::fs::create_dir_all(&blobs).expect("store folder can be created");
+    }
     root
+}
+
+fn empty_folder(dir: &Path) {
+    for entry in std::fs::read_dir(dir).expect("blobs folder can be read") {
+        let path = entry.expect("blobs folder can be read").path();
+        if path.is_dir() {
+            let _ = std::fs::remove_dir_all(&path);
+        } else {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Where `m`'s manifest lies below `manifests/`.
+fn manifest_rel() -> PathBuf {
+    let name = zimage::store::ModelName::parse("m").expect("`m` is a valid name");
+    name.manifest_path()
+        .strip_prefix("manifests")
+        .expect("manifest paths start with manifests/")
+        .to_path_buf()
 }
 
 /// Puts `bytes` in the store as a blob, the way the store names it, without the fsync of the
