@@ -18,7 +18,8 @@ fn main() {
     );
     let mut seeds = Seeds { out, total: 0 };
     safetensors_header(&mut seeds);
-    blob_classification(&mut seeds);
+    blob_classification(&mut seeds, "blob_classification");
+    blob_classification(&mut seeds, "blob_load");
     manifests(&mut seeds);
     model_names(&mut seeds);
     ztensor_files(&mut seeds);
@@ -96,9 +97,8 @@ fn safetensors_header(s: &mut Seeds) {
     s.put(t, "empty_header", b"\x02\0\0\0\0\0\0\0{}");
 }
 
-/// Blobs as each generation of Ollama wrote them, behind the mode byte the target reads.
-fn blob_classification(s: &mut Seeds) {
-    let t = "blob_classification";
+/// Blobs as each generation of Ollama wrote them, behind the mode byte target `t` reads.
+fn blob_classification(s: &mut Seeds, t: &str) {
     let blob = |mode: u8, blobs: &[Vec<u8>]| {
         let mut v = vec![mode];
         for (i, b) in blobs.iter().enumerate() {
