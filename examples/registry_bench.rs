@@ -2,10 +2,18 @@
 //!
 //! Starts Debian's `docker-registry` on a free loopback port (storage in a temporary folder),
 //! pushes a generated model of `BLOBS` tensor blobs (about 1 MiB each, 1 GiB in all) and a
-//! model of one blob of the same total size, then times `zimage pull` of the first into an
-//! empty store and `curl` of the single blob into a file, in the same run.
+//! model of one blob of the same total size, then times, in each of `ROUNDS` rounds:
 //!
-//! `cargo build --release && cargo run --release --example registry_bench [BLOBS] [MIB_EACH] [PARALLEL]`
+//! - `curl` of the single blob into a file;
+//! - `zimage pull` of the model of many blobs into an empty store (hash-verified, synced);
+//! - one `curl` of every blob of that model, `PARALLEL` at once, each into its own file (no
+//!   hashing, no sync): what this registry serves many blobs at, whoever asks.
+//!
+//! The filesystem is synced (untimed) before each, so none pays for another's dirty pages;
+//! what each wrote is removed at the end, so no measurement allocates files among the inodes
+//! the previous one freed.
+//!
+//! `cargo build --release && cargo run --release --example registry_bench [BLOBS] [MIB_EACH] [PARALLEL] [ROUNDS]`
 
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -21,6 +29,7 @@ fn main() {
     let blobs: u64 = args.get(1).map_or(1000, |a| a.parse().expect("BLOBS"));
     let mib: u64 = args.get(2).map_or(1, |a| a.parse().expect("MIB_EACH"));
     let parallel: Option<String> = args.get(3).cloned();
+    let rounds: usize = args.get(4).map_or(2, |a| a.parse().expect("ROUNDS"));
     let zimage = std::env::current_exe()
         .unwrap()
         .parent()
@@ -84,33 +93,59 @@ fn main() {
     let blob = &one.layers[0];
     let url = format!("http://{host}/v2/bench/one/blobs/{}", blob.digest);
     let mb = |bytes: u64, s: f64| bytes as f64 / s / 1e6;
-    // Two rounds, alternating, so both see the same load on the machine.
-    let (mut pull_total, mut curl_total) = (0.0, 0.0);
-    for round in 0..2 {
-        let out = dir.path().join("curl.out");
+    // Every blob of the model, as a `curl --config` list: each URL into its own file.
+    let many_config = dir.path().join("many.curl");
+    let blob_urls: String = std::iter::once(&many.config)
+        .chain(&many.layers)
+        .enumerate()
+        .map(|(i, l)| {
+            format!(
+                "url = \"http://{host}/v2/bench/many/blobs/{}\"\noutput = \"{i}\"\n",
+                l.digest
+            )
+        })
+        .collect();
+    std::fs::write(&many_config, blob_urls).unwrap();
+    let at_once = parallel.clone().unwrap_or_else(|| "6".into());
+    let timed = |command: &mut Command| {
+        sync();
         let started = Instant::now();
-        let st = Command::new("curl")
-            .args(["-sSf", "-o"])
-            .arg(&out)
-            .arg(&url)
-            .status()
-            .unwrap();
-        let curl_s = started.elapsed().as_secs_f64();
-        assert!(st.success(), "curl");
-        std::fs::remove_file(&out).unwrap();
+        let st = command.status().unwrap();
+        assert!(st.success(), "{command:?}");
+        started.elapsed().as_secs_f64()
+    };
+    // Rounds alternate, so all three see the same load on the machine.
+    let (mut pull_total, mut curl_total, mut curls_total) = (0.0, 0.0, 0.0);
+    let mut written = Vec::new();
+    for round in 0..rounds {
+        let out = dir.path().join(format!("curl-{round}.out"));
+        let curl_s = timed(
+            Command::new("curl")
+                .args(["-sSf", "-o"])
+                .arg(&out)
+                .arg(&url),
+        );
+        written.push(out);
 
         let target = dir.path().join(format!("target-{round}"));
-        let started = Instant::now();
-        let st = Command::new(&zimage)
-            .arg("--store")
-            .arg(&target)
-            .args(["pull", &format!("{host}/bench/many"), "--insecure"])
-            .args(parallel.iter().flat_map(|p| ["--parallel", p.as_str()]))
-            .status()
-            .unwrap();
-        let pull_s = started.elapsed().as_secs_f64();
-        assert!(st.success(), "pull");
-        std::fs::remove_dir_all(&target).unwrap();
+        let pull_s = timed(
+            Command::new(&zimage)
+                .arg("--store")
+                .arg(&target)
+                .args(["pull", &format!("{host}/bench/many"), "--insecure"])
+                .args(parallel.iter().flat_map(|p| ["--parallel", p.as_str()])),
+        );
+        written.push(target);
+
+        let files = dir.path().join(format!("curls-{round}"));
+        std::fs::create_dir(&files).unwrap();
+        let curls_s = timed(
+            Command::new("curl")
+                .args(["-sSf", "--parallel", "--parallel-max", &at_once, "--config"])
+                .arg(&many_config)
+                .current_dir(&files),
+        );
+        written.push(files);
         println!(
             "round {round}: zimage pull: {} blobs, {total} bytes in {pull_s:.2} s = {:.0} MB/s",
             many.layers.len() + 1,
@@ -121,15 +156,33 @@ fn main() {
             blob.size,
             mb(blob.size, curl_s)
         );
+        println!(
+            "round {round}: curl --parallel-max {at_once} of the same {} blobs into files: \
+             {curls_s:.2} s = {:.0} MB/s",
+            many.layers.len() + 1,
+            mb(total, curls_s)
+        );
         pull_total += pull_s;
         curl_total += curl_s;
+        curls_total += curls_s;
     }
     println!(
-        "pull reaches {:.0}% of curl's throughput (both rounds together)",
-        100.0 * mb(total, pull_total) / mb(blob.size, curl_total)
+        "pull reaches {:.0}% of curl's throughput (all rounds together); curl of the same blobs, \
+         {at_once} at once, reaches {:.0}%",
+        100.0 * mb(total, pull_total) / mb(blob.size, curl_total),
+        100.0 * mb(total, curls_total) / mb(blob.size, curl_total)
     );
+    for path in written {
+        let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+    }
     let _ = registry.kill();
     let _ = registry.wait();
+}
+
+/// Writes every dirty page of every filesystem to the disk.
+fn sync() {
+    let st = Command::new("sync").status().unwrap();
+    assert!(st.success(), "sync");
 }
 
 /// A stored model of `count` f32 tensors of `floats` each, distinct bytes in every blob.

@@ -72,24 +72,39 @@ pub(crate) fn for_each_parallel<T: Sync>(
     stop: &std::sync::atomic::AtomicBool,
     work: impl Fn(&T) -> Result<(), RegistryError> + Sync,
 ) -> Result<(), RegistryError> {
+    for_each_parallel_with(items, workers, stop, || (), |_, item| work(item))
+}
+
+/// [`for_each_parallel`] with state each thread makes once, with `state`, and keeps from one
+/// item to the next (a buffer).
+pub(crate) fn for_each_parallel_with<T: Sync, S>(
+    items: &[T],
+    workers: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    state: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, &T) -> Result<(), RegistryError> + Sync,
+) -> Result<(), RegistryError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let next = AtomicUsize::new(0);
     let first_error: std::sync::Mutex<Option<RegistryError>> = std::sync::Mutex::new(None);
     std::thread::scope(|scope| {
         for _ in 0..workers.clamp(1, items.len().max(1)) {
-            scope.spawn(|| loop {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                if let Err(e) = work(item) {
-                    stop.store(true, Ordering::Relaxed);
-                    let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
-                    if slot.is_none() {
-                        *slot = Some(e);
+            scope.spawn(|| {
+                let mut state = state();
+                loop {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
                     }
-                    break;
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    if let Err(e) = work(&mut state, item) {
+                        stop.store(true, Ordering::Relaxed);
+                        let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
+                        if slot.is_none() {
+                            *slot = Some(e);
+                        }
+                        break;
+                    }
                 }
             });
         }

@@ -6,9 +6,12 @@
 //! partial file, `blobs/.partial-<hex>`, is kept for the next run, and swept by `gc`). The store
 //! lock is held shared for the whole run, as an import holds it, so no `gc` sweeps a blob that
 //! is downloaded but not yet referenced.
+//!
+//! A blob is renamed into place without an fsync of its own: its writing to the disk starts as
+//! it completes, and one sync of the filesystem, before the manifest, makes them all durable.
 
 use super::client::Client;
-use super::{for_each_parallel, printable, repository, Progress, RegistryError};
+use super::{for_each_parallel_with, printable, repository, Progress, RegistryError};
 use crate::store::blob::{BlobError, BlobWriter};
 use crate::store::manifest::{Manifest, MANIFEST_MEDIA_TYPE, MAX_MANIFEST_BYTES};
 use crate::store::{blob, ModelName, Store};
@@ -27,6 +30,10 @@ pub const PART_SIZE: u64 = 64 << 20;
 
 /// Tries per blob for failures a retry may cure (a dropped connection, a stall, a 5xx).
 const ATTEMPTS: u32 = 3;
+
+/// Bytes gathered from a response before they are hashed and written: a tensor blob of a
+/// few MiB takes a few writes, and each thread keeps its one buffer from blob to blob.
+const BATCH: usize = 1 << 20;
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct PullSummary {
@@ -80,8 +87,9 @@ pub fn pull(
     let repo = repository(&name);
     let stop = AtomicBool::new(false);
     let resumed = std::sync::atomic::AtomicU64::new(0);
-    for_each_parallel(&missing, parallel, &stop, |w| {
-        let had = download(store, client, &repo, w, progress, &stop)?;
+    let batch = || vec![0u8; BATCH];
+    for_each_parallel_with(&missing, parallel, &stop, batch, |buf, w| {
+        let had = download(store, client, &repo, w, buf, progress, &stop)?;
         resumed.fetch_add(had, Ordering::Relaxed);
         progress.blob_done();
         Ok(())
@@ -205,6 +213,7 @@ fn download(
     client: &Client,
     repo: &str,
     w: &Wanted,
+    buf: &mut [u8],
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<u64, RegistryError> {
@@ -220,7 +229,7 @@ fn download(
     progress.advance(had);
     let mut tries = 0;
     loop {
-        match fetch_into(client, &url, &mut writer, w.size, progress, stop) {
+        match fetch_into(client, &url, &mut writer, w.size, buf, progress, stop) {
             Ok(()) => break,
             Err(e) if e.is_transient() && tries + 1 < ATTEMPTS && !stop.load(Ordering::Relaxed) => {
                 tries += 1;
@@ -244,7 +253,7 @@ fn download(
             let (writer, _) = BlobWriter::resume(&store.root, &w.digest)?;
             let mut writer = writer.without_sync();
             writer.restart()?;
-            fetch_into(client, &url, &mut writer, w.size, progress, stop)?;
+            fetch_into(client, &url, &mut writer, w.size, buf, progress, stop)?;
             writer.finish_expecting(&w.digest, w.size)?;
             Ok(0)
         }
@@ -269,10 +278,10 @@ fn fetch_into(
     url: &str,
     writer: &mut BlobWriter,
     size: u64,
+    buf: &mut [u8],
     progress: &dyn Progress,
     stop: &AtomicBool,
 ) -> Result<(), RegistryError> {
-    let mut buf = vec![0u8; 256 << 10];
     // An empty blob still takes one request, to learn that the registry has it.
     let mut requested = false;
     loop {
@@ -328,12 +337,7 @@ fn fetch_into(
             if stop.load(Ordering::Relaxed) {
                 return Err(RegistryError::Invalid("stopped".into()));
             }
-            let n = response
-                .read(&mut buf)
-                .map_err(|e| client.read_error(url, &e))?;
-            if n == 0 {
-                break;
-            }
+            let (n, read) = fill(&mut response, buf);
             got += n as u64;
             if got > expect {
                 return Err(RegistryError::Protocol {
@@ -344,8 +348,12 @@ fn fetch_into(
                     ),
                 });
             }
+            // The bytes of a response that broke off are kept: a retry continues after them.
             writer.write(&buf[..n])?;
             progress.advance(n as u64);
+            if read.map_err(|e| client.read_error(url, &e))? {
+                break;
+            }
         }
         if got < expect {
             return Err(RegistryError::Http {
@@ -354,6 +362,21 @@ fn fetch_into(
             });
         }
     }
+}
+
+/// Reads into `buf` until it is full, the body ends or a read fails: the bytes read, and
+/// whether the body ended.
+fn fill(from: &mut impl Read, buf: &mut [u8]) -> (usize, std::io::Result<bool>) {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match from.read(&mut buf[filled..]) {
+            Ok(0) => return (filled, Ok(true)),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return (filled, Err(e)),
+        }
+    }
+    (filled, Ok(false))
 }
 
 /// A 206's `Content-Range: bytes a-b/n` must be the part asked for.
@@ -384,4 +407,52 @@ fn check_content_range(
             printable(value, 80)
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hands out `chunks`, then fails as a dropped connection does.
+    struct Broken {
+        chunks: Vec<Vec<u8>>,
+    }
+
+    impl Read for Broken {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.chunks.is_empty() {
+                return Err(std::io::ErrorKind::ConnectionReset.into());
+            }
+            let chunk = self.chunks.remove(0);
+            buf[..chunk.len()].copy_from_slice(&chunk);
+            Ok(chunk.len())
+        }
+    }
+
+    #[test]
+    fn a_batch_gathers_reads_until_the_buffer_is_full_or_the_body_ends() {
+        let mut buf = [0u8; 5];
+        let mut body: &[u8] = b"abcdefg";
+        let (n, ended) = fill(&mut body, &mut buf);
+        assert_eq!((n, ended.unwrap()), (5, false));
+        assert_eq!(&buf, b"abcde");
+        let (n, ended) = fill(&mut body, &mut buf);
+        assert_eq!((n, ended.unwrap()), (2, true));
+        assert_eq!(&buf[..2], b"fg");
+    }
+
+    #[test]
+    fn the_bytes_before_a_broken_read_are_handed_over_with_the_error() {
+        let mut buf = [0u8; 8];
+        let mut body = Broken {
+            chunks: vec![b"abc".to_vec(), b"de".to_vec()],
+        };
+        let (n, ended) = fill(&mut body, &mut buf);
+        assert_eq!(n, 5);
+        assert_eq!(&buf[..5], b"abcde");
+        assert_eq!(
+            ended.unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionReset
+        );
+    }
 }
