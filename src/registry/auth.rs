@@ -30,16 +30,18 @@ pub const MAX_CREDENTIALS_FILE: u64 = 1 << 20;
 impl Credentials {
     /// `USER:PASSWORD`, as `--user` takes it.
     pub fn parse(text: &str, what: &str) -> Result<Credentials, RegistryError> {
-        let (user, password) = text.split_once(':').ok_or_else(|| {
-            RegistryError::Invalid(format!(
-                "{what}: expected `USER:PASSWORD` (a `:` between the user and the password)"
-            ))
-        })?;
+        let (user, password) = text
+            .split_once(':')
+            .ok_or_else(|| RegistryError::Credentials {
+                what: what.to_string(),
+                problem: "expected `USER:PASSWORD` (a `:` between the user and the password)",
+            })?;
         if user.is_empty() || user.chars().any(char::is_control) || password.contains(['\r', '\n'])
         {
-            return Err(RegistryError::Invalid(format!(
-                "{what}: the user must be non-empty and neither may hold control characters"
-            )));
+            return Err(RegistryError::Credentials {
+                what: what.to_string(),
+                problem: "the user must be non-empty and neither may hold control characters",
+            });
         }
         Ok(Credentials {
             user: user.to_string(),
@@ -51,16 +53,19 @@ impl Credentials {
     /// lines starting with `#` skipped), or `None` when the file names no such host.
     pub fn from_file(path: &Path, host: &str) -> Result<Option<Credentials>, RegistryError> {
         let text = crate::files::read_text_bounded(path, MAX_CREDENTIALS_FILE, "credentials file")
-            .map_err(|e| RegistryError::Invalid(e.to_string()))?;
+            .map_err(RegistryError::CredentialsFile)?;
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let what = format!("`{}` line {}", path.display(), i + 1);
-            let (h, rest) = line.split_once(char::is_whitespace).ok_or_else(|| {
-                RegistryError::Invalid(format!("{what}: expected `HOST USER:PASSWORD`"))
-            })?;
+            let (h, rest) =
+                line.split_once(char::is_whitespace)
+                    .ok_or_else(|| RegistryError::Credentials {
+                        what: what.clone(),
+                        problem: "expected `HOST USER:PASSWORD`",
+                    })?;
             if h.eq_ignore_ascii_case(host) {
                 return Credentials::parse(rest.trim(), &what).map(Some);
             }

@@ -76,7 +76,9 @@ impl Client {
             .user_agent(concat!("zimage/", env!("CARGO_PKG_VERSION")))
             .pool_max_idle_per_host(64)
             .build()
-            .map_err(|e| RegistryError::Invalid(format!("cannot start the HTTP client: {e}")))?;
+            .map_err(|e| RegistryError::ClientStart {
+                reason: e.to_string(),
+            })?;
         Ok(Client {
             http,
             scheme: if insecure { "http" } else { "https" },

@@ -39,8 +39,43 @@ pub enum RegistryError {
     Auth { url: String, reason: String },
     #[error("{url}: {reason}")]
     Protocol { url: String, reason: String },
-    #[error("{0}")]
-    Invalid(String),
+    /// `--user` or a credentials file line that is not `[HOST ]USER:PASSWORD`.
+    #[error("{what}: {problem}")]
+    Credentials { what: String, problem: &'static str },
+    #[error(transparent)]
+    CredentialsFile(crate::files::FileError),
+    #[error("cannot start the HTTP client: {reason}")]
+    ClientStart { reason: String },
+    /// A signal stopped the transfers.
+    #[error("stopped before every transfer finished")]
+    Stopped,
+    #[error(
+        "`{model}` is not in the registry `{host}` ({url} answered 404); check the name and tag"
+    )]
+    NotInRegistry {
+        model: String,
+        host: String,
+        url: String,
+    },
+    #[error("the manifest lists blob `{digest}` as both {size} and {other} bytes; it is broken")]
+    ConflictingSizes {
+        digest: String,
+        size: u64,
+        other: u64,
+    },
+    /// A blob of the model to push is missing or truncated in the local store.
+    #[error(
+        "blob `{digest}` of `{model}` is {} in `{}`; nothing was pushed: see `zimage verify {model}`",
+        found.map_or("missing".into(), |s| format!("{s} bytes, not {expected}")),
+        blobs.display()
+    )]
+    LocalBlob {
+        digest: String,
+        model: String,
+        expected: u64,
+        found: Option<u64>,
+        blobs: std::path::PathBuf,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -111,9 +146,7 @@ pub(crate) fn for_each_parallel_with<T: Sync, S>(
     });
     match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(e) => Err(e),
-        None if stop.load(std::sync::atomic::Ordering::Relaxed) => Err(RegistryError::Invalid(
-            "stopped before every transfer finished".into(),
-        )),
+        None if stop.load(std::sync::atomic::Ordering::Relaxed) => Err(RegistryError::Stopped),
         None => Ok(()),
     }
 }

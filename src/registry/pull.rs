@@ -128,11 +128,11 @@ pub fn fetch_manifest(
         )
     })?;
     if response.status() == StatusCode::NOT_FOUND {
-        return Err(RegistryError::Invalid(format!(
-            "`{}` is not in the registry `{}` ({url} answered 404); check the name and tag",
-            name.short(),
-            name.host
-        )));
+        return Err(RegistryError::NotInRegistry {
+            model: name.short(),
+            host: name.host.clone(),
+            url,
+        });
     }
     if !response.status().is_success() {
         return Err(client.status_error(&url, response));
@@ -188,10 +188,11 @@ pub(crate) fn distinct_blobs(manifest: &Manifest) -> Result<Vec<Wanted>, Registr
         let hex = blob::digest_hex(&layer.digest)?.to_ascii_lowercase();
         match seen.get(&hex) {
             Some(&size) if size != layer.size => {
-                return Err(RegistryError::Invalid(format!(
-                    "the manifest lists blob `{}` as both {size} and {} bytes; it is broken",
-                    layer.digest, layer.size
-                )))
+                return Err(RegistryError::ConflictingSizes {
+                    digest: layer.digest.clone(),
+                    size,
+                    other: layer.size,
+                })
             }
             Some(_) => {}
             None => {
@@ -335,7 +336,7 @@ fn fetch_into(
         let mut got = 0u64;
         loop {
             if stop.load(Ordering::Relaxed) {
-                return Err(RegistryError::Invalid("stopped".into()));
+                return Err(RegistryError::Stopped);
             }
             let (n, read) = fill(&mut response, buf);
             got += n as u64;

@@ -63,14 +63,13 @@ pub fn push(
             .filter(|m| m.is_file())
             .map(|m| m.len());
         if size != Some(w.size) {
-            return Err(RegistryError::Invalid(format!(
-                "blob `{}` of `{}` is {} in `{}`; nothing was pushed: see `zimage verify {}`",
-                w.digest,
-                model.name.short(),
-                size.map_or("missing".into(), |s| format!("{s} bytes, not {}", w.size)),
-                store.root.join("blobs").display(),
-                model.name.short()
-            )));
+            return Err(RegistryError::LocalBlob {
+                digest: w.digest.clone(),
+                model: model.name.short(),
+                expected: w.size,
+                found: size,
+                blobs: store.root.join("blobs"),
+            });
         }
         local.push((w, p));
     }
