@@ -5,6 +5,7 @@
 //! asked, so the data can be mapped without a copy). Reading accepts every generation Ollama
 //! wrote (see [`crate::loader`]).
 
+use crate::files::FileError;
 use crate::safetensors::{self, Dtype, Header, TensorSpec};
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -38,11 +39,8 @@ pub enum BlobError {
         digest: String,
         size: u64,
     },
-    #[error("`{}`: {cause}", path.display())]
-    Io {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 /// The hex part of a `sha256:<hex>` (or `sha256-<hex>`) digest, validated.
@@ -85,18 +83,12 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 impl BlobWriter {
     pub fn new(root: &Path) -> Result<BlobWriter, BlobError> {
         let dir = root.join("blobs");
-        std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io {
-            path: dir.clone(),
-            cause: source,
-        })?;
+        std::fs::create_dir_all(&dir).map_err(FileError::io(&dir))?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{PARTIAL_PREFIX}{}-{n}", std::process::id()));
         // Registered before it exists, so a signal at any point finds it on the list.
         let registered = crate::files::register_temporary(&tmp);
-        let file = File::create(&tmp).map_err(|source| BlobError::Io {
-            path: tmp.clone(),
-            cause: source,
-        })?;
+        let file = File::create(&tmp).map_err(FileError::io(&tmp))?;
         Ok(BlobWriter {
             root: root.to_path_buf(),
             _registered: Some(registered),
@@ -118,31 +110,25 @@ impl BlobWriter {
     pub fn resume(root: &Path, digest: &str) -> Result<(BlobWriter, u64), BlobError> {
         let hex = digest_hex(digest)?.to_ascii_lowercase();
         let dir = root.join("blobs");
-        std::fs::create_dir_all(&dir).map_err(|source| BlobError::Io {
-            path: dir.clone(),
-            cause: source,
-        })?;
+        std::fs::create_dir_all(&dir).map_err(FileError::io(&dir))?;
         let tmp = dir.join(format!("{PARTIAL_PREFIX}{hex}"));
-        let io = |source| BlobError::Io {
-            path: tmp.clone(),
-            cause: source,
-        };
+        let io = FileError::io(&tmp);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .open(&tmp)
-            .map_err(io)?;
+            .map_err(&io)?;
         if file.try_lock().is_err() {
             return Ok((BlobWriter::new(root)?, 0));
         }
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         // Most partial files are new and empty: no buffer for them.
-        if file.metadata().map_err(io)?.len() > 0 {
+        if file.metadata().map_err(&io)?.len() > 0 {
             let mut buf = vec![0u8; 1 << 20];
             loop {
-                let k = file.read(&mut buf).map_err(io)?;
+                let k = file.read(&mut buf).map_err(&io)?;
                 if k == 0 {
                     break;
                 }
@@ -150,6 +136,7 @@ impl BlobWriter {
                 size += k as u64;
             }
         }
+        drop(io);
         Ok((
             BlobWriter {
                 root: root.to_path_buf(),
@@ -187,13 +174,10 @@ impl BlobWriter {
 
     /// Empties the file, for a download that must start over.
     pub fn restart(&mut self) -> Result<(), BlobError> {
-        let io = |source| BlobError::Io {
-            path: self.tmp.clone(),
-            cause: source,
-        };
+        let io = FileError::io(&self.tmp);
         let out = self.out.as_mut().expect("writer open until finish");
-        out.flush().map_err(io)?;
-        out.get_ref().set_len(0).map_err(io)?;
+        out.flush().map_err(&io)?;
+        out.get_ref().set_len(0).map_err(&io)?;
         self.hasher = Sha256::new();
         self.size = 0;
         Ok(())
@@ -227,20 +211,15 @@ impl BlobWriter {
         self.hasher.update(bytes);
         self.size += bytes.len() as u64;
         let out = self.out.as_mut().expect("writer open until finish");
-        out.write_all(bytes).map_err(|source| BlobError::Io {
-            path: self.tmp.clone(),
-            cause: source,
-        })
+        out.write_all(bytes)
+            .map_err(|e| FileError::io(&self.tmp)(e).into())
     }
 
     /// Syncs and renames into place. Returns the digest, the size and whether the blob was
     /// new (an identical blob already present is kept, and the copy discarded).
     pub fn finish(mut self) -> Result<(String, u64, bool), BlobError> {
         let tmp = self.tmp.clone();
-        let io = |source| BlobError::Io {
-            path: tmp.clone(),
-            cause: source,
-        };
+        let io = FileError::io(&tmp);
         let out = self.out.take().expect("finish runs once");
         let file = out.into_inner().map_err(|e| io(e.into_error()))?;
         let digest = format!("sha256:{:x}", self.hasher.finalize_reset());
@@ -251,15 +230,12 @@ impl BlobWriter {
             return Ok((digest, self.size, false));
         }
         if self.sync {
-            file.sync_all().map_err(io)?;
+            file.sync_all().map_err(&io)?;
         } else {
-            start_writeback(&file);
+            crate::platform::start_writeback(&file);
         }
         drop(file);
-        std::fs::rename(&self.tmp, &dest).map_err(|source| BlobError::Io {
-            path: dest.clone(),
-            cause: source,
-        })?;
+        std::fs::rename(&self.tmp, &dest).map_err(FileError::io(&dest))?;
         self.done = true;
         Ok((digest, self.size, true))
     }
@@ -275,60 +251,11 @@ impl Drop for BlobWriter {
     }
 }
 
-/// Asks the kernel to start writing `file` to the disk without waiting for it, so that the one
-/// sync after many blobs finds most of their bytes already written. Only a hint: its failure
-/// leaves the work, and the error, to that sync.
-fn start_writeback(file: &File) {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `file` is an open file descriptor for the duration of the call, and offset 0
-        // with length 0 names the whole file; the call only schedules writeback.
-        let _ = unsafe {
-            libc::sync_file_range(
-                std::os::fd::AsRawFd::as_raw_fd(file),
-                0,
-                0,
-                libc::SYNC_FILE_RANGE_WRITE,
-            )
-        };
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = file;
-}
-
 /// Makes every blob written under `root` durable at once (one `syncfs` on Linux instead of an
 /// fsync per blob; `paths` are synced one by one elsewhere).
 pub fn sync_filesystem(root: &Path, paths: &[PathBuf]) -> Result<(), BlobError> {
-    #[cfg(target_os = "linux")]
-    {
-        let _ = paths;
-        let dir = File::open(root).map_err(|source| BlobError::Io {
-            path: root.to_path_buf(),
-            cause: source,
-        })?;
-        // SAFETY: `dir` is an open file descriptor for the duration of the call; syncfs only
-        // flushes the filesystem that holds it.
-        let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
-        if rc != 0 {
-            return Err(BlobError::Io {
-                path: root.to_path_buf(),
-                cause: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(())
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        for p in paths {
-            File::open(p)
-                .and_then(|f| f.sync_all())
-                .map_err(|source| BlobError::Io {
-                    path: p.clone(),
-                    source,
-                })?;
-        }
-        Ok(())
-    }
+    crate::platform::sync_filesystem(root, paths)
+        .map_err(|(path, e)| FileError::io(&path)(e).into())
 }
 
 /// The main tensor of a tensor blob: the one that is no companion. A companion is `W.scale` or
@@ -376,12 +303,9 @@ pub fn check_inside_store(root: &Path, digest: &str, path: &Path) -> Result<(), 
     if !is_link {
         return Ok(());
     }
-    let io = |source| BlobError::Io {
-        path: path.to_path_buf(),
-        cause: source,
-    };
-    let target = std::fs::canonicalize(path).map_err(io)?;
-    let root = std::fs::canonicalize(root).map_err(io)?;
+    let io = FileError::io(path);
+    let target = std::fs::canonicalize(path).map_err(&io)?;
+    let root = std::fs::canonicalize(root).map_err(&io)?;
     if target.starts_with(&root) && target.is_file() {
         return Ok(());
     }
@@ -414,16 +338,13 @@ pub fn read_blob_header(root: &Path, digest: &str) -> Result<(PathBuf, Header), 
 
 /// sha256 of a file, streamed.
 pub fn hash_file(path: &Path) -> Result<(String, u64), BlobError> {
-    let io = |source| BlobError::Io {
-        path: path.to_path_buf(),
-        cause: source,
-    };
-    let mut f = File::open(path).map_err(io)?;
+    let io = FileError::io(path);
+    let mut f = File::open(path).map_err(&io)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
     loop {
-        let k = f.read(&mut buf).map_err(io)?;
+        let k = f.read(&mut buf).map_err(&io)?;
         if k == 0 {
             break;
         }

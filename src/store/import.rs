@@ -420,7 +420,9 @@ impl Store {
 fn is_disk_full(e: &StoreError) -> bool {
     let io = match e {
         StoreError::File(crate::files::FileError::Io { cause, .. }) => Some(cause),
-        StoreError::Blob(blob::BlobError::Io { cause, .. }) => Some(cause),
+        StoreError::Blob(blob::BlobError::File(crate::files::FileError::Io { cause, .. })) => {
+            Some(cause)
+        }
         StoreError::Header(crate::safetensors::Error::Io(cause)) => Some(cause),
         _ => None,
     };
