@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -677,6 +678,288 @@ class CpuNarrowLinear : public mx::UnaryPrimitive {
   Sgemm sgemm_;
 };
 
+
+// ---- The transformer block's kernels ------------------------------------------------------
+//
+// On the CPU MLX runs each elementwise op as its own single-threaded pass, and its RMS norm is
+// a composition of five of them. A Z-Image block's work between its products (norms, qk-norm,
+// RoPE, the head transposes, softmax, SiLU gate, residual adds) thus cost about as much as the
+// products at dim 512. These kernels do each stretch in one pass over memory, on every core.
+
+// Σ x² of a row, in lanes the compiler keeps in vector registers.
+MLXS_VECTOR_CLONES float sum_squares(const float* __restrict x, size_t n) {
+  constexpr size_t kLanes = 16;
+  float lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t l = 0; l < kLanes; ++l) lane[l] += x[i + l] * x[i + l];
+  float total = 0.0f;
+  for (size_t l = 0; l < kLanes; ++l) total += lane[l];
+  for (; i < n; ++i) total += x[i] * x[i];
+  return total;
+}
+
+// y = (residual +) x · inv · w, rounding as MLX's composition does: (x · inv) · w.
+MLXS_VECTOR_CLONES void norm_row(const float* __restrict x, const float* __restrict w, float inv,
+                                 const float* __restrict residual, float* __restrict y, size_t n) {
+  if (residual) {
+    for (size_t i = 0; i < n; ++i) y[i] = residual[i] + x[i] * inv * w[i];
+  } else {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
+  }
+}
+
+inline float inverse_rms(const float* x, size_t n, float eps) {
+  return 1.0f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
+}
+
+// RMS norm over the last axis of a float32 [rows, n] array times a weight [n], plus a residual
+// [rows, n] when there is a third input.
+class CpuRmsNorm : public mx::UnaryPrimitive {
+ public:
+  CpuRmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    const size_t n = inputs[0].shape(-1), rows = n == 0 ? 0 : inputs[0].size() / n;
+    encoder.dispatch([inputs, dst = out.data<float>(), n, rows, eps = eps_]() {
+      const float* x = inputs[0].data<float>();
+      const float* w = inputs[1].data<float>();
+      const float* residual = inputs.size() > 2 ? inputs[2].data<float>() : nullptr;
+      parallel_for(rows, n * 4, [&](size_t r0, size_t r1, size_t) {
+        for (size_t r = r0; r < r1; ++r) {
+          norm_row(x + r * n, w, inverse_rms(x + r * n, n, eps), residual ? residual + r * n : nullptr, dst + r * n,
+                   n);
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuRmsNorm] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return "CpuRmsNorm"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto o = dynamic_cast<const CpuRmsNorm*>(&other);
+    return o != nullptr && o->eps_ == eps_;
+  }
+
+ private:
+  float eps_;
+};
+
+// One head's q or k: RMS-normed, rotated by RoPE's interleaved pairs, times `scale`.
+MLXS_VECTOR_CLONES void norm_rope_head(const float* __restrict x, const float* __restrict w, float eps,
+                                       const float* __restrict cos, const float* __restrict sin, float scale,
+                                       float* __restrict y, size_t d) {
+  const float inv = inverse_rms(x, d, eps);
+  for (size_t j = 0; j < d / 2; ++j) {
+    float a = x[2 * j] * inv * w[2 * j], b = x[2 * j + 1] * inv * w[2 * j + 1];
+    y[2 * j] = (a * cos[j] - b * sin[j]) * scale;
+    y[2 * j + 1] = (a * sin[j] + b * cos[j]) * scale;
+  }
+}
+
+// [S, 3·H·D] fused q|k|v projections → [3, H, S, D]: q and k RMS-normed per head and rotated by
+// RoPE (cos, sin: [S, D/2]), q also scaled by the attention's scale; v moved as it is.
+class CpuQkvHeads : public mx::UnaryPrimitive {
+ public:
+  CpuQkvHeads(mx::Stream stream, int heads, float eps, float q_scale)
+      : mx::UnaryPrimitive(stream), heads_(heads), eps_(eps), q_scale_(q_scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    const size_t s = inputs[0].shape(0), h = heads_, d = inputs[0].shape(1) / (3 * h);
+    encoder.dispatch([inputs, dst = out.data<float>(), s, h, d, eps = eps_, q_scale = q_scale_]() {
+      const float* qkv = inputs[0].data<float>();
+      const float* wq = inputs[1].data<float>();
+      const float* wk = inputs[2].data<float>();
+      const float* cos = inputs[3].data<float>();
+      const float* sin = inputs[4].data<float>();
+      const size_t width = 3 * h * d, half = d / 2;
+      parallel_for(s, width * 4, [&](size_t r0, size_t r1, size_t) {
+        for (size_t r = r0; r < r1; ++r) {
+          const float* row = qkv + r * width;
+          for (size_t head = 0; head < h; ++head) {
+            const size_t at = (head * s + r) * d;
+            norm_rope_head(row + head * d, wq, eps, cos + r * half, sin + r * half, q_scale, dst + at, d);
+            norm_rope_head(row + (h + head) * d, wk, eps, cos + r * half, sin + r * half, 1.0f,
+                           dst + h * s * d + at, d);
+            std::memcpy(dst + 2 * h * s * d + at, row + (2 * h + head) * d, sizeof(float) * d);
+          }
+        }
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuQkvHeads] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return "CpuQkvHeads"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto o = dynamic_cast<const CpuQkvHeads*>(&other);
+    return o != nullptr && o->heads_ == heads_ && o->eps_ == eps_ && o->q_scale_ == q_scale_;
+  }
+
+ private:
+  int heads_;
+  float eps_;
+  float q_scale_;
+};
+
+// softmax_row_parts in place: x becomes exp(x − max(row)), and the row's sum is returned.
+MLXS_VECTOR_CLONES float softmax_row_in_place(float* x, size_t n) {
+  float m = -__builtin_inff();
+  for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  constexpr size_t kLanes = 8;
+  float lane[kLanes] = {};
+  size_t i = 0;
+  // As softmax_row_parts: what lies more than 87 below the maximum weighs 0.
+  auto one = [m](float v) {
+    float d = v - m;
+    float y = exp_bounded(d < -87.0f ? -87.0f : d);
+    return d < -87.0f ? 0.0f : y;
+  };
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t l = 0; l < kLanes; ++l) {
+      float y = one(x[i + l]);
+      x[i + l] = y;
+      lane[l] += y;
+    }
+  float total = 0.0f;
+  for (size_t l = 0; l < kLanes; ++l) total += lane[l];
+  for (; i < n; ++i) {
+    float y = one(x[i]);
+    x[i] = y;
+    total += y;
+  }
+  return total;
+}
+
+MLXS_VECTOR_CLONES void divide_row(float* __restrict y, float by, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] /= by;
+}
+
+// Unmasked attention of [3, H, S, D] (q already scaled) → [S, H·D], the heads side by side as
+// the output projection takes them. For a block of query rows: every head's scores by one sgemm
+// each into the stream's scratch, the softmax of all those rows across the cores, and each
+// head's product with v written straight into its columns of the output.
+class CpuAttentionRows : public mx::UnaryPrimitive {
+ public:
+  CpuAttentionRows(mx::Stream stream, Sgemm sgemm) : mx::UnaryPrimitive(stream), sgemm_(sgemm) {}
+
+  // Scores of at most this many bytes per block of query rows.
+  static constexpr size_t kScoreBytes = size_t{32} << 20;
+
+  static size_t block_rows(size_t h, size_t s) {
+    return std::max<size_t>(8, std::min(s, kScoreBytes / (sizeof(float) * std::max<size_t>(h * s, 1))));
+  }
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& qkv = inputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(qkv);
+    encoder.set_output_array(out);
+    const size_t h = qkv.shape(1), s = qkv.shape(2), d = qkv.shape(3), rows = block_rows(h, s);
+    auto scratch = patch_scratch(stream(), rows * h * (s + 1));
+    encoder.dispatch([qkv, src = qkv.data<float>(), dst = out.data<float>(), h, s, d, rows, scratch, sgemm = sgemm_]() {
+      const float *q = src, *k = src + h * s * d, *v = src + 2 * h * s * d;
+      float* scores = scratch->data();
+      float* sums = scores + rows * h * s;
+      const int width = static_cast<int>(h * d);
+      for (size_t r0 = 0; r0 < s; r0 += rows) {
+        const size_t m = std::min(rows, s - r0);
+        for (size_t head = 0; head < h; ++head) {
+          sgemm(kRowMajor, kNoTrans, kTransposed, static_cast<int>(m), static_cast<int>(s), static_cast<int>(d), 1.0f,
+                q + (head * s + r0) * d, static_cast<int>(d), k + head * s * d, static_cast<int>(d), 0.0f,
+                scores + head * rows * s, static_cast<int>(s));
+        }
+        parallel_for(h * m, s * 8, [&](size_t b, size_t e, size_t) {
+          for (size_t i = b; i < e; ++i) {
+            const size_t head = i / m, r = i % m;
+            sums[head * rows + r] = softmax_row_in_place(scores + (head * rows + r) * s, s);
+          }
+        });
+        for (size_t head = 0; head < h; ++head) {
+          sgemm(kRowMajor, kNoTrans, kNoTrans, static_cast<int>(m), static_cast<int>(d), static_cast<int>(s), 1.0f,
+                scores + head * rows * s, static_cast<int>(s), v + head * s * d, static_cast<int>(d), 0.0f,
+                dst + r0 * width + head * d, width);
+        }
+        parallel_for(m, h * d * 4, [&](size_t b, size_t e, size_t) {
+          for (size_t r = b; r < e; ++r)
+            for (size_t head = 0; head < h; ++head) divide_row(dst + (r0 + r) * width + head * d, sums[head * rows + r], d);
+        });
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuAttentionRows] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return "CpuAttentionRows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const CpuAttentionRows*>(&other) != nullptr;
+  }
+
+ private:
+  Sgemm sgemm_;
+};
+
+MLXS_VECTOR_CLONES void silu_gate_row(const float* __restrict a, const float* __restrict b, float* __restrict y,
+                                      size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = silu_one(a[i]) * b[i];
+}
+
+// [M, 2F] → [M, F]: SiLU of the first half of each row times its second half.
+class CpuSiluGate : public mx::UnaryPrimitive {
+ public:
+  explicit CpuSiluGate(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_output_array(out);
+    const size_t f = out.shape(-1), rows = f == 0 ? 0 : out.size() / f;
+    encoder.dispatch([x, src = x.data<float>(), dst = out.data<float>(), f, rows]() {
+      parallel_for(rows, f * 4, [&](size_t r0, size_t r1, size_t) {
+        for (size_t r = r0; r < r1; ++r) silu_gate_row(src + r * 2 * f, src + r * 2 * f + f, dst + r * f, f);
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuSiluGate] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return "CpuSiluGate"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const CpuSiluGate*>(&other) != nullptr;
+  }
+};
+
+bool cpu_float32(const mx::Stream& stream, std::initializer_list<const mx::array*> xs) {
+  if (stream.device != mx::Device::cpu) return false;
+  for (auto* x : xs)
+    if (x->dtype() != mx::float32) return false;
+  return true;
+}
+
 }  // namespace
 
 namespace mlxs {
@@ -857,6 +1140,81 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
                                  : mx::quantized_matmul(x, w, like_x(*scales), qbiases, true, group_size, bits, mode))
                           : mx::matmul(x, mx::transpose(w.dtype() == x.dtype() ? w : mx::astype(w, x.dtype())));
   return bias ? mx::add(y, mx::astype(*bias, x.dtype())) : y;
+}
+
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, const std::optional<mx::array>& residual) {
+  const int n = x.ndim() == 0 ? 0 : x.shape(-1);
+  if (x.ndim() == 0 || weight.size() != static_cast<size_t>(n) || (residual && residual->shape() != x.shape())) {
+    throw std::invalid_argument("[rms_norm] expects x [..., N], a weight of N values and a residual shaped as x");
+  }
+  auto stream = mx::default_stream(mx::default_device());
+  if (cpu_float32(stream, {&x, &weight}) && (!residual || residual->dtype() == mx::float32)) {
+    std::vector<mx::array> inputs{mx::contiguous(x), mx::contiguous(mx::reshape(weight, {n}))};
+    if (residual) inputs.push_back(mx::contiguous(*residual));
+    return mx::array(x.shape(), mx::float32, std::make_shared<CpuRmsNorm>(stream, eps), std::move(inputs));
+  }
+  auto y = mx::fast::rms_norm(x, mx::reshape(weight, {n}), eps);
+  return residual ? mx::add(*residual, y) : y;
+}
+
+mx::array qkv_heads(const mx::array& qkv, const mx::array& q_weight, const mx::array& k_weight, const mx::array& cos,
+                    const mx::array& sin, int heads, float eps, float q_scale) {
+  if (qkv.ndim() != 2 || heads <= 0 || qkv.shape(1) % (3 * heads) != 0 || (qkv.shape(1) / (3 * heads)) % 2 != 0) {
+    throw std::invalid_argument("[qkv_heads] expects [S, 3·heads·D] with an even head width D");
+  }
+  const int s = qkv.shape(0), d = qkv.shape(1) / (3 * heads);
+  if (q_weight.size() != static_cast<size_t>(d) || k_weight.size() != static_cast<size_t>(d) ||
+      cos.size() != static_cast<size_t>(s) * (d / 2) || sin.size() != cos.size()) {
+    throw std::invalid_argument("[qkv_heads] the norm weights need D values and cos/sin S·D/2");
+  }
+  auto stream = mx::default_stream(mx::default_device());
+  if (cpu_float32(stream, {&qkv, &q_weight, &k_weight, &cos, &sin})) {
+    auto flat = [](const mx::array& a) { return mx::contiguous(mx::reshape(a, {-1})); };
+    return mx::array({3, heads, s, d}, mx::float32, std::make_shared<CpuQkvHeads>(stream, heads, eps, q_scale),
+                     {mx::contiguous(qkv), flat(q_weight), flat(k_weight), flat(cos), flat(sin)});
+  }
+  // Elsewhere the same steps in MLX's ops.
+  auto parts = mx::split(mx::reshape(qkv, {s, 3, heads, d}), 3, 1);
+  auto c = mx::reshape(cos, {s, 1, d / 2}), sn = mx::reshape(sin, {s, 1, d / 2});
+  auto rotate = [&](const mx::array& t, const mx::array& w, float scale) {
+    auto pairs = mx::reshape(mx::fast::rms_norm(mx::reshape(t, {s, heads, d}), w, eps), {s, heads, d / 2, 2});
+    auto x0 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0}, {s, heads, d / 2, 1}), 3);
+    auto x1 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 1}, {s, heads, d / 2, 2}), 3);
+    auto y = mx::stack({mx::subtract(mx::multiply(x0, c), mx::multiply(x1, sn)),
+                        mx::add(mx::multiply(x0, sn), mx::multiply(x1, c))},
+                       3);
+    return mx::multiply(mx::reshape(y, {s, heads, d}), mx::array(scale, y.dtype()));
+  };
+  auto q = rotate(parts[0], mx::reshape(q_weight, {d}), q_scale);
+  auto k = rotate(parts[1], mx::reshape(k_weight, {d}), 1.0f);
+  auto v = mx::reshape(parts[2], {s, heads, d});
+  return mx::transpose(mx::stack({q, k, v}, 0), {0, 2, 1, 3});
+}
+
+mx::array attention_rows(const mx::array& qkv) {
+  if (qkv.ndim() != 4 || qkv.shape(0) != 3) throw std::invalid_argument("[attention_rows] expects [3, H, S, D]");
+  const int h = qkv.shape(1), s = qkv.shape(2), d = qkv.shape(3);
+  auto stream = mx::default_stream(mx::default_device());
+  static const auto sgemm = reinterpret_cast<Sgemm>(mlxs_sgemm_symbol());
+  if (sgemm != nullptr && cpu_float32(stream, {&qkv})) {
+    return mx::array({s, h * d}, mx::float32, std::make_shared<CpuAttentionRows>(stream, sgemm),
+                     {mx::contiguous(qkv)});
+  }
+  auto parts = mx::split(qkv, 3, 0);
+  auto o = attention(parts[0], parts[1], parts[2], 1.0f, false);
+  return mx::reshape(mx::transpose(mx::squeeze(o, 0), {1, 0, 2}), {s, h * d});
+}
+
+mx::array silu_gate(const mx::array& x) {
+  if (x.ndim() == 0 || x.shape(-1) % 2 != 0) throw std::invalid_argument("[silu_gate] expects [..., 2F]");
+  auto out_shape = x.shape();
+  out_shape.back() /= 2;
+  auto stream = mx::default_stream(mx::default_device());
+  if (cpu_float32(stream, {&x})) {
+    return mx::array(out_shape, mx::float32, std::make_shared<CpuSiluGate>(stream), {mx::contiguous(x)});
+  }
+  auto halves = mx::split(x, 2, -1);
+  return mx::multiply(silu(halves[0]), halves[1]);
 }
 
 }  // namespace mlxs

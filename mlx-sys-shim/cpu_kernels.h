@@ -44,4 +44,24 @@ mlx::core::array linear(const mlx::core::array& x, const mlx::core::array& w,
                         const std::optional<mlx::core::array>& bias, int group_size, int bits,
                         const std::string& mode);
 
+// RMS norm over the last axis times `weight` ([N] or any shape of N values), plus `residual`
+// when given: one pass on every core for float32 on the CPU; MLX's rms_norm (and add) otherwise.
+mlx::core::array rms_norm(const mlx::core::array& x, const mlx::core::array& weight, float eps,
+                          const std::optional<mlx::core::array>& residual);
+
+// The fused q|k|v projections of S tokens, [S, 3·H·D], as attention takes them: [3, H, S, D]
+// with q and k RMS-normed per head (weights of D values, `eps`) and rotated by RoPE's interleaved
+// pairs (cos and sin of S·D/2 angles), and q times `q_scale`. One pass on the CPU in float32.
+mlx::core::array qkv_heads(const mlx::core::array& qkv, const mlx::core::array& q_weight,
+                           const mlx::core::array& k_weight, const mlx::core::array& cos,
+                           const mlx::core::array& sin, int heads, float eps, float q_scale);
+
+// Unmasked attention of qkv_heads' [3, H, S, D] (q already scaled) → [S, H·D]. On the CPU in
+// float32, BLAS products per head written straight into the heads' columns, with a one-pass
+// softmax across the cores; `attention` and a transpose otherwise.
+mlx::core::array attention_rows(const mlx::core::array& qkv);
+
+// [..., 2F] → [..., F]: SiLU of the first half of the last axis times the second half.
+mlx::core::array silu_gate(const mlx::core::array& x);
+
 }  // namespace mlxs

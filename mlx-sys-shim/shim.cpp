@@ -415,7 +415,30 @@ int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w,
 }
 
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps) {
-  return guard([&] { put(out, mx::fast::rms_norm(x->a, opt(weight), eps)); });
+  return guard([&] {
+    put(out, weight ? mlxs::rms_norm(x->a, weight->a, eps, std::nullopt) : mx::fast::rms_norm(x->a, std::nullopt, eps));
+  });
+}
+
+int mlxs_fast_rms_norm_residual(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps,
+                                const mlxs_array* residual) {
+  return guard([&] { put(out, mlxs::rms_norm(x->a, weight->a, eps, opt(residual))); });
+}
+
+int mlxs_fast_qkv_heads(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
+                        const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
+                        float eps, float q_scale) {
+  return guard([&] {
+    put(out, mlxs::qkv_heads(qkv->a, q_weight->a, k_weight->a, cos->a, sin->a, heads, eps, q_scale));
+  });
+}
+
+int mlxs_fast_attention_rows(mlxs_array** out, const mlxs_array* qkv) {
+  return guard([&] { put(out, mlxs::attention_rows(qkv->a)); });
+}
+
+int mlxs_fast_silu_gate(mlxs_array** out, const mlxs_array* x) {
+  return guard([&] { put(out, mlxs::silu_gate(x->a)); });
 }
 
 int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,

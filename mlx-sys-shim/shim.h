@@ -140,6 +140,20 @@ int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array
 /* Stride-1 "same" convolution of NHWC x by an odd k×k kernel given as a [k·k·I, O] matrix, plus bias. */
 int mlxs_fast_conv2d_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
                           int k);
+/* RMS norm of the last axis times weight, plus residual (shaped as x) when not null: on the CPU in
+ * float32 one pass on every core. */
+int mlxs_fast_rms_norm_residual(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps,
+                                const mlxs_array* residual);
+/* The transformer's attention in two steps. qkv_heads: fused q|k|v projections [S, 3·heads·D] →
+ * [3, heads, S, D], q and k RMS-normed per head (weights of D values) and rotated by RoPE's
+ * interleaved pairs (cos, sin: S·D/2 angles), q times q_scale. attention_rows: unmasked attention
+ * of that (q already scaled) → [S, heads·D]. */
+int mlxs_fast_qkv_heads(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
+                        const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
+                        float eps, float q_scale);
+int mlxs_fast_attention_rows(mlxs_array** out, const mlxs_array* qkv);
+/* [..., 2F] → [..., F]: SiLU of the first half of the last axis times the second half. */
+int mlxs_fast_silu_gate(mlxs_array** out, const mlxs_array* x);
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight,
                          const mlxs_array* bias, float eps);
 int mlxs_fast_rope(mlxs_array** out, const mlxs_array* x, int dims, int traditional, int has_base,

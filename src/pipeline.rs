@@ -522,13 +522,24 @@ impl<S: ModelSource> Pipeline<S> {
                     .map_err(Error::Request)?,
             };
             let mut latents = Array::from_slice(&noise, &shape)?;
+            // The caption's refined tokens and the RoPE tables are the same at every step.
+            let pos_prepared = transformer.prepare(&shape, &caption)?;
+            pos_prepared.eval()?;
+            let neg_prepared = match &negative {
+                Some(neg) => Some(transformer.prepare(&shape, neg)?),
+                None => None,
+            };
+            if let Some(p) = &neg_prepared {
+                p.eval()?;
+            }
             let schedule = Schedule::new(req.steps, self.configs.scheduler.shift);
+            let _reuse = crate::platform::ReuseFreedMemory::start();
             for i in 0..schedule.steps() {
                 let t = schedule.t_model(i);
-                let pos = transformer.forward(&latents, t, &caption)?;
-                let v = match &negative {
+                let pos = transformer.forward_prepared(&latents, t, &pos_prepared)?;
+                let v = match &neg_prepared {
                     Some(neg) => {
-                        let neg = transformer.forward(&latents, t, neg)?;
+                        let neg = transformer.forward_prepared(&latents, t, neg)?;
                         (&pos + ((&pos - &neg)? * req.guidance)?)?
                     }
                     None => pos,

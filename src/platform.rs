@@ -37,6 +37,14 @@ pub fn convolutions_as_matmuls() -> bool {
     mlx::default_device() == Device::Cpu
 }
 
+/// Whether the transformer runs its CPU form: q|k|v and w1|w3 weights joined at load into one
+/// product each, and the shim's one-pass kernels for the norms, qk-norm with RoPE, attention and
+/// the SiLU gate (`cargo bench --bench pipeline`). Only on the CPU in f32: a GPU keeps MLX's own
+/// kernels, and a narrower dtype keeps the reference's rounding steps.
+pub fn fused_transformer_kernels(dtype: Dtype) -> bool {
+    mlx::default_device() == Device::Cpu && dtype == Dtype::F32
+}
+
 /// Raises the soft limit on open files to at least `wanted` (capped at the hard limit), since
 /// a stored model can have thousands of blobs open while it loads. Returns the limit in force.
 #[cfg(unix)]
@@ -135,9 +143,62 @@ pub fn peak_resident_bytes() -> Option<u64> {
 /// later weights from a heap that never shrinks. Call once at start.
 pub fn return_freed_memory_to_the_system() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; any value is accepted or refused.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    {
+        // SAFETY: mallopt only changes allocator tuning; any value is accepted or refused.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, RETURN_MMAP_THRESHOLD);
+        }
+        RETURNS_FREED_MEMORY.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The mmap threshold of [`return_freed_memory_to_the_system`], and glibc's default trim
+/// threshold, which an explicit mmap threshold leaves in force.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const RETURN_MMAP_THRESHOLD: i32 = 1 << 20;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const DEFAULT_TRIM_THRESHOLD: i32 = 128 << 10;
+/// glibc's largest mmap threshold on 64-bit targets.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MAX_MMAP_THRESHOLD: i32 = 32 << 20;
+static RETURNS_FREED_MEMORY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// While it lives, buffers of up to 32 MiB freed by MLX stay in the allocator's heap for the
+/// next ones, where [`return_freed_memory_to_the_system`] would unmap each one. A denoising step
+/// frees and allocates the same activations as the step before; mapped afresh, each costs its
+/// page faults and zeroing again (about 60 000 faults per step of the 512² "big" test model on
+/// the CPU, `perf stat`). Dropping it restores the thresholds and trims the heap, so the memory
+/// goes back after the phase as before. Does nothing unless the process asked for
+/// [`return_freed_memory_to_the_system`].
+pub struct ReuseFreedMemory(());
+
+impl ReuseFreedMemory {
+    pub fn start() -> ReuseFreedMemory {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if RETURNS_FREED_MEMORY.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: mallopt only changes allocator tuning; any value is accepted or refused.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, MAX_MMAP_THRESHOLD);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+            }
+        }
+        ReuseFreedMemory(())
+    }
+}
+
+impl Drop for ReuseFreedMemory {
+    fn drop(&mut self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if RETURNS_FREED_MEMORY.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: mallopt only changes allocator tuning; malloc_trim only releases free
+            // memory of the allocator.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, RETURN_MMAP_THRESHOLD);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD);
+                libc::malloc_trim(0);
+            }
+        }
     }
 }
 

@@ -13,6 +13,65 @@ pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     )
 }
 
+/// `residual + rms_norm(x)·weight` over the last axis (`weight`: the last axis's N values, in any
+/// shape); without a residual, the norm alone. On the CPU in f32 one pass on every core, where
+/// MLX composes five single-threaded ones.
+#[track_caller]
+pub fn rms_norm_residual(
+    x: &Array,
+    weight: &Array,
+    eps: f32,
+    residual: Option<&Array>,
+) -> Result<Array> {
+    shim_call!(
+        "rms_norm_residual",
+        mlxs_fast_rms_norm_residual(x.as_ptr(), weight.as_ptr(), eps, Array::opt_ptr(residual))
+    )
+}
+
+/// Attention's inputs from fused q|k|v projections `[S, 3·heads·D]`: `[3, heads, S, D]`, q and k
+/// RMS-normed per head (`q_weight`, `k_weight`: D values; `eps`) and rotated by RoPE's
+/// interleaved pairs (`cos`, `sin`: S·D/2 angles), q times `q_scale`. One pass on the CPU in f32.
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_heads(
+    qkv: &Array,
+    q_weight: &Array,
+    k_weight: &Array,
+    (cos, sin): (&Array, &Array),
+    heads: i32,
+    eps: f32,
+    q_scale: f32,
+) -> Result<Array> {
+    shim_call!(
+        "qkv_heads",
+        mlxs_fast_qkv_heads(
+            qkv.as_ptr(),
+            q_weight.as_ptr(),
+            k_weight.as_ptr(),
+            cos.as_ptr(),
+            sin.as_ptr(),
+            heads,
+            eps,
+            q_scale,
+        )
+    )
+}
+
+/// Unmasked attention of [`qkv_heads`]' `[3, H, S, D]` (q already scaled) → `[S, H·D]`, the
+/// heads side by side. On the CPU in f32: BLAS products per head written into the heads'
+/// columns and a one-pass softmax on every core.
+#[track_caller]
+pub fn attention_rows(qkv: &Array) -> Result<Array> {
+    shim_call!("attention_rows", mlxs_fast_attention_rows(qkv.as_ptr()))
+}
+
+/// `[..., 2F]` → `[..., F]`: SiLU of the first half of the last axis times the second half.
+#[track_caller]
+pub fn silu_gate(x: &Array) -> Result<Array> {
+    shim_call!("silu_gate", mlxs_fast_silu_gate(x.as_ptr()))
+}
+
 /// GroupNorm over `[B, ..., C]` with PyTorch's grouping (each group is `C / groups` consecutive
 /// channels), statistics in f32, then SiLU when `silu` is set. On the CPU in f32 one fused kernel.
 #[track_caller]

@@ -124,10 +124,15 @@ impl DitConfig {
     }
 }
 
+/// The q, k and v projections: one product over their joined weights in the CPU form
+/// ([`crate::platform::fused_transformer_kernels`]), else three.
+enum QkvProjection {
+    Joined(Linear),
+    Separate { q: Linear, k: Linear, v: Linear },
+}
+
 struct Attention {
-    to_q: Linear,
-    to_k: Linear,
-    to_v: Linear,
+    qkv: QkvProjection,
     to_out: Linear,
     norm_q: RmsNorm,
     norm_k: RmsNorm,
@@ -136,12 +141,22 @@ struct Attention {
 }
 
 impl Attention {
-    fn new(cfg: &DitConfig, w: &Weights) -> mlx::Result<Attention> {
+    fn new(cfg: &DitConfig, w: &Weights, joined: bool) -> mlx::Result<Attention> {
         let (d, hd) = (cfg.dim, cfg.head_dim());
+        let (q, k, v) = (
+            Linear::new(&w.pp("to_q"), d, d, false)?,
+            Linear::new(&w.pp("to_k"), d, d, false)?,
+            Linear::new(&w.pp("to_v"), d, d, false)?,
+        );
+        let qkv = match joined {
+            true => Linear::join(&[&q, &k, &v])?,
+            false => None,
+        };
         Ok(Attention {
-            to_q: Linear::new(&w.pp("to_q"), d, d, false)?,
-            to_k: Linear::new(&w.pp("to_k"), d, d, false)?,
-            to_v: Linear::new(&w.pp("to_v"), d, d, false)?,
+            qkv: match qkv {
+                Some(p) => QkvProjection::Joined(p),
+                None => QkvProjection::Separate { q, k, v },
+            },
             to_out: Linear::new(&w.pp("to_out").pp(0), d, d, false)?,
             // The qk-norm eps is fixed at 1e-5 in the reference, whatever `norm_eps` says.
             norm_q: RmsNorm::new(&w.pp("norm_q"), hd, 1e-5)?,
@@ -155,6 +170,22 @@ impl Attention {
     fn forward(&self, x: &Array, rope: &(Array, Array)) -> mlx::Result<Array> {
         let s = x.dim(0);
         let (h, hd) = (self.heads, self.head_dim);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (q, k, v) = match &self.qkv {
+            QkvProjection::Joined(qkv) => {
+                let heads = fast::qkv_heads(
+                    &qkv.forward(x)?,
+                    self.norm_q.weight(),
+                    self.norm_k.weight(),
+                    (&rope.0, &rope.1),
+                    h,
+                    self.norm_q.eps(),
+                    scale,
+                )?;
+                return self.to_out.forward(&fast::attention_rows(&heads)?);
+            }
+            QkvProjection::Separate { q, k, v } => (q, k, v),
+        };
         let split = |proj: &Linear, norm: Option<&RmsNorm>| -> mlx::Result<Array> {
             let t = proj.forward(x)?.reshape(&[s, h, hd])?;
             match norm {
@@ -162,16 +193,16 @@ impl Attention {
                 None => Ok(t),
             }
         };
-        let q = split(&self.to_q, Some(&self.norm_q))?;
-        let k = split(&self.to_k, Some(&self.norm_k))?;
-        let v = split(&self.to_v, None)?;
+        let q = split(q, Some(&self.norm_q))?;
+        let k = split(k, Some(&self.norm_k))?;
+        let v = split(v, None)?;
         // [S, H, hd] → [1, H, S, hd]
         let bhsd = |t: Array| t.transpose(&[1, 0, 2])?.expand_dims(0);
         let o = fast::scaled_dot_product_attention(
             &bhsd(q)?,
             &bhsd(k)?,
             &bhsd(v)?,
-            1.0 / (hd as f32).sqrt(),
+            scale,
             fast::Mask::None,
         )?;
         let o = o.squeeze(0)?.transpose(&[1, 0, 2])?.reshape(&[s, h * hd])?;
@@ -194,25 +225,41 @@ fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
         .astype(dtype)
 }
 
+/// w1 and w3: one product over their joined weights in the CPU form, else two.
+enum GateProjection {
+    Joined(Linear),
+    Separate { w1: Linear, w3: Linear },
+}
+
 struct FeedForward {
-    w1: Linear,
+    w13: GateProjection,
     w2: Linear,
-    w3: Linear,
 }
 
 impl FeedForward {
-    fn new(cfg: &DitConfig, w: &Weights) -> mlx::Result<FeedForward> {
+    fn new(cfg: &DitConfig, w: &Weights, joined: bool) -> mlx::Result<FeedForward> {
         let (d, f) = (cfg.dim, cfg.ffn_dim());
+        let w1 = Linear::new(&w.pp("w1"), d, f, false)?;
+        let w3 = Linear::new(&w.pp("w3"), d, f, false)?;
+        let w13 = match joined {
+            true => Linear::join(&[&w1, &w3])?,
+            false => None,
+        };
         Ok(FeedForward {
-            w1: Linear::new(&w.pp("w1"), d, f, false)?,
+            w13: match w13 {
+                Some(w13) => GateProjection::Joined(w13),
+                None => GateProjection::Separate { w1, w3 },
+            },
             w2: Linear::new(&w.pp("w2"), f, d, false)?,
-            w3: Linear::new(&w.pp("w3"), d, f, false)?,
         })
     }
 
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        self.w2
-            .forward(&(self.w1.forward(x)?.silu()? * self.w3.forward(x)?)?)
+        let gated = match &self.w13 {
+            GateProjection::Joined(w13) => fast::silu_gate(&w13.forward(x)?)?,
+            GateProjection::Separate { w1, w3 } => (w1.forward(x)?.silu()? * w3.forward(x)?)?,
+        };
+        self.w2.forward(&gated)
     }
 }
 
@@ -233,14 +280,16 @@ struct Block {
     ffn_norm1: RmsNorm,
     ffn_norm2: RmsNorm,
     ada_ln: Option<Linear>,
+    /// The CPU form ([`crate::platform::fused_transformer_kernels`]).
+    fused: bool,
 }
 
 impl Block {
-    fn new(cfg: &DitConfig, w: &Weights, modulated: bool) -> mlx::Result<Block> {
+    fn new(cfg: &DitConfig, w: &Weights, modulated: bool, fused: bool) -> mlx::Result<Block> {
         let norm = |name: &str| RmsNorm::new(&w.pp(name), cfg.dim, cfg.norm_eps);
         Ok(Block {
-            attention: Attention::new(cfg, &w.pp("attention"))?,
-            feed_forward: FeedForward::new(cfg, &w.pp("feed_forward"))?,
+            attention: Attention::new(cfg, &w.pp("attention"), fused)?,
+            feed_forward: FeedForward::new(cfg, &w.pp("feed_forward"), fused)?,
             attention_norm1: norm("attention_norm1")?,
             attention_norm2: norm("attention_norm2")?,
             ffn_norm1: norm("ffn_norm1")?,
@@ -255,13 +304,20 @@ impl Block {
             } else {
                 None
             },
+            fused,
         })
     }
 
     /// `m = c·Wᵀ + b` split into (scale_msa, gate_msa, scale_mlp, gate_mlp); no SiLU on `c`.
-    fn modulation(&self, c: &Array) -> mlx::Result<Option<Modulation>> {
+    fn modulation(&self, c: Option<&Array>) -> mlx::Result<Option<Modulation>> {
         let Some(ada) = &self.ada_ln else {
             return Ok(None);
+        };
+        let Some(c) = c else {
+            return Err(mlx::Error::new(
+                "transformer",
+                "a modulated block needs the timestep conditioning",
+            ));
         };
         let parts = ops::split(&ada.forward(c)?, 4, 1)?;
         Ok(Some(Modulation {
@@ -272,8 +328,12 @@ impl Block {
         }))
     }
 
-    fn forward(&self, x: &Array, rope: &(Array, Array), c: &Array) -> mlx::Result<Array> {
+    /// `c`: the timestep conditioning, which only modulated blocks read.
+    fn forward(&self, x: &Array, rope: &(Array, Array), c: Option<&Array>) -> mlx::Result<Array> {
         let m = self.modulation(c)?;
+        if self.fused {
+            return self.forward_fused(x, rope, m.as_ref());
+        }
         let scaled = |h: Array, s: Option<&Array>| match s {
             Some(s) => h * s,
             None => Ok(h),
@@ -296,6 +356,53 @@ impl Block {
         )?;
         let h = self.ffn_norm2.forward(&self.feed_forward.forward(&h)?)?;
         &x + gated(h, m.as_ref().map(|m| &m.gate_mlp))?
+    }
+
+    /// The same in the CPU form: a modulation scale or gate multiplies a norm's weight (a vector)
+    /// rather than its output, and each residual add happens in its norm's pass.
+    fn forward_fused(
+        &self,
+        x: &Array,
+        rope: &(Array, Array),
+        m: Option<&Modulation>,
+    ) -> mlx::Result<Array> {
+        let norm = |norm: &RmsNorm, h: &Array, by: Option<&Array>, residual: Option<&Array>| {
+            let weight = match by {
+                Some(by) => (norm.weight() * by)?,
+                None => norm.weight().clone(),
+            };
+            fast::rms_norm_residual(h, &weight, norm.eps(), residual)
+        };
+        let h = norm(&self.attention_norm1, x, m.map(|m| &m.scale_msa), None)?;
+        let h = self.attention.forward(&h, rope)?;
+        let x = norm(&self.attention_norm2, &h, m.map(|m| &m.gate_msa), Some(x))?;
+        let h = norm(&self.ffn_norm1, &x, m.map(|m| &m.scale_mlp), None)?;
+        let h = self.feed_forward.forward(&h)?;
+        norm(&self.ffn_norm2, &h, m.map(|m| &m.gate_mlp), Some(&x))
+    }
+}
+
+/// What one request fixes for every step: the caption tokens through their refiner, and the
+/// RoPE tables of the image and the unified sequence. Made by [`ZImageTransformer::prepare`].
+pub struct Prepared {
+    /// `[C, h, w]` of the latents it was made for.
+    latent_shape: Vec<i32>,
+    /// `[Lp, dim]`, after the context refiner.
+    caption: Array,
+    img_rope: (Array, Array),
+    rope: (Array, Array),
+}
+
+impl Prepared {
+    /// Computes it now, so that steps only read it.
+    pub fn eval(&self) -> mlx::Result<()> {
+        mlx::eval(&[
+            &self.caption,
+            &self.img_rope.0,
+            &self.img_rope.1,
+            &self.rope.0,
+            &self.rope.1,
+        ])
     }
 }
 
@@ -325,9 +432,10 @@ impl ZImageTransformer {
         let model = {
             let w = ckpt.root();
             let (d, a) = (cfg.dim, cfg.adaln_dim());
+            let fused = crate::platform::fused_transformer_kernels(dtype);
             let blocks = |name: &str, n: i32, modulated: bool| -> mlx::Result<Vec<Block>> {
                 (0..n)
-                    .map(|i| Block::new(cfg, &w.pp(name).pp(i), modulated))
+                    .map(|i| Block::new(cfg, &w.pp(name).pp(i), modulated, fused))
                     .collect()
             };
             let fl = w.pp("all_final_layer").pp("2-1");
@@ -383,12 +491,75 @@ impl ZImageTransformer {
     /// One forward pass: `latent` [C, h, w] (f32 or the compute dtype), `caption` [L, cap_dim].
     /// Returns the model output [C, h, w] in f32 (the reference's velocity, before negation).
     pub fn forward(&self, latent: &Array, t_model: f32, caption: &Array) -> mlx::Result<Array> {
-        let (c_in, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
+        self.forward_prepared(latent, t_model, &self.prepare(&latent.shape(), caption)?)
+    }
+
+    /// What a request with latents of `latent_shape` ([C, h, w]) and `caption` ([L, cap_dim])
+    /// fixes for all its steps.
+    pub fn prepare(&self, latent_shape: &[i32], caption: &Array) -> mlx::Result<Prepared> {
+        let &[_, h, w] = latent_shape else {
+            return Err(mlx::Error::new(
+                "transformer",
+                format!("latents of shape {latent_shape:?}; expected [C, h, w]"),
+            ));
+        };
         let (ht, wt) = (h / 2, w / 2);
         let n = ht * wt;
         let np = round_up(n, SEQ_MULTI_OF);
         let l = caption.dim(0);
         let lp = round_up(l, SEQ_MULTI_OF);
+
+        // Image positions (Lp + 1, i, j), pads (0, 0, 0).
+        let mut img_pos: Vec<[i32; 3]> = (0..n).map(|k| [lp + 1, k / wt, k % wt]).collect();
+        img_pos.resize(np as usize, [0, 0, 0]);
+        let img_rope = self.rope.lookup(&img_pos)?;
+
+        // Caption tokens: norm + project, learned pad rows, positions (1 + m, 0, 0), then the
+        // context refiner, which the timestep does not modulate.
+        let cap = self
+            .cap_proj
+            .forward(&self.cap_norm.forward(&caption.astype(self.dtype)?)?)?;
+        let cap = pad_rows(&cap, &self.cap_pad_token, lp - l)?;
+        let cap_pos: Vec<[i32; 3]> = (0..lp).map(|m| [1 + m, 0, 0]).collect();
+        let cap_rope = self.rope.lookup(&cap_pos)?;
+        let mut cap = cap;
+        for block in &self.context_refiner {
+            cap = block.forward(&cap, &cap_rope, None)?;
+        }
+        let rope = (
+            ops::concatenate(&[&img_rope.0, &cap_rope.0], 0)?,
+            ops::concatenate(&[&img_rope.1, &cap_rope.1], 0)?,
+        );
+        Ok(Prepared {
+            latent_shape: latent_shape.to_vec(),
+            caption: cap,
+            img_rope,
+            rope,
+        })
+    }
+
+    /// [`ZImageTransformer::forward`] with what the request fixes made once by
+    /// [`ZImageTransformer::prepare`].
+    pub fn forward_prepared(
+        &self,
+        latent: &Array,
+        t_model: f32,
+        prepared: &Prepared,
+    ) -> mlx::Result<Array> {
+        if latent.shape() != prepared.latent_shape {
+            return Err(mlx::Error::new(
+                "transformer",
+                format!(
+                    "latents of shape {:?}, prepared for {:?}",
+                    latent.shape(),
+                    prepared.latent_shape
+                ),
+            ));
+        }
+        let (c_in, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
+        let (ht, wt) = (h / 2, w / 2);
+        let n = ht * wt;
+        let np = round_up(n, SEQ_MULTI_OF);
 
         // 1. Conditioning.
         let c = self.t_embed(t_model)?;
@@ -400,45 +571,25 @@ impl ZImageTransformer {
             .transpose(&[1, 3, 2, 4, 0])?
             .reshape(&[n, 4 * c_in])?;
 
-        // 3. Image tokens: embed, learned pad rows, positions (Lp + 1, i, j) / pad (0, 0, 0).
+        // 3. Image tokens: embed, learned pad rows, the noise refiner.
         let x = self.x_embedder.forward(&patches)?;
-        let x = pad_rows(&x, &self.x_pad_token, np - n)?;
-        let mut img_pos: Vec<[i32; 3]> = (0..n).map(|k| [lp + 1, k / wt, k % wt]).collect();
-        img_pos.resize(np as usize, [0, 0, 0]);
-        let img_rope = self.rope.lookup(&img_pos)?;
-        let mut x = x;
+        let mut x = pad_rows(&x, &self.x_pad_token, np - n)?;
         for block in &self.noise_refiner {
-            x = block.forward(&x, &img_rope, &c)?;
+            x = block.forward(&x, &prepared.img_rope, Some(&c))?;
         }
 
-        // 4. Caption tokens: norm + project, learned pad rows, positions (1 + m, 0, 0).
-        let cap = self
-            .cap_proj
-            .forward(&self.cap_norm.forward(&caption.astype(self.dtype)?)?)?;
-        let cap = pad_rows(&cap, &self.cap_pad_token, lp - l)?;
-        let cap_pos: Vec<[i32; 3]> = (0..lp).map(|m| [1 + m, 0, 0]).collect();
-        let cap_rope = self.rope.lookup(&cap_pos)?;
-        let mut cap = cap;
-        for block in &self.context_refiner {
-            cap = block.forward(&cap, &cap_rope, &c)?;
-        }
-
-        // 5. Unified sequence [image, caption] through the main layers.
-        let mut u = ops::concatenate(&[&x, &cap], 0)?;
-        let rope = (
-            ops::concatenate(&[&img_rope.0, &cap_rope.0], 0)?,
-            ops::concatenate(&[&img_rope.1, &cap_rope.1], 0)?,
-        );
+        // 4. Unified sequence [image, caption] through the main layers.
+        let mut u = ops::concatenate(&[&x, &prepared.caption], 0)?;
         for block in &self.layers {
-            u = block.forward(&u, &rope, &c)?;
+            u = block.forward(&u, &prepared.rope, Some(&c))?;
         }
 
-        // 6. Final layer: LayerNorm (no affine) scaled by 1 + SiLU(c)·Wᵀ + b, then project.
+        // 5. Final layer: LayerNorm (no affine) scaled by 1 + SiLU(c)·Wᵀ + b, then project.
         let scale = (self.final_ada.forward(&c.silu()?)? + 1.0)?;
         let y = (fast::layer_norm(&u, None, None, 1e-6)? * scale)?;
         let y = self.final_linear.forward(&y)?;
 
-        // 7. Unpatchify the real image tokens: [N, 4C] → [C, h, w].
+        // 6. Unpatchify the real image tokens: [N, 4C] → [C, h, w].
         y.slice_axis(0, 0, n)?
             .reshape(&[ht, wt, 2, 2, c_in])?
             .transpose(&[4, 0, 2, 1, 3])?

@@ -308,6 +308,74 @@ impl Linear {
         })
     }
 
+    /// One layer whose outputs are the outputs of `parts` side by side, their weights' rows
+    /// joined (packed rows too: quantization groups run along a row): one product instead of
+    /// several. `None` when they cannot join: a LoRA or a bias on any, or weights held
+    /// differently.
+    pub fn join(parts: &[&Linear]) -> mlx::Result<Option<Linear>> {
+        if parts.is_empty()
+            || parts
+                .iter()
+                .any(|p| p.bias.is_some() || !p.adapters.is_empty())
+        {
+            return Ok(None);
+        }
+        let dense: Option<Vec<&Array>> = (parts.iter())
+            .map(|p| match &p.weight {
+                LinearWeight::Dense(w) => Some(w),
+                LinearWeight::Quantized(_) => None,
+            })
+            .collect();
+        if let Some(ws) = dense {
+            if ws.iter().any(|w| w.dtype() != ws[0].dtype()) {
+                return Ok(None);
+            }
+            return Ok(Some(Linear {
+                weight: LinearWeight::Dense(ops::concatenate(&ws, 0)?),
+                bias: None,
+                adapters: Vec::new(),
+            }));
+        }
+        let quantized: Option<Vec<&QuantizedTensor>> = (parts.iter())
+            .map(|p| match &p.weight {
+                LinearWeight::Quantized(q) => Some(q),
+                LinearWeight::Dense(_) => None,
+            })
+            .collect();
+        let Some(qs) = quantized else {
+            return Ok(None);
+        };
+        let first = qs[0];
+        let alike = |q: &&QuantizedTensor| {
+            q.group_size == first.group_size
+                && q.bits == first.bits
+                && q.mode == first.mode
+                && q.scales.dtype() == first.scales.dtype()
+                && q.biases.is_some() == first.biases.is_some()
+        };
+        if !qs.iter().all(alike) {
+            return Ok(None);
+        }
+        let rows = |pick: fn(&QuantizedTensor) -> Option<&Array>| -> mlx::Result<Option<Array>> {
+            let arrays: Option<Vec<&Array>> = qs.iter().map(|q| pick(q)).collect();
+            arrays.map(|a| ops::concatenate(&a, 0)).transpose()
+        };
+        let weight = rows(|q| Some(&q.weight))?.expect("every part has a weight");
+        let scales = rows(|q| Some(&q.scales))?.expect("every part has scales");
+        Ok(Some(Linear {
+            weight: LinearWeight::Quantized(QuantizedTensor {
+                weight,
+                scales,
+                biases: rows(|q| q.biases.as_ref())?,
+                group_size: first.group_size,
+                bits: first.bits,
+                mode: first.mode,
+            }),
+            bias: None,
+            adapters: Vec::new(),
+        }))
+    }
+
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
         let base = self.forward_base(x)?;
         self.adapters
@@ -346,6 +414,14 @@ impl RmsNorm {
             weight: w.get("weight", &[dim])?,
             eps,
         })
+    }
+
+    pub fn weight(&self) -> &Array {
+        &self.weight
+    }
+
+    pub fn eps(&self) -> f32 {
+        self.eps
     }
 
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
