@@ -208,12 +208,28 @@ MLXS_VECTOR_CLONES void scale_shift(const float* __restrict x, float* __restrict
   }
 }
 
+// A primitive with a CPU kernel only. The ops that make one put it on a CPU stream, so a GPU
+// evaluation is a caller's mistake and says so, naming the kernel.
+class CpuOnlyPrimitive : public mx::UnaryPrimitive {
+ public:
+  CpuOnlyPrimitive(mx::Stream stream, const char* name) : mx::UnaryPrimitive(stream), name_(name) {}
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error(std::string("[") + name_ + "] the CPU kernel has no GPU version");
+  }
+
+  const char* name() const override { return name_; }
+
+ private:
+  const char* name_;
+};
+
 // GroupNorm (PyTorch's grouping: consecutive channels) over [B, H, W, C] float32, optionally
 // followed by SiLU, as one MLX primitive: three passes over memory where the composed ops take ten.
-class CpuGroupNorm : public mx::UnaryPrimitive {
+class CpuGroupNorm : public CpuOnlyPrimitive {
  public:
   CpuGroupNorm(mx::Stream stream, int groups, float eps, bool silu)
-      : mx::UnaryPrimitive(stream), groups_(groups), eps_(eps), silu_(silu) {}
+      : CpuOnlyPrimitive(stream, "CpuGroupNorm"), groups_(groups), eps_(eps), silu_(silu) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -270,12 +286,6 @@ class CpuGroupNorm : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuGroupNorm] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuGroupNorm"; }
-
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuGroupNorm*>(&other);
     return o != nullptr && o->groups_ == groups_ && o->eps_ == eps_ && o->silu_ == silu_;
@@ -290,10 +300,10 @@ class CpuGroupNorm : public mx::UnaryPrimitive {
 using Kernel = void (*)(const float*, float*, size_t);
 
 // A float32 elementwise kernel as an MLX primitive on a CPU stream.
-class CpuElementwise : public mx::UnaryPrimitive {
+class CpuElementwise : public CpuOnlyPrimitive {
  public:
   CpuElementwise(mx::Stream stream, Kernel kernel, const char* name)
-      : mx::UnaryPrimitive(stream), kernel_(kernel), name_(name) {}
+      : CpuOnlyPrimitive(stream, name), kernel_(kernel) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -306,12 +316,6 @@ class CpuElementwise : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error(std::string("[") + name_ + "] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return name_; }
-
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuElementwise*>(&other);
     return o != nullptr && o->kernel_ == kernel_;
@@ -319,7 +323,6 @@ class CpuElementwise : public mx::UnaryPrimitive {
 
  private:
   Kernel kernel_;
-  const char* name_;
 };
 
 // The kernel for float32 on a CPU stream, `fallback` otherwise.
@@ -390,9 +393,9 @@ std::shared_ptr<std::vector<float>> patch_scratch(const mx::Stream& stream, size
   return buffer;
 }
 
-class CpuConv2d : public mx::UnaryPrimitive {
+class CpuConv2d : public CpuOnlyPrimitive {
  public:
-  CpuConv2d(mx::Stream stream, int k, Sgemm sgemm) : mx::UnaryPrimitive(stream), k_(k), sgemm_(sgemm) {}
+  CpuConv2d(mx::Stream stream, int k, Sgemm sgemm) : CpuOnlyPrimitive(stream, "CpuConv2d"), k_(k), sgemm_(sgemm) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -444,12 +447,6 @@ class CpuConv2d : public mx::UnaryPrimitive {
       }
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuConv2d] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuConv2d"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuConv2d*>(&other);
@@ -620,10 +617,10 @@ void widen_rows(const WeightForm& form, const mx::array& w, const mx::array* sca
 
 // y[M, N] = x[M, K] · Wᵀ (+ bias), W [N, K] in a narrow form (inputs: x, w, [scales, biases],
 // [bias]), as an MLX primitive on a CPU stream.
-class CpuNarrowLinear : public mx::UnaryPrimitive {
+class CpuNarrowLinear : public CpuOnlyPrimitive {
  public:
   CpuNarrowLinear(mx::Stream stream, WeightForm form, bool has_bias, Sgemm sgemm)
-      : mx::UnaryPrimitive(stream), form_(form), has_bias_(has_bias), sgemm_(sgemm) {}
+      : CpuOnlyPrimitive(stream, "CpuNarrowLinear"), form_(form), has_bias_(has_bias), sgemm_(sgemm) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -659,12 +656,6 @@ class CpuNarrowLinear : public mx::UnaryPrimitive {
       }
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuNarrowLinear] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuNarrowLinear"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuNarrowLinear*>(&other);
@@ -715,9 +706,9 @@ inline float inverse_rms(const float* x, size_t n, float eps) {
 
 // RMS norm over the last axis of a float32 [rows, n] array times a weight [n], plus a residual
 // [rows, n] when there is a third input.
-class CpuRmsNorm : public mx::UnaryPrimitive {
+class CpuRmsNorm : public CpuOnlyPrimitive {
  public:
-  CpuRmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+  CpuRmsNorm(mx::Stream stream, float eps) : CpuOnlyPrimitive(stream, "CpuRmsNorm"), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -737,12 +728,6 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
       });
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuRmsNorm] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuRmsNorm"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuRmsNorm*>(&other);
@@ -767,10 +752,10 @@ MLXS_VECTOR_CLONES void norm_rope_head(const float* __restrict x, const float* _
 
 // [S, 3·H·D] fused q|k|v projections → [3, H, S, D]: q and k RMS-normed per head and rotated by
 // RoPE (cos, sin: [S, D/2]), q also scaled by the attention's scale; v moved as it is.
-class CpuQkvHeads : public mx::UnaryPrimitive {
+class CpuQkvHeads : public CpuOnlyPrimitive {
  public:
   CpuQkvHeads(mx::Stream stream, int heads, float eps, float q_scale)
-      : mx::UnaryPrimitive(stream), heads_(heads), eps_(eps), q_scale_(q_scale) {}
+      : CpuOnlyPrimitive(stream, "CpuQkvHeads"), heads_(heads), eps_(eps), q_scale_(q_scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -799,12 +784,6 @@ class CpuQkvHeads : public mx::UnaryPrimitive {
       });
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuQkvHeads] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuQkvHeads"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuQkvHeads*>(&other);
@@ -854,9 +833,9 @@ MLXS_VECTOR_CLONES void divide_row(float* __restrict y, float by, size_t n) {
 // the output projection takes them. For a block of query rows: every head's scores by one sgemm
 // each into the stream's scratch, the softmax of all those rows across the cores, and each
 // head's product with v written straight into its columns of the output.
-class CpuAttentionRows : public mx::UnaryPrimitive {
+class CpuAttentionRows : public CpuOnlyPrimitive {
  public:
-  CpuAttentionRows(mx::Stream stream, Sgemm sgemm) : mx::UnaryPrimitive(stream), sgemm_(sgemm) {}
+  CpuAttentionRows(mx::Stream stream, Sgemm sgemm) : CpuOnlyPrimitive(stream, "CpuAttentionRows"), sgemm_(sgemm) {}
 
   // Scores of at most this many bytes per block of query rows.
   static constexpr size_t kScoreBytes = size_t{32} << 20;
@@ -904,12 +883,6 @@ class CpuAttentionRows : public mx::UnaryPrimitive {
     });
   }
 
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuAttentionRows] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuAttentionRows"; }
-
   bool is_equivalent(const mx::Primitive& other) const override {
     return dynamic_cast<const CpuAttentionRows*>(&other) != nullptr;
   }
@@ -924,9 +897,9 @@ MLXS_VECTOR_CLONES void silu_gate_row(const float* __restrict a, const float* __
 }
 
 // [M, 2F] → [M, F]: SiLU of the first half of each row times its second half.
-class CpuSiluGate : public mx::UnaryPrimitive {
+class CpuSiluGate : public CpuOnlyPrimitive {
  public:
-  explicit CpuSiluGate(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  explicit CpuSiluGate(mx::Stream stream) : CpuOnlyPrimitive(stream, "CpuSiluGate") {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -941,12 +914,6 @@ class CpuSiluGate : public mx::UnaryPrimitive {
       });
     });
   }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuSiluGate] the CPU kernel has no GPU version");
-  }
-
-  const char* name() const override { return "CpuSiluGate"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     return dynamic_cast<const CpuSiluGate*>(&other) != nullptr;
