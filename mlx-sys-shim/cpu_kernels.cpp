@@ -132,9 +132,8 @@ MLXS_VECTOR_CLONES void silu_f32(const float* __restrict x, float* __restrict y,
   for (size_t i = 0; i < n; ++i) y[i] = silu_one(x[i]);
 }
 
-// Softmax's numerator and denominator for each row of `x`: e = exp(x − max(row)) and
-// sum(e). One read of the row for the max and one for the exponentials, while it is in cache.
-MLXS_VECTOR_CLONES void softmax_row_parts(const float* __restrict x, float* __restrict e, size_t n, float* sum) {
+// The row's maximum, in 8 lanes; 0 for a fully masked row (all −inf), whose weights are all 0.
+MLXS_VECTOR_CLONES float row_max(const float* x, size_t n) {
   constexpr size_t kLanes = 8;
   float lane[kLanes];
   for (size_t l = 0; l < kLanes; ++l) lane[l] = -__builtin_inff();
@@ -144,15 +143,21 @@ MLXS_VECTOR_CLONES void softmax_row_parts(const float* __restrict x, float* __re
   float m = -__builtin_inff();
   for (size_t l = 0; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
   for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  if (m == -__builtin_inff()) m = 0.0f;  // a fully masked row: all weights 0
-  for (size_t l = 0; l < kLanes; ++l) lane[l] = 0.0f;
+  return m == -__builtin_inff() ? 0.0f : m;
+}
+
+// e = exp(x − m), summed in 8 lanes; `e` may be `x` itself. What lies more than 87 below m
+// weighs 0 (−inf for a masked score).
+MLXS_VECTOR_CLONES float exp_shifted(const float* x, float* e, size_t n, float m) {
+  constexpr size_t kLanes = 8;
+  float lane[kLanes] = {};
   auto one = [m](float v) {
-    float d = v - m;  // ≤ 0; −inf for a masked score
-    float c = d < -87.0f ? -87.0f : d;
-    float y = exp_bounded(c);
+    float d = v - m;
+    float y = exp_bounded(d < -87.0f ? -87.0f : d);
     return d < -87.0f ? 0.0f : y;
   };
-  for (i = 0; i + kLanes <= n; i += kLanes)
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
     for (size_t l = 0; l < kLanes; ++l) {
       float y = one(x[i + l]);
       e[i + l] = y;
@@ -165,8 +170,12 @@ MLXS_VECTOR_CLONES void softmax_row_parts(const float* __restrict x, float* __re
     e[i] = y;
     total += y;
   }
-  *sum = total;
+  return total;
 }
+
+// Softmax's numerator and denominator for each row of `x`: e = exp(x − max(row)) and
+// sum(e). One read of the row for the max and one for the exponentials, while it is in cache.
+void softmax_row_parts(const float* x, float* e, size_t n, float* sum) { *sum = exp_shifted(x, e, n, row_max(x, n)); }
 
 // GroupNorm's three passes over one image's [rows, c] pixels: per-channel sums, per-channel
 // sums of squared deviations from the group means, then y = x·scale + shift per channel, with
@@ -797,33 +806,7 @@ class CpuQkvHeads : public CpuOnlyPrimitive {
 };
 
 // softmax_row_parts in place: x becomes exp(x − max(row)), and the row's sum is returned.
-MLXS_VECTOR_CLONES float softmax_row_in_place(float* x, size_t n) {
-  float m = -__builtin_inff();
-  for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  constexpr size_t kLanes = 8;
-  float lane[kLanes] = {};
-  size_t i = 0;
-  // As softmax_row_parts: what lies more than 87 below the maximum weighs 0.
-  auto one = [m](float v) {
-    float d = v - m;
-    float y = exp_bounded(d < -87.0f ? -87.0f : d);
-    return d < -87.0f ? 0.0f : y;
-  };
-  for (; i + kLanes <= n; i += kLanes)
-    for (size_t l = 0; l < kLanes; ++l) {
-      float y = one(x[i + l]);
-      x[i + l] = y;
-      lane[l] += y;
-    }
-  float total = 0.0f;
-  for (size_t l = 0; l < kLanes; ++l) total += lane[l];
-  for (; i < n; ++i) {
-    float y = one(x[i]);
-    x[i] = y;
-    total += y;
-  }
-  return total;
-}
+float softmax_row_in_place(float* x, size_t n) { return exp_shifted(x, x, n, row_max(x, n)); }
 
 MLXS_VECTOR_CLONES void divide_row(float* __restrict y, float by, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] /= by;

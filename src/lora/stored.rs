@@ -18,7 +18,7 @@ use crate::files;
 use crate::safetensors::{self, TensorSpec};
 use crate::store::blob;
 use crate::store::manifest::{Layer, Manifest, LORA_JSON_MEDIA_TYPE, LORA_TENSOR_MEDIA_TYPE};
-use crate::store::{ModelName, Store, StoredModel};
+use crate::store::{ModelName, Store, StoreError, StoredModel};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -159,6 +159,32 @@ pub struct Derived {
     pub bytes_written: u64,
 }
 
+impl Derived {
+    /// Stores `bytes` as a blob, counting it if it is new, and returns its layer.
+    fn put(
+        &mut self,
+        store: &Store,
+        bytes: &[u8],
+        media_type: &str,
+        name: String,
+    ) -> Result<Layer, StoreError> {
+        let (digest, size, new) = blob::write_blob(&store.root, bytes)?;
+        if new {
+            self.blobs_written += 1;
+            self.bytes_written += size;
+        }
+        Ok(Layer {
+            media_type: media_type.into(),
+            digest,
+            size,
+            from: None,
+            name: Some(name),
+            dtype: None,
+            shape: None,
+        })
+    }
+}
+
 /// Stores `name`: every layer of stored model `base`, plus the LoRAs `specs` as layers of their
 /// own. Every file is read and resolved against the base's layers before anything is written,
 /// so a file that would not apply writes nothing. The store is held (shared) throughout, so a
@@ -211,22 +237,16 @@ pub fn create(
         for t in &file.header.tensors {
             let mut bytes = blob::tensor_blob_header(t.dtype, &t.shape, 8)?;
             bytes.extend_from_slice(file.data(t));
-            let (digest, size, new) =
-                blob::write_blob(&store.root, &bytes).map_err(crate::store::StoreError::from)?;
+            let mut layer = out.put(
+                store,
+                &bytes,
+                LORA_TENSOR_MEDIA_TYPE,
+                format!("{prefix}{}", t.name),
+            )?;
+            layer.dtype = Some(t.dtype.name().into());
+            layer.shape = Some(t.shape.clone());
             out.lora_tensors += 1;
-            if new {
-                out.blobs_written += 1;
-                out.bytes_written += size;
-            }
-            layers.push(Layer {
-                media_type: LORA_TENSOR_MEDIA_TYPE.into(),
-                digest,
-                size,
-                from: None,
-                name: Some(format!("{prefix}{}", t.name)),
-                dtype: Some(t.dtype.name().into()),
-                shape: Some(t.shape.clone()),
-            });
+            layers.push(layer);
         }
         let record = Record {
             file: spec.path.to_string_lossy().into_owned(),
@@ -238,21 +258,12 @@ pub fn create(
             metadata: file.header.metadata.clone(),
         };
         let json = serde_json::to_vec(&record).expect("records serialize");
-        let (digest, size, new) =
-            blob::write_blob(&store.root, &json).map_err(crate::store::StoreError::from)?;
-        if new {
-            out.blobs_written += 1;
-            out.bytes_written += size;
-        }
-        layers.push(Layer {
-            media_type: LORA_JSON_MEDIA_TYPE.into(),
-            digest,
-            size,
-            from: None,
-            name: Some(format!("{prefix}{RECORD_NAME}")),
-            dtype: None,
-            shape: None,
-        });
+        layers.push(out.put(
+            store,
+            &json,
+            LORA_JSON_MEDIA_TYPE,
+            format!("{prefix}{RECORD_NAME}"),
+        )?);
     }
     let manifest = Manifest::new(base.manifest.config.clone(), layers);
     store.check_blobs_present(&manifest)?;
