@@ -29,8 +29,9 @@ mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& w
 
 // A stride-1 convolution with "same" zero padding of NHWC `x` by an odd k×k kernel, given as
 // the [k·k·I, O] matrix whose row (dy·k + dx)·I + i holds tap (dy, dx), input channel i; plus a
-// per-channel bias. On the CPU in float32, blocks of gathered patches times the weight in one
-// sgemm each; MLX's conv2d otherwise.
+// per-channel bias. On the CPU in float32 as BLAS products: 3×3 by Winograd's F(2×2, 3×3) (16
+// products per block of tiles), other sizes as blocks of gathered patches times the weight;
+// MLX's conv2d elsewhere.
 mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
                              int k);
 

@@ -1,7 +1,12 @@
-"""Times diffusers' ZImagePipeline the way benches/pipeline.rs times zimage: per-step time, VAE
-decode, total and peak RSS, median of 3 warm runs, 8 steps, guidance 0.
+"""Times diffusers the way benches/pipeline.rs times zimage.
 
     python models/bench_reference.py MODEL_DIR [SIZE] [float32|bfloat16]
+    python models/bench_reference.py --real MODEL_DIR [SIDES]
+
+The first form runs ZImagePipeline: per-step time, VAE decode, total and peak RSS, median of 3
+warm runs, 8 steps, guidance 0. The second is the `real` case: the transformer alone in f32 (for
+the synthetic real-width model), a 32-token caption of random features, one step at each side in
+SIDES (default 256,512), median of 3 warm steps.
 """
 
 import resource
@@ -13,7 +18,32 @@ import torch
 from diffusers import ZImagePipeline
 
 
+def real(model, sides):
+    from diffusers import ZImageTransformer2DModel
+
+    torch.set_num_threads(2)
+    transformer = ZImageTransformer2DModel.from_pretrained(model, subfolder="transformer", torch_dtype=torch.float32)
+    transformer.eval()
+    cfg = transformer.config
+    gen = torch.Generator("cpu").manual_seed(3)
+    caption = torch.randn(32, cfg.cap_feat_dim, generator=gen)
+    print(f"diffusers real: transformer of {model} (dim {cfg.dim}, {cfg.n_heads} heads, {cfg.n_layers} layers), float32")
+    for side in sides:
+        latent = torch.randn(cfg.in_channels, 1, side // 8, side // 8, generator=gen)
+        times = []
+        with torch.inference_mode():
+            for i in range(4):
+                t = time.perf_counter()
+                transformer([latent], torch.tensor([0.5]), [caption], return_dict=False)
+                if i:
+                    times.append(time.perf_counter() - t)
+        print(f"  {side}x{side}: step {statistics.median(times):.3f} s (caption refiner included, as diffusers runs it)")
+
+
 def main():
+    if sys.argv[1] == "--real":
+        sides = [int(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else [256, 512]
+        return real(sys.argv[2], sides)
     model, size = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 256
     dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.float32
     torch.set_num_threads(2)

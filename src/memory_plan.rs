@@ -242,9 +242,11 @@ impl ModelSizes<'_> {
     fn decode_activations(&self, req: &RequestShape, tiling: Option<&Tiling>) -> u64 {
         let (h, w) = (req.height as i32, req.width as i32);
         let cb = req.compute_bytes as usize;
-        // The convolution weights are also kept in matrix form once the decoder has run.
+        // The convolution weights are also kept in matrix form once the decoder has run, and on
+        // the CPU the convolutions' scratch.
         let matrices = tiling::conv_matrix_bytes(self.vae_config, cb);
         matrices
+            + tiling::conv_scratch_bytes(self.vae_config)
             + match tiling {
                 Some(t) => tiling::tiled_decode_peak_bytes(self.vae_config, h, w, t, cb),
                 None => tiling::decode_peak_bytes(self.vae_config, h, w, cb),

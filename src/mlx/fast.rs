@@ -98,8 +98,10 @@ pub fn group_norm(
 
 /// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd `k`×`k` kernel, plus
 /// `bias`. `weight` is the `[k·k·I, O]` matrix whose row `(dy·k + dx)·I + i` holds tap `(dy, dx)`
-/// of input channel `i`. On the CPU in f32: blocks of gathered patches times the weight, one
-/// BLAS sgemm each; elsewhere MLX's `conv2d`.
+/// of input channel `i`. On the CPU in f32 as BLAS products: a 3×3 kernel by Winograd's
+/// F(2×2, 3×3), 2.25× fewer multiplications than direct summation (16 sgemms per block of 2×2
+/// output tiles), other sizes as blocks of gathered patches times the weight, one sgemm each;
+/// elsewhere MLX's `conv2d`.
 #[track_caller]
 pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Array> {
     shim_call!(
