@@ -229,6 +229,17 @@ class CpuOnlyPrimitive : public mx::UnaryPrimitive {
 
   const char* name() const override { return name_; }
 
+ protected:
+  // Allocates `out` and registers the inputs and `out` with the stream's encoder, which it
+  // returns for the work to be dispatched on.
+  mx::cpu::CommandEncoder& begin(const std::vector<mx::array>& inputs, mx::array& out) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    return encoder;
+  }
+
  private:
   const char* name_;
 };
@@ -244,10 +255,7 @@ class CpuGroupNorm : public CpuOnlyPrimitive {
     const mx::array& x = inputs[0];
     const mx::array& weight = inputs[1];
     const mx::array& bias = inputs[2];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     size_t batch = x.shape(0), c = x.shape(-1), rows = x.size() / (batch * c);
     encoder.dispatch([x, weight, bias, src = x.data<float>(), dst = out.data<float>(), w = weight.data<float>(),
                       b = bias.data<float>(), batch, rows, c, groups = static_cast<size_t>(groups_), eps = eps_,
@@ -316,10 +324,7 @@ class CpuElementwise : public CpuOnlyPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     encoder.dispatch([x, kernel = kernel_, src = x.data<float>(), dst = out.data<float>(), n = x.size()]() {
       parallel_for(n, 1, [&](size_t begin, size_t end, size_t) { kernel(src + begin, dst + begin, end - begin); });
     });
@@ -411,10 +416,7 @@ class CpuConv2d : public CpuOnlyPrimitive {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     const mx::array& bias = inputs[2];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const int pixels = x.shape(1) * x.shape(2), depth = k_ * k_ * x.shape(3);
     const int block = k_ == 1 ? pixels : std::max(64, static_cast<int>(kPatchBytes / (sizeof(float) * depth)));
     auto scratch = patch_scratch(stream(), k_ == 1 ? 0 : static_cast<size_t>(std::min(block, pixels)) * depth);
@@ -578,10 +580,7 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     const mx::array& bias = inputs[2];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const size_t h = x.shape(1), wd = x.shape(2), cin = x.shape(3), cout = out.shape(3);
     const size_t tiles_w = (wd + 1) / 2, tiles = (h + 1) / 2 * tiles_w;
     const size_t block = std::clamp<size_t>(kBlockBytes / (sizeof(float) * 16 * (cin + cout)), 16, std::max<size_t>(tiles, 1));
@@ -818,10 +817,7 @@ class CpuNarrowLinear : public CpuOnlyPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const size_t m = x.shape(0), k = x.shape(1), n = out.shape(1);
     const size_t tile = std::max<size_t>(16, std::min(n, kWeightTileBytes / (sizeof(float) * std::max<size_t>(k, 1))));
     auto scratch = patch_scratch(stream(), tile * k);
@@ -905,10 +901,7 @@ class CpuRmsNorm : public CpuOnlyPrimitive {
   CpuRmsNorm(mx::Stream stream, float eps) : CpuOnlyPrimitive(stream, "CpuRmsNorm"), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const size_t n = inputs[0].shape(-1), rows = n == 0 ? 0 : inputs[0].size() / n;
     encoder.dispatch([inputs, dst = out.data<float>(), n, rows, eps = eps_]() {
       const float* x = inputs[0].data<float>();
@@ -952,10 +945,7 @@ class CpuQkvHeads : public CpuOnlyPrimitive {
       : CpuOnlyPrimitive(stream, "CpuQkvHeads"), heads_(heads), eps_(eps), q_scale_(q_scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const size_t s = inputs[0].shape(0), h = heads_, d = inputs[0].shape(1) / (3 * h);
     encoder.dispatch([inputs, dst = out.data<float>(), s, h, d, eps = eps_, q_scale = q_scale_]() {
       const float* qkv = inputs[0].data<float>();
@@ -1014,10 +1004,7 @@ class CpuAttentionRows : public CpuOnlyPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& qkv = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(qkv);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const size_t h = qkv.shape(1), s = qkv.shape(2), d = qkv.shape(3), rows = block_rows(h, s);
     auto scratch = patch_scratch(stream(), rows * h * (s + 1));
     encoder.dispatch([qkv, src = qkv.data<float>(), dst = out.data<float>(), h, s, d, rows, scratch, sgemm = sgemm_]() {
@@ -1071,10 +1058,7 @@ class CpuSiluGate : public CpuOnlyPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_output_array(out);
+    auto& encoder = begin(inputs, out);
     const size_t f = out.shape(-1), rows = f == 0 ? 0 : out.size() / f;
     encoder.dispatch([x, src = x.data<float>(), dst = out.data<float>(), f, rows]() {
       parallel_for(rows, f * 4, [&](size_t r0, size_t r1, size_t) {
