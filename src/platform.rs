@@ -31,8 +31,8 @@ pub fn default_compute_dtype() -> Dtype {
 }
 
 /// Whether convolutions run as matrix products (through the BLAS) rather than MLX's direct
-/// convolution: on the CPU the products are 1.2–6× faster (`cargo bench --bench conv`); on a
-/// GPU MLX's own kernels are the better choice.
+/// convolution: on the CPU the products (3×3 kernels by Winograd's F(2×2, 3×3)) are 1.5–5×
+/// faster (`cargo bench --bench conv`); on a GPU MLX's own kernels are the better choice.
 pub fn convolutions_as_matmuls() -> bool {
     mlx::default_device() == Device::Cpu
 }
