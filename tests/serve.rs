@@ -200,26 +200,37 @@ fn b64(text: &str) -> Vec<u8> {
 
 /// `zimage generate` on the same store, read back as pixels.
 fn cli_pixels(store: &Path, dir: &Path, seed: u64, steps: u32) -> (u32, u32, Vec<u8>) {
-    let png = dir.join(format!("cli-{seed}-{steps}.png"));
-    let out = common::zimage_in(
-        store,
-        &[
-            "generate",
-            "a red fox in the snow",
-            "--model",
-            "tiny",
-            "--width",
-            "64",
-            "--height",
-            "64",
-            "--steps",
-            &steps.to_string(),
-            "--seed",
-            &seed.to_string(),
-            "-o",
-            s(&png),
-        ],
-    );
+    cli_pixels_with(store, dir, seed, steps, &[])
+}
+
+/// [`cli_pixels`] with `extra` arguments (e.g. `--lora FILE`).
+fn cli_pixels_with(
+    store: &Path,
+    dir: &Path,
+    seed: u64,
+    steps: u32,
+    extra: &[&str],
+) -> (u32, u32, Vec<u8>) {
+    let png = dir.join(format!("cli-{seed}-{steps}-{}.png", extra.len()));
+    let (steps, seed) = (steps.to_string(), seed.to_string());
+    let mut args = vec![
+        "generate",
+        "a red fox in the snow",
+        "--model",
+        "tiny",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--steps",
+        &steps,
+        "--seed",
+        &seed,
+        "-o",
+        s(&png),
+    ];
+    args.extend(extra);
+    let out = common::zimage_in(store, &args);
     assert!(
         out.status.success(),
         "{}",
@@ -872,34 +883,7 @@ fn write_attention_lora(path: &Path) {
 
 /// `zimage generate` of the demo with `--lora`, as pixels.
 fn cli_lora_pixels(store: &Path, dir: &Path, lora: &str) -> (u32, u32, Vec<u8>) {
-    let png = dir.join("cli-lora.png");
-    let out = common::zimage_in(
-        store,
-        &[
-            "generate",
-            "a red fox in the snow",
-            "--model",
-            "tiny",
-            "--width",
-            "64",
-            "--height",
-            "64",
-            "--steps",
-            "2",
-            "--seed",
-            "7",
-            "--lora",
-            lora,
-            "-o",
-            s(&png),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    pixels(&std::fs::read(&png).unwrap())
+    cli_pixels_with(store, dir, 7, 2, &["--lora", lora])
 }
 
 #[test]
