@@ -155,6 +155,26 @@ fn blob_count(root: &Path) -> usize {
         .count()
 }
 
+/// The streamed digest equals sha256 of the whole file at every size the buffer treats apart:
+/// empty, smaller than the smallest buffer, between, and more than one full buffer.
+#[test]
+fn hash_file_matches_sha256_at_every_buffer_size() {
+    use sha2::{Digest, Sha256};
+    let dir = tempfile::tempdir().unwrap();
+    for len in [0usize, 1, 4095, 4096, 70_000, (1 << 20) + 1, 3 << 20] {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let path = dir.path().join(format!("blob-{len}"));
+        std::fs::write(&path, &bytes).unwrap();
+        let (digest, size) = blob::hash_file(&path).unwrap();
+        assert_eq!(size, len as u64);
+        assert_eq!(
+            digest,
+            format!("sha256:{:x}", Sha256::digest(&bytes)),
+            "{len} bytes"
+        );
+    }
+}
+
 #[test]
 fn seed_example_blob_is_byte_exact() {
     let dir = tempfile::tempdir().unwrap();

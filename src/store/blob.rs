@@ -341,7 +341,10 @@ pub fn hash_file(path: &Path) -> Result<(String, u64), BlobError> {
     let io = FileError::io(path);
     let mut f = File::open(path).map_err(&io)?;
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+    // Most blobs of a model are small (norms, biases, configs): a buffer of their size, not a
+    // whole MiB allocated and freed for each.
+    let len = f.metadata().map_err(&io)?.len();
+    let mut buf = vec![0u8; len.clamp(4 << 10, 1 << 20) as usize];
     let mut n = 0u64;
     loop {
         let k = f.read(&mut buf).map_err(&io)?;
