@@ -62,6 +62,13 @@ mlx::core::array qkv_heads(const mlx::core::array& qkv, const mlx::core::array& 
 // softmax across the cores; `attention` and a transpose otherwise.
 mlx::core::array attention_rows(const mlx::core::array& qkv);
 
+// attention_rows(qkv_heads(...)) in one step: [S, 3·H·D] → [S, H·D]. On the CPU in float32 each
+// core takes whole heads, norming and rotating each head's q and k into buffers of its own and
+// reading v in place; the two steps elsewhere.
+mlx::core::array qkv_attention(const mlx::core::array& qkv, const mlx::core::array& q_weight,
+                               const mlx::core::array& k_weight, const mlx::core::array& cos,
+                               const mlx::core::array& sin, int heads, float eps, float q_scale);
+
 // [..., 2F] → [..., F]: SiLU of the first half of the last axis times the second half.
 mlx::core::array silu_gate(const mlx::core::array& x);
 

@@ -152,6 +152,10 @@ int mlxs_fast_qkv_heads(mlxs_array** out, const mlxs_array* qkv, const mlxs_arra
                         const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
                         float eps, float q_scale);
 int mlxs_fast_attention_rows(mlxs_array** out, const mlxs_array* qkv);
+/* Both steps in one: fused q|k|v projections [S, 3·heads·D] → attention output [S, heads·D]. */
+int mlxs_fast_qkv_attention(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
+                            const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
+                            float eps, float q_scale);
 /* [..., 2F] → [..., F]: SiLU of the first half of the last axis times the second half. */
 int mlxs_fast_silu_gate(mlxs_array** out, const mlxs_array* x);
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight,

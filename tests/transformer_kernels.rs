@@ -1,6 +1,6 @@
 //! The transformer's CPU kernels (one-pass RMS norm with residual, qk-norm with RoPE into heads,
-//! attention into rows, the SiLU gate) and joined linear layers, each against the same maths
-//! composed from MLX's own ops, on the real MLX.
+//! attention into rows, both at once from the fused projections, the SiLU gate) and joined linear
+//! layers, each against the same maths composed from MLX's own ops, on the real MLX.
 
 use std::collections::HashMap;
 use zimage::mlx::{self, fast, ops, random, Array, Dtype, QuantMode, QuantizedTensor};
@@ -120,6 +120,38 @@ fn attention_rows_over_several_blocks_of_queries() {
     let qkv = (normal(&[3, 2, 2100, 16], 9) * 0.5).unwrap();
     let got = fast::attention_rows(&qkv).unwrap();
     assert!(max_abs_diff(&got, &reference_attention(&qkv)) <= 1e-5);
+}
+
+/// `qkv_attention` against its two steps and against MLX's attention kernel, for `s` tokens of
+/// `h` heads of 16.
+fn check_qkv_attention(s: i32, h: i32, seed: u64) {
+    let d = 16;
+    let qkv = normal(&[s, 3 * h * d], seed);
+    let (wq, wk) = (normal(&[d], seed + 1), normal(&[d], seed + 2));
+    let angles = normal(&[s, 1, d / 2], seed + 3);
+    let rope = (angles.cos().unwrap(), angles.sin().unwrap());
+    let scale = 1.0 / (d as f32).sqrt();
+    let got = fast::qkv_attention(&qkv, &wq, &wk, (&rope.0, &rope.1), h, 1e-5, scale).unwrap();
+    let heads = fast::qkv_heads(&qkv, &wq, &wk, (&rope.0, &rope.1), h, 1e-5, scale).unwrap();
+    // The same products and softmax in the same order: the same values, bit for bit.
+    let steps = fast::attention_rows(&heads).unwrap();
+    assert_eq!(got.shape(), vec![s, h * d]);
+    assert_eq!(got.to_vec::<f32>().unwrap(), steps.to_vec::<f32>().unwrap());
+    assert!(max_abs_diff(&got, &reference_attention(&heads)) <= 1e-5);
+}
+
+#[test]
+fn qkv_attention_is_attention_of_the_normed_rotated_heads() {
+    setup();
+    // Three heads on two cores: one core takes two.
+    check_qkv_attention(40, 3, 20);
+}
+
+#[test]
+fn qkv_attention_over_several_blocks_of_queries() {
+    setup();
+    // 2900² scores per core are over the kernel's 32 MiB: each head's queries go in blocks.
+    check_qkv_attention(2900, 2, 30);
 }
 
 #[test]

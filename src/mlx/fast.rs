@@ -66,6 +66,36 @@ pub fn attention_rows(qkv: &Array) -> Result<Array> {
     shim_call!("attention_rows", mlxs_fast_attention_rows(qkv.as_ptr()))
 }
 
+/// [`attention_rows`] of [`qkv_heads`] in one step: fused q|k|v projections `[S, 3·heads·D]` →
+/// `[S, heads·D]`. On the CPU in f32 each core takes whole heads, norming and rotating each
+/// head's q and k into buffers of its own and reading v where it lies, so the `[3, heads, S, D]`
+/// copy is never written; elsewhere the two steps.
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_attention(
+    qkv: &Array,
+    q_weight: &Array,
+    k_weight: &Array,
+    (cos, sin): (&Array, &Array),
+    heads: i32,
+    eps: f32,
+    q_scale: f32,
+) -> Result<Array> {
+    shim_call!(
+        "qkv_attention",
+        mlxs_fast_qkv_attention(
+            qkv.as_ptr(),
+            q_weight.as_ptr(),
+            k_weight.as_ptr(),
+            cos.as_ptr(),
+            sin.as_ptr(),
+            heads,
+            eps,
+            q_scale,
+        )
+    )
+}
+
 /// `[..., 2F]` → `[..., F]`: SiLU of the first half of the last axis times the second half.
 #[track_caller]
 pub fn silu_gate(x: &Array) -> Result<Array> {

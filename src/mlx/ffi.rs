@@ -217,6 +217,17 @@ extern "C" {
         q_scale: f32,
     ) -> c_int;
     pub fn mlxs_fast_attention_rows(out: Out, qkv: Arr) -> c_int;
+    pub fn mlxs_fast_qkv_attention(
+        out: Out,
+        qkv: Arr,
+        q_weight: Arr,
+        k_weight: Arr,
+        cos: Arr,
+        sin: Arr,
+        heads: c_int,
+        eps: f32,
+        q_scale: f32,
+    ) -> c_int;
     pub fn mlxs_fast_silu_gate(out: Out, x: Arr) -> c_int;
     pub fn mlxs_fast_group_norm(
         out: Out,

@@ -173,7 +173,7 @@ impl Attention {
         let scale = 1.0 / (hd as f32).sqrt();
         let (q, k, v) = match &self.qkv {
             QkvProjection::Joined(qkv) => {
-                let heads = fast::qkv_heads(
+                let o = fast::qkv_attention(
                     &qkv.forward(x)?,
                     self.norm_q.weight(),
                     self.norm_k.weight(),
@@ -182,7 +182,7 @@ impl Attention {
                     self.norm_q.eps(),
                     scale,
                 )?;
-                return self.to_out.forward(&fast::attention_rows(&heads)?);
+                return self.to_out.forward(&o);
             }
             QkvProjection::Separate { q, k, v } => (q, k, v),
         };
