@@ -387,6 +387,13 @@ class CpuSoftmaxParts : public mx::Primitive {
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 constexpr int kRowMajor = 101, kNoTrans = 111;
 
+// The sgemm of the BLAS that MLX links, looked up once; null where there is none, and the
+// kernels that need it then take MLX's ops.
+Sgemm blas_sgemm() {
+  static const auto sgemm = reinterpret_cast<Sgemm>(mlxs_sgemm_symbol());
+  return sgemm;
+}
+
 // A stride-1 "same" convolution of NHWC float32 by a kernel other than 3×3 (those take the
 // Winograd form below) as matrix products: for a block of output
 // pixels, their k×k input patches are gathered into rows ("im2col", zeros beyond the border)
@@ -1150,11 +1157,9 @@ class CpuQkvAttention : public CpuOnlyPrimitive {
   CpuQkvAttention(mx::Stream stream, int heads, float eps, float q_scale, Sgemm sgemm)
       : CpuOnlyPrimitive(stream, "CpuQkvAttention"), heads_(heads), eps_(eps), q_scale_(q_scale), sgemm_(sgemm) {}
 
-  // Per core: q and k of one head, a block of `rows` query rows of scores, and their sums.
-  static size_t rows_per_block(size_t s) {
-    const size_t per_row = sizeof(float) * worker_count() * std::max<size_t>(s, 1);
-    return std::max<size_t>(8, std::min(s, CpuAttentionRows::kScoreBytes / per_row));
-  }
+  // One block of query rows' scores per core, all of them together within CpuAttentionRows' bound.
+  static size_t rows_per_block(size_t s) { return CpuAttentionRows::block_rows(worker_count(), s); }
+  // Per core: q and k of one head, a block of query rows' scores, and their sums.
   static size_t scratch_per_core(size_t s, size_t d) { return 2 * s * d + rows_per_block(s) * (s + 1); }
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
@@ -1223,6 +1228,29 @@ bool cpu_float32(const mx::Stream& stream, std::initializer_list<const mx::array
   for (auto* x : xs)
     if (x->dtype() != mx::float32) return false;
   return true;
+}
+
+// The head width D of fused q|k|v projections [S, 3·heads·D], once the projections and the
+// qk-norm and RoPE inputs that go with them are checked to fit together (`op` names the caller
+// in the error).
+int qkv_head_width(const char* op, const mx::array& qkv, const mx::array& q_weight, const mx::array& k_weight,
+                   const mx::array& cos, const mx::array& sin, int heads) {
+  if (qkv.ndim() != 2 || heads <= 0 || qkv.shape(1) % (3 * heads) != 0 || (qkv.shape(1) / (3 * heads)) % 2 != 0) {
+    throw std::invalid_argument("[" + std::string(op) + "] expects [S, 3·heads·D] with an even head width D");
+  }
+  const int s = qkv.shape(0), d = qkv.shape(1) / (3 * heads);
+  if (q_weight.size() != static_cast<size_t>(d) || k_weight.size() != static_cast<size_t>(d) ||
+      cos.size() != static_cast<size_t>(s) * (d / 2) || sin.size() != cos.size()) {
+    throw std::invalid_argument("[" + std::string(op) + "] the norm weights need D values and cos/sin S·D/2");
+  }
+  return d;
+}
+
+// What QkvRows reads, laid out as it reads it: the projections and four flat vectors.
+std::vector<mx::array> qkv_kernel_inputs(const mx::array& qkv, const mx::array& q_weight, const mx::array& k_weight,
+                                         const mx::array& cos, const mx::array& sin) {
+  auto flat = [](const mx::array& a) { return mx::contiguous(mx::reshape(a, {-1})); };
+  return {mx::contiguous(qkv), flat(q_weight), flat(k_weight), flat(cos), flat(sin)};
 }
 
 }  // namespace
@@ -1336,7 +1364,7 @@ mx::array conv2d_same(const mx::array& x, const mx::array& weight, const mx::arr
   }
   int cin = x.shape(3), cout = weight.shape(1);
   auto stream = mx::default_stream(mx::default_device());
-  static const auto sgemm = reinterpret_cast<Sgemm>(mlxs_sgemm_symbol());
+  const Sgemm sgemm = blas_sgemm();
   if (sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 &&
       weight.dtype() == mx::float32 && bias.dtype() == mx::float32) {
     std::shared_ptr<mx::Primitive> primitive;
@@ -1377,7 +1405,7 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
     throw std::invalid_argument("[linear] the bias needs one value per output (" + std::to_string(n) + ")");
   }
   auto stream = mx::default_stream(mx::default_device());
-  static const auto sgemm = reinterpret_cast<Sgemm>(mlxs_sgemm_symbol());
+  const Sgemm sgemm = blas_sgemm();
   auto out_shape = x.shape();
   out_shape.back() = n;
   const auto form_dtype = quantized ? scales->dtype() : w.dtype();
@@ -1429,19 +1457,11 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, const
 
 mx::array qkv_heads(const mx::array& qkv, const mx::array& q_weight, const mx::array& k_weight, const mx::array& cos,
                     const mx::array& sin, int heads, float eps, float q_scale) {
-  if (qkv.ndim() != 2 || heads <= 0 || qkv.shape(1) % (3 * heads) != 0 || (qkv.shape(1) / (3 * heads)) % 2 != 0) {
-    throw std::invalid_argument("[qkv_heads] expects [S, 3·heads·D] with an even head width D");
-  }
-  const int s = qkv.shape(0), d = qkv.shape(1) / (3 * heads);
-  if (q_weight.size() != static_cast<size_t>(d) || k_weight.size() != static_cast<size_t>(d) ||
-      cos.size() != static_cast<size_t>(s) * (d / 2) || sin.size() != cos.size()) {
-    throw std::invalid_argument("[qkv_heads] the norm weights need D values and cos/sin S·D/2");
-  }
+  const int d = qkv_head_width("qkv_heads", qkv, q_weight, k_weight, cos, sin, heads), s = qkv.shape(0);
   auto stream = mx::default_stream(mx::default_device());
   if (cpu_float32(stream, {&qkv, &q_weight, &k_weight, &cos, &sin})) {
-    auto flat = [](const mx::array& a) { return mx::contiguous(mx::reshape(a, {-1})); };
     return mx::array({3, heads, s, d}, mx::float32, std::make_shared<CpuQkvHeads>(stream, heads, eps, q_scale),
-                     {mx::contiguous(qkv), flat(q_weight), flat(k_weight), flat(cos), flat(sin)});
+                     qkv_kernel_inputs(qkv, q_weight, k_weight, cos, sin));
   }
   // Elsewhere the same steps in MLX's ops.
   auto parts = mx::split(mx::reshape(qkv, {s, 3, heads, d}), 3, 1);
@@ -1465,7 +1485,7 @@ mx::array attention_rows(const mx::array& qkv) {
   if (qkv.ndim() != 4 || qkv.shape(0) != 3) throw std::invalid_argument("[attention_rows] expects [3, H, S, D]");
   const int h = qkv.shape(1), s = qkv.shape(2), d = qkv.shape(3);
   auto stream = mx::default_stream(mx::default_device());
-  static const auto sgemm = reinterpret_cast<Sgemm>(mlxs_sgemm_symbol());
+  const Sgemm sgemm = blas_sgemm();
   if (sgemm != nullptr && cpu_float32(stream, {&qkv})) {
     return mx::array({s, h * d}, mx::float32, std::make_shared<CpuAttentionRows>(stream, sgemm),
                      {mx::contiguous(qkv)});
@@ -1477,23 +1497,15 @@ mx::array attention_rows(const mx::array& qkv) {
 
 mx::array qkv_attention(const mx::array& qkv, const mx::array& q_weight, const mx::array& k_weight,
                         const mx::array& cos, const mx::array& sin, int heads, float eps, float q_scale) {
+  const int d = qkv_head_width("qkv_attention", qkv, q_weight, k_weight, cos, sin, heads), s = qkv.shape(0);
   auto stream = mx::default_stream(mx::default_device());
-  static const auto sgemm = reinterpret_cast<Sgemm>(mlxs_sgemm_symbol());
-  const bool fits = qkv.ndim() == 2 && heads > 0 && qkv.shape(1) % (3 * heads) == 0 && qkv.shape(0) > 0;
-  if (!fits || sgemm == nullptr || !heads_per_core(heads) ||
+  const Sgemm sgemm = blas_sgemm();
+  if (s == 0 || sgemm == nullptr || !heads_per_core(heads) ||
       !cpu_float32(stream, {&qkv, &q_weight, &k_weight, &cos, &sin})) {
     return attention_rows(qkv_heads(qkv, q_weight, k_weight, cos, sin, heads, eps, q_scale));
   }
-  // The checks of qkv_heads, on the same arguments.
-  const int s = qkv.shape(0), d = qkv.shape(1) / (3 * heads);
-  if (d % 2 != 0 || q_weight.size() != static_cast<size_t>(d) || k_weight.size() != static_cast<size_t>(d) ||
-      cos.size() != static_cast<size_t>(s) * (d / 2) || sin.size() != cos.size()) {
-    throw std::invalid_argument(
-        "[qkv_attention] expects an even head width D, norm weights of D values and cos/sin of S·D/2");
-  }
-  auto flat = [](const mx::array& a) { return mx::contiguous(mx::reshape(a, {-1})); };
   return mx::array({s, heads * d}, mx::float32, std::make_shared<CpuQkvAttention>(stream, heads, eps, q_scale, sgemm),
-                   {mx::contiguous(qkv), flat(q_weight), flat(k_weight), flat(cos), flat(sin)});
+                   qkv_kernel_inputs(qkv, q_weight, k_weight, cos, sin));
 }
 
 mx::array silu_gate(const mx::array& x) {
