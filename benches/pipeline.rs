@@ -124,6 +124,7 @@ fn pipeline_case() {
         guidance: 0.0,
         seed: 42,
         noise: None,
+        input: None,
     };
     let (mut step, mut vae, mut total, mut text, mut peak) =
         (vec![], vec![], vec![], vec![], 0usize);

@@ -92,6 +92,7 @@ fn main() {
             guidance: 0.0,
             seed: 42,
             noise: None,
+            input: None,
         };
         let (mut step, mut text, mut peak) = (vec![], vec![], 0usize);
         for run in 0..4 {

@@ -84,6 +84,9 @@ pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
         ("Model hash", hash10),
         ("Model", from.model_name.to_string()),
     ];
+    if let Some(input) = &req.input {
+        fields.push(("Denoising strength", input.strength.to_string()));
+    }
     if !from.loras.is_empty() {
         let hashes: Vec<String> = from
             .loras

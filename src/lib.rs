@@ -8,7 +8,7 @@
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
 //! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
-//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_out`]: the Z-Image generation pipeline;
+//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
 
@@ -18,6 +18,7 @@ pub mod dtype;
 pub mod files;
 pub mod formats;
 pub mod generation;
+pub mod image_in;
 pub mod image_out;
 pub mod loader;
 pub mod lora;

@@ -61,24 +61,44 @@ impl Mt19937 {
 /// `torch.randn(numel)` from a generator seeded with `seed`. Needs at least 16 elements (every
 /// latent tensor has that many); smaller draws use a different torch kernel.
 pub fn randn(seed: u64, numel: usize) -> Result<Vec<f32>, String> {
-    if numel < 16 {
-        return Err(format!(
-            "torch-compatible noise needs at least 16 elements, asked for {numel}"
-        ));
-    }
-    let mut rng = Mt19937::new(seed);
-    let mut data: Vec<f32> = (0..numel).map(|_| rng.uniform_f32()).collect();
-    for start in (0..=numel - 16).step_by(16) {
-        box_muller_16(&mut data[start..start + 16]);
-    }
-    if !numel.is_multiple_of(16) {
-        let tail = &mut data[numel - 16..];
-        for v in tail.iter_mut() {
-            *v = rng.uniform_f32();
+    Generator::new(seed).randn(numel)
+}
+
+/// `torch.Generator("cpu").manual_seed(seed)`: successive [`Generator::randn`] calls continue
+/// the stream as successive `torch.randn(..., generator=g)` calls do, which is how a pipeline
+/// that draws twice (the VAE's latent sample, then the noise) stays seed-compatible.
+pub struct Generator {
+    rng: Mt19937,
+}
+
+impl Generator {
+    pub fn new(seed: u64) -> Generator {
+        Generator {
+            rng: Mt19937::new(seed),
         }
-        box_muller_16(tail);
     }
-    Ok(data)
+
+    /// The next `torch.randn(numel)` (f32, at least 16 elements).
+    pub fn randn(&mut self, numel: usize) -> Result<Vec<f32>, String> {
+        if numel < 16 {
+            return Err(format!(
+                "torch-compatible noise needs at least 16 elements, asked for {numel}"
+            ));
+        }
+        let rng = &mut self.rng;
+        let mut data: Vec<f32> = (0..numel).map(|_| rng.uniform_f32()).collect();
+        for start in (0..=numel - 16).step_by(16) {
+            box_muller_16(&mut data[start..start + 16]);
+        }
+        if !numel.is_multiple_of(16) {
+            let tail = &mut data[numel - 16..];
+            for v in tail.iter_mut() {
+                *v = rng.uniform_f32();
+            }
+            box_muller_16(tail);
+        }
+        Ok(data)
+    }
 }
 
 /// Standard normals from 16 uniforms, element `j` paired with `j + 8`, as torch's AVX2 kernel
@@ -184,5 +204,19 @@ mod tests {
             last = g.next_u32();
         }
         assert_eq!(last, 4_123_659_995);
+    }
+
+    #[test]
+    fn a_second_draw_continues_the_stream_as_torch_does() {
+        // g = torch.Generator("cpu").manual_seed(7); torch.randn(20, generator=g);
+        // torch.randn(40, generator=g)[[0, 17, 39]]
+        let mut g = Generator::new(7);
+        let first = g.randn(20).unwrap();
+        assert_eq!(first[0], -0.820_134_5);
+        let second = g.randn(40).unwrap();
+        assert_eq!(
+            [second[0], second[17], second[39]],
+            [0.957_102_2, -1.060_555, 0.986_226_26]
+        );
     }
 }

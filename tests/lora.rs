@@ -33,6 +33,7 @@ fn request() -> Request {
         guidance: 0.0,
         seed: 7,
         noise: None,
+        input: None,
     }
 }
 

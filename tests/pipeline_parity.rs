@@ -48,6 +48,7 @@ impl Reference {
             guidance: m["guidance"].as_f64().unwrap() as f32,
             seed: m["seed"].as_u64().unwrap(),
             noise: None,
+            input: None,
         }
     }
 }

@@ -1,11 +1,13 @@
 //! `zimage generate`: prompt → PNG.
 use anyhow::{anyhow, bail, Context};
+use image::GenericImageView;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::files;
 use zimage::generation;
+use zimage::image_in;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::memory_plan::{self, gb, MemoryPlan};
@@ -65,6 +67,20 @@ pub struct GenerateArgs {
     /// Skip LoRA keys that name no layer of the model instead of refusing the file.
     #[arg(long)]
     pub lora_lenient: bool,
+    /// Start from this picture (PNG, JPEG or WebP) instead of noise: image-to-image, or with
+    /// `--mask` inpainting. Without `--width/--height` the output takes its size, each side
+    /// rounded down to a multiple of 16; another size is reached by a Lanczos-3 resize (close to,
+    /// not bit-identical with, the PIL resize diffusers uses).
+    #[arg(long, value_name = "IN.png")]
+    pub image: Option<PathBuf>,
+    /// Repaint only where this mask is white (black keeps the picture); read as grey and
+    /// binarised at half, as diffusers does. Must be the picture's size. Needs `--image`.
+    #[arg(long, value_name = "MASK.png")]
+    pub mask: Option<PathBuf>,
+    /// How far the picture is taken back toward noise, in (0, 1] (default: 0.6 for
+    /// image-to-image, 1.0 for inpainting): the schedule's first steps are skipped accordingly.
+    #[arg(long, allow_negative_numbers = true)]
+    pub strength: Option<f64>,
     /// Report time and peak memory of each phase, and the memory estimate.
     #[arg(long, short)]
     pub verbose: bool,
@@ -235,7 +251,55 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
     if let Some(limit) = &a.memory_limit {
         memory_plan::parse_size(limit).map_err(|e| anyhow!("--memory-limit: {e}"))?;
     }
+    if a.image.is_none() {
+        if let Some(mask) = &a.mask {
+            bail!(
+                "--mask `{}` needs --image: a mask says which part of a picture to repaint",
+                mask.display()
+            );
+        }
+        if a.strength.is_some() {
+            bail!("--strength needs --image: it says how far the picture is taken back toward noise");
+        }
+    }
+    if let Some(s) = a.strength {
+        if !(s > 0.0 && s <= 1.0) {
+            bail!("--strength is {s}; it must be within (0, 1]");
+        }
+    }
     Ok(())
+}
+
+/// The pictures `--image` and `--mask` name, decoded (before any model loads).
+struct Inputs {
+    image: image::DynamicImage,
+    mask: Option<image::DynamicImage>,
+}
+
+fn read_inputs(a: &GenerateArgs) -> anyhow::Result<Option<Inputs>> {
+    let Some(path) = &a.image else {
+        return Ok(None);
+    };
+    let image = image_in::read(path, "--image")?;
+    let mask = match &a.mask {
+        Some(m) => {
+            let mask = image_in::read(m, "--mask")?;
+            if mask.dimensions() != image.dimensions() {
+                bail!(
+                    "--mask `{}` is {}×{}, but --image `{}` is {}×{}; give a mask of the picture's size",
+                    m.display(),
+                    mask.width(),
+                    mask.height(),
+                    path.display(),
+                    image.width(),
+                    image.height()
+                );
+            }
+            Some(mask)
+        }
+        None => None,
+    };
+    Ok(Some(Inputs { image, mask }))
 }
 
 /// Refuses an output path that can never be written, before any work: a directory, or a
@@ -288,6 +352,7 @@ fn open_model_dir(dir: &Path) -> anyhow::Result<DiffusersDir> {
 pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
     check_flags(&a)?;
     check_output(&a.output)?;
+    let inputs = read_inputs(&a)?;
     zimage::platform::use_default_device()?;
     let dtype = match a.dtype {
         Some(ComputeDtype::Bf16) => Dtype::BF16,
@@ -295,32 +360,65 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         None => zimage::platform::default_compute_dtype(),
     };
     if let Some(dir) = model_dir(a.model.as_deref()) {
-        return generate(open_model_dir(dir)?, dtype, a);
+        return generate(open_model_dir(dir)?, dtype, a, inputs);
     }
     let (source, demo) = resolve_model(store, a.model.as_deref())?;
     if demo {
         eprintln!("note: no Z-Image in the store; running the embedded demo model, whose weights are random");
     }
-    generate(source, dtype, a)
+    generate(source, dtype, a, inputs)
 }
 
 /// Runs one request on `source` and writes the PNG.
-fn generate<S: ModelSource>(source: S, dtype: Dtype, a: GenerateArgs) -> anyhow::Result<ExitCode> {
+fn generate<S: ModelSource>(
+    source: S,
+    dtype: Dtype,
+    a: GenerateArgs,
+    inputs: Option<Inputs>,
+) -> anyhow::Result<ExitCode> {
     let model_name = source.name();
     let identity = source.identity();
     let mut pipeline = Pipeline::new(source, dtype, false)?;
     let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
-    let default_size = |v: Option<u32>| v.unwrap_or(sample);
+    // Without --width/--height an input picture gives the size, rounded as diffusers rounds it.
+    let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
+    let (default_w, default_h) = match &inputs {
+        Some(i) => image_in::default_size(i.image.width(), i.image.height(), cell).ok_or_else(|| {
+            anyhow!(
+                "--image is {}×{}; a picture needs at least {cell} pixels each way",
+                i.image.width(),
+                i.image.height()
+            )
+        })?,
+        None => (sample, sample),
+    };
     let mut req = Request {
         prompt: a.prompt.clone(),
         negative_prompt: a.negative.clone(),
-        width: default_size(a.width),
-        height: default_size(a.height),
+        width: a.width.unwrap_or(default_w),
+        height: a.height.unwrap_or(default_h),
         steps: a.steps,
         guidance: a.guidance,
         seed: a.seed,
         noise: None,
+        input: None,
     };
+    pipeline.validate(&req)?;
+    if let Some(i) = &inputs {
+        let strength = a.strength.unwrap_or(if i.mask.is_some() {
+            pipeline::condition::DEFAULT_INPAINT_STRENGTH
+        } else {
+            pipeline::condition::DEFAULT_STRENGTH
+        });
+        req.input = Some(pipeline::ImageInput {
+            rgb: image_in::picture(&i.image, req.width, req.height).into_raw(),
+            mask: i
+                .mask
+                .as_ref()
+                .map(|m| image_in::mask(m, req.width, req.height)),
+            strength,
+        });
+    }
     pipeline.validate(&req)?;
     if let Some(path) = &a.noise {
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);

@@ -3,6 +3,7 @@
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
 //! - [`transformer`]: the S3-DiT that predicts the flow velocity (with [`rope`]);
 //! - [`vae`]: the AutoencoderKL decoder (latents → pixels);
+//! - [`vae_encoder`]: its encoder (pixels → latent distribution), for image-to-image;
 //! - [`weights`]: binding checkpoint tensors to modules, strictly.
 //!
 //! Every dimension comes from the model's own `config.json` files; each component's
@@ -12,12 +13,14 @@ pub mod qwen3;
 pub mod rope;
 pub mod transformer;
 pub mod vae;
+pub mod vae_encoder;
 pub mod vae_tiling;
 pub mod weights;
 
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
 pub use transformer::{DitConfig, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
+pub use vae_encoder::{LatentDistribution, VaeEncoder};
 pub use weights::{Checkpoint, LoadError, Residency};
 
 /// Checks that `key` of `what`'s config lies within `range`: every count, width and length a
@@ -56,6 +59,13 @@ pub(crate) fn check_finite(
     }
     Ok(())
 }
+
+/// The widest or tallest image a request may ask for: Z-Image's position tables end at 8192
+/// pixels.
+pub const MAX_IMAGE_SIDE: u32 = 8192;
+/// The most pixels a request may ask for (4096², 16 MP: 16× what Z-Image was trained at),
+/// which keeps every latent, token and pixel count far inside `i32`.
+pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
 
 /// The widest hidden size, channel count or head width a config may give: 4× the widest
 /// model of this family, and small enough that a product of two stays within `i32`.

@@ -2,8 +2,8 @@
 //!
 //! Mirrors diffusers 0.42.1 `models/autoencoders/vae.py` `Decoder` with `UNetMidBlock2D`,
 //! `UpDecoderBlock2D`, `ResnetBlock2D` and `Upsample2D` (zimage-spec §5). Convolution weights are
-//! transposed from PyTorch's `[O, I, kh, kw]` to MLX's `[O, kh, kw, I]` as they are bound; the
-//! encoder half of the checkpoint is not used.
+//! transposed from PyTorch's `[O, I, kh, kw]` to MLX's `[O, kh, kw, I]` as they are bound. The
+//! blocks here serve the encoder too ([`super::vae_encoder`]).
 
 use super::weights::{Checkpoint, Linear, Weights};
 use crate::mlx::{self, fast, ops, Array, Dtype};
@@ -23,6 +23,12 @@ pub struct VaeConfig {
     pub mid_block_add_attention: bool,
     #[serde(default)]
     pub use_post_quant_conv: bool,
+    /// A 1×1 convolution after the encoder (none in Z-Image's VAE).
+    #[serde(default)]
+    pub use_quant_conv: bool,
+    /// Image channels the encoder takes.
+    #[serde(default = "rgb_channels")]
+    pub in_channels: i32,
     #[serde(default = "default_act")]
     pub act_fn: String,
     /// The image size the VAE was trained at, in pixels: the default image size.
@@ -36,6 +42,9 @@ const MAX_UP_BLOCKS: usize = 6;
 
 fn yes() -> bool {
     true
+}
+fn rgb_channels() -> i32 {
+    3
 }
 fn default_act() -> String {
     "silu".into()
@@ -100,10 +109,10 @@ impl VaeConfig {
         }
         if let Some(size) = self.sample_size {
             let cell = 2 * self.scale_factor() as u32;
-            if size == 0 || size % cell != 0 || size > crate::pipeline::MAX_IMAGE_SIDE {
+            if size == 0 || size % cell != 0 || size > super::MAX_IMAGE_SIDE {
                 return Err(format!(
                     "VAE `sample_size` is {size}; it must be a multiple of {cell} within {cell}..={} (it is the default image size)",
-                    crate::pipeline::MAX_IMAGE_SIDE
+                    super::MAX_IMAGE_SIDE
                 ));
             }
         }
@@ -117,7 +126,7 @@ impl VaeConfig {
 }
 
 /// A stride-1 "same" convolution, NHWC.
-struct Conv2d {
+pub(super) struct Conv2d {
     /// `[O, kh, kw, I]`, MLX's layout.
     weight: Array,
     /// The same weight as one `[k·k·I, O]` matrix, for [`fast::conv2d_same`].
@@ -127,7 +136,7 @@ struct Conv2d {
 }
 
 impl Conv2d {
-    fn new(w: &Weights, cin: i32, cout: i32, k: i32) -> mlx::Result<Conv2d> {
+    pub(super) fn new(w: &Weights, cin: i32, cout: i32, k: i32) -> mlx::Result<Conv2d> {
         let weight = w
             .get("weight", &[cout, cin, k, k])?
             .transpose(&[0, 2, 3, 1])?;
@@ -139,7 +148,7 @@ impl Conv2d {
         })
     }
 
-    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+    pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
         if crate::platform::convolutions_as_matmuls() {
             // On the CPU the decoder runs one convolution at a time: its input, then its output,
             // evaluated here. As one lazy graph MLX would allocate every activation before
@@ -168,7 +177,7 @@ pub fn conv_matrix(weight: &Array) -> mlx::Result<Array> {
 }
 
 /// GroupNorm with PyTorch's grouping (consecutive channels), statistics in f32.
-struct GroupNorm {
+pub(super) struct GroupNorm {
     weight: Array,
     bias: Array,
     groups: i32,
@@ -176,7 +185,7 @@ struct GroupNorm {
 }
 
 impl GroupNorm {
-    fn new(w: &Weights, channels: i32, groups: i32) -> mlx::Result<GroupNorm> {
+    pub(super) fn new(w: &Weights, channels: i32, groups: i32) -> mlx::Result<GroupNorm> {
         Ok(GroupNorm {
             weight: w.get("weight", &[channels])?,
             bias: w.get("bias", &[channels])?,
@@ -191,12 +200,12 @@ impl GroupNorm {
     }
 
     /// `silu(forward(x))`, fused: the decoder follows most of its norms with SiLU.
-    fn forward_silu(&self, x: &Array) -> mlx::Result<Array> {
+    pub(super) fn forward_silu(&self, x: &Array) -> mlx::Result<Array> {
         mlx::fast::group_norm(x, &self.weight, &self.bias, self.groups, self.eps, true)
     }
 }
 
-struct ResnetBlock {
+pub(super) struct ResnetBlock {
     norm1: GroupNorm,
     conv1: Conv2d,
     norm2: GroupNorm,
@@ -205,7 +214,7 @@ struct ResnetBlock {
 }
 
 impl ResnetBlock {
-    fn new(w: &Weights, cin: i32, cout: i32, groups: i32) -> mlx::Result<ResnetBlock> {
+    pub(super) fn new(w: &Weights, cin: i32, cout: i32, groups: i32) -> mlx::Result<ResnetBlock> {
         Ok(ResnetBlock {
             norm1: GroupNorm::new(&w.pp("norm1"), cin, groups)?,
             conv1: Conv2d::new(&w.pp("conv1"), cin, cout, 3)?,
@@ -219,7 +228,7 @@ impl ResnetBlock {
         })
     }
 
-    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+    pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
         let h = self.conv1.forward(&self.norm1.forward_silu(x)?)?;
         let h = self.conv2.forward(&self.norm2.forward_silu(&h)?)?;
         match &self.shortcut {
@@ -230,7 +239,7 @@ impl ResnetBlock {
 }
 
 /// Single-head self-attention over all pixels, with a residual connection.
-struct MidAttention {
+pub(super) struct MidAttention {
     group_norm: GroupNorm,
     to_q: Linear,
     to_k: Linear,
@@ -244,7 +253,7 @@ struct MidAttention {
 pub(super) const ATTENTION_CHUNK: i32 = 4096;
 
 impl MidAttention {
-    fn new(w: &Weights, c: i32, groups: i32) -> mlx::Result<MidAttention> {
+    pub(super) fn new(w: &Weights, c: i32, groups: i32) -> mlx::Result<MidAttention> {
         Ok(MidAttention {
             group_norm: GroupNorm::new(&w.pp("group_norm"), c, groups)?,
             to_q: Linear::new(&w.pp("to_q"), c, c, true)?,
@@ -254,7 +263,7 @@ impl MidAttention {
         })
     }
 
-    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+    pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
         let s = x.shape();
         let (b, h, w, c) = (s[0], s[1], s[2], s[3]);
         // Row-major (y, x) token order, as torch's view(B, C, h·w).

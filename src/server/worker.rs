@@ -570,6 +570,7 @@ fn generate_one(
         guidance: spec.guidance,
         seed: spec.seed,
         noise: None,
+        input: None,
     };
     r.pipeline.validate(&req).map_err(|e| bad(e.to_string()))?;
     let prompt_tokens = r

@@ -7,12 +7,17 @@
 //! loaded when their phase starts and dropped after it unless the caller keeps them for more
 //! images.
 
+pub mod condition;
+pub mod denoise;
+
+pub use condition::ImageInput;
+
 use crate::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use crate::mlx::{self, Array, Dtype};
 use crate::models::vae_tiling::Tiling;
 use crate::models::{
     self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder,
-    ZImageTransformer,
+    VaeEncoder, ZImageTransformer,
 };
 use crate::scheduler::{Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
@@ -91,6 +96,9 @@ pub struct Request {
     /// when absent.
     #[serde(skip)]
     pub noise: Option<Vec<f32>>,
+    /// The picture an image-to-image or inpaint request starts from; `None` for text → image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<ImageInput>,
 }
 
 /// Time and peak MLX memory of one phase.
@@ -148,12 +156,7 @@ pub struct Pipeline<S: ModelSource> {
     adapters: crate::lora::Adapters,
 }
 
-/// The widest or tallest image a request may ask for: Z-Image's position tables end at 8192
-/// pixels.
-pub const MAX_IMAGE_SIDE: u32 = 8192;
-/// The most pixels a request may ask for (4096², 16 MP: 16× what Z-Image was trained at),
-/// which keeps every latent, token and pixel count far inside `i32`.
-pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
+pub use crate::models::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
 
 /// Reads, parses and validates one config file.
 fn parse_config<T: serde::de::DeserializeOwned>(
@@ -390,6 +393,10 @@ impl<S: ModelSource> Pipeline<S> {
         Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
     }
 
+    pub fn load_vae_encoder(&self) -> Result<VaeEncoder, Error> {
+        Ok(VaeEncoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
     /// Token ids of the templated prompt.
     pub fn token_ids(&self, prompt: &str) -> Result<Vec<u32>, Error> {
         Ok(self.tokenizer.encode_prompt(prompt)?)
@@ -424,6 +431,11 @@ impl<S: ModelSource> Pipeline<S> {
                 last + 1,
                 lens[0]
             )));
+        }
+        if let Some(input) = &req.input {
+            input
+                .check(req.width, req.height)
+                .map_err(Error::Request)?;
         }
         if let Some(noise) = &req.noise {
             let expected = self.latent_shape(req).iter().product::<i32>() as usize;
@@ -506,7 +518,25 @@ impl<S: ModelSource> Pipeline<S> {
         })?;
         release_freed_memory();
 
-        // 2. Denoise.
+        // 2. Encode the picture an image task starts from, then release the encoder. The
+        //    generator's first draw samples its latent; the noise is the next draw.
+        let mut generator = crate::torch_rng::Generator::new(req.seed);
+        let image_latents = match &req.input {
+            Some(input) => {
+                if progress(Progress::Phase("encode")).is_break() {
+                    return Err(stopped(0));
+                }
+                let latents = measure(&mut phases, "encode", || {
+                    let encoder = self.load_vae_encoder()?;
+                    condition::image_latents(&encoder, input, req.width, req.height, &mut generator)
+                })?;
+                release_freed_memory();
+                Some(latents)
+            }
+            None => None,
+        };
+
+        // 3. Denoise.
         if progress(Progress::Phase("denoise")).is_break() {
             return Err(stopped(0));
         }
@@ -518,56 +548,64 @@ impl<S: ModelSource> Pipeline<S> {
             let shape = self.latent_shape(req);
             let noise = match &req.noise {
                 Some(n) => n.clone(),
-                None => crate::torch_rng::randn(req.seed, shape.iter().product::<i32>() as usize)
+                None => generator
+                    .randn(shape.iter().product::<i32>() as usize)
                     .map_err(Error::Request)?,
             };
-            let mut latents = Array::from_slice(&noise, &shape)?;
+            let noise = Array::from_slice(&noise, &shape)?;
+            let schedule = Schedule::new(req.steps, self.configs.scheduler.shift);
+            let first = req.input.as_ref().map_or(0, |i| i.first_step(req.steps));
+            let (latents, inpaint) = match (&image_latents, &req.input) {
+                (Some(image), Some(input)) => {
+                    let start = condition::scale_noise(image, schedule.sigmas[first], &noise)?;
+                    let inpaint = match &input.mask {
+                        Some(mask) => Some(condition::Inpaint::new(
+                            image.clone(),
+                            noise,
+                            mask,
+                            req.width,
+                            req.height,
+                        )?),
+                        None => None,
+                    };
+                    (start, inpaint)
+                }
+                _ => (noise, None),
+            };
             // The caption's refined tokens and the RoPE tables are the same at every step.
-            let pos_prepared = transformer.prepare(&shape, &caption)?;
-            pos_prepared.eval()?;
-            let neg_prepared = match &negative {
+            let positive = transformer.prepare(&shape, &caption)?;
+            positive.eval()?;
+            let negative_prepared = match &negative {
                 Some(neg) => Some(transformer.prepare(&shape, neg)?),
                 None => None,
             };
-            if let Some(p) = &neg_prepared {
+            if let Some(p) = &negative_prepared {
                 p.eval()?;
             }
-            let schedule = Schedule::new(req.steps, self.configs.scheduler.shift);
-            let _reuse = crate::platform::ReuseFreedMemory::start();
-            for i in 0..schedule.steps() {
-                let t = schedule.t_model(i);
-                let pos = transformer.forward_prepared(&latents, t, &pos_prepared)?;
-                let v = match &neg_prepared {
-                    Some(neg) => {
-                        let neg = transformer.forward_prepared(&latents, t, neg)?;
-                        (&pos + ((&pos - &neg)? * req.guidance)?)?
-                    }
-                    None => pos,
-                };
-                // The pipeline negates the model output; the scheduler steps by dt = σ[i+1] − σ[i].
-                latents = (&latents + (v.neg()? * schedule.dt(i))?)?;
-                latents.eval()?;
-                let step = Progress::Step {
-                    index: i + 1,
-                    total: schedule.steps(),
-                };
-                if progress(step).is_break() {
-                    if self.keep_models {
-                        self.transformer = Some(transformer);
-                    }
-                    return Err(stopped(i + 1));
-                }
-            }
+            let guidance = denoise::Guidance {
+                positive: &positive,
+                negative: negative_prepared.as_ref().map(|n| (n, req.guidance)),
+            };
+            let out = denoise::denoise(
+                &transformer,
+                latents,
+                &schedule,
+                first,
+                &guidance,
+                inpaint.as_ref(),
+                progress,
+            );
             if self.keep_models {
                 self.transformer = Some(transformer);
             }
-            Ok::<_, Error>(latents)
+            out
         })?;
         drop(caption);
         drop(negative);
+        drop(image_latents);
         release_freed_memory();
 
-        // 3. Decode and quantise.
+        // 4. Decode and quantise.
         if progress(Progress::Phase("decode")).is_break() {
             return Err(stopped(req.steps));
         }

@@ -1,0 +1,173 @@
+//! Images coming in (the picture img2img and inpaint start from, the inpaint mask): decoded
+//! under limits, never trusted, and turned into what the pipeline takes as diffusers'
+//! `VaeImageProcessor` turns them.
+//!
+//! - A picture is read as RGB (an alpha channel is dropped, as PIL's `convert("RGB")` does; a
+//!   grey picture is repeated over the three channels).
+//! - A mask is read as PIL's `convert("L")` reads it (ITU-R 601 luma in PIL's fixed point,
+//!   alpha ignored), then binarised: a value of at least half of 255 repaints, below keeps.
+//! - Another size than the request's is resized with a Lanczos-3 filter (the `image` crate's,
+//!   which is close to but not bit-identical with PIL's `LANCZOS` that diffusers uses): give
+//!   inputs at the output size for results that match diffusers exactly.
+
+use image::{DynamicImage, GrayImage, ImageFormat, RgbImage};
+use std::io::Cursor;
+
+/// The widest or tallest picture accepted: the widest image the pipeline makes.
+pub const MAX_SIDE: u32 = crate::models::MAX_IMAGE_SIDE;
+/// The most bytes a decoder may allocate for one picture: a 16-bit RGBA image at the largest
+/// size the pipeline makes (so any input the pipeline could use decodes), and no more.
+pub const MAX_DECODE_BYTES: u64 = crate::models::MAX_IMAGE_PIXELS * 8;
+/// The most bytes an input file may have before it is decoded.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what} `{name}`: {reason}")]
+    Decode {
+        /// The flag or field the picture came from (`--image`, `mask`).
+        what: String,
+        /// The file or upload name.
+        name: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    File(#[from] crate::files::FileError),
+}
+
+/// The formats read: PNG, JPEG and WebP, told by their signatures (never by the name).
+const FORMATS: [ImageFormat; 3] = [ImageFormat::Png, ImageFormat::Jpeg, ImageFormat::WebP];
+
+/// Decodes `bytes` (`what`/`name` say where they came from, for messages) within the limits.
+pub fn decode(bytes: &[u8], what: &str, name: &str) -> Result<DynamicImage, Error> {
+    let bad = |reason: String| Error::Decode {
+        what: what.into(),
+        name: name.into(),
+        reason,
+    };
+    let format = image::guess_format(bytes)
+        .ok()
+        .filter(|f| FORMATS.contains(f))
+        .ok_or_else(|| bad("not a PNG, JPEG or WebP image".into()))?;
+    let mut reader = image::ImageReader::with_format(Cursor::new(bytes), format);
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| bad(e.to_string()))?;
+    if img.width() == 0 || img.height() == 0 {
+        return Err(bad("the image is empty".into()));
+    }
+    Ok(img)
+}
+
+/// Reads and decodes the file `path`, given by the flag `what`.
+pub fn read(path: &std::path::Path, what: &str) -> Result<DynamicImage, Error> {
+    let bytes = crate::files::read_bounded(path, MAX_FILE_BYTES, "input image")?;
+    decode(&bytes, what, &path.display().to_string())
+}
+
+/// The picture as 8-bit RGB, alpha dropped.
+pub fn to_rgb(img: &DynamicImage) -> RgbImage {
+    img.to_rgb8()
+}
+
+/// The picture as PIL's 8-bit luma `L`: `(299·R + 587·G + 114·B)/1000` in PIL's 16-bit fixed
+/// point, rounded; alpha ignored.
+pub fn to_luma(img: &DynamicImage) -> GrayImage {
+    if let DynamicImage::ImageLuma8(g) = img {
+        return g.clone();
+    }
+    let rgb = img.to_rgb8();
+    let (w, h) = rgb.dimensions();
+    let data = rgb
+        .pixels()
+        .map(|p| {
+            let [r, g, b] = p.0.map(u32::from);
+            ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
+        })
+        .collect();
+    GrayImage::from_raw(w, h, data).expect("one value per pixel")
+}
+
+/// The size diffusers gives an input when the request names none: each side rounded down to a
+/// multiple of `multiple` (`VaeImageProcessor.get_default_height_width`). `None` when a side
+/// would be 0.
+pub fn default_size(width: u32, height: u32, multiple: u32) -> Option<(u32, u32)> {
+    let (w, h) = (width - width % multiple, height - height % multiple);
+    (w > 0 && h > 0).then_some((w, h))
+}
+
+/// `img` at `width`×`height` (unchanged when it already is).
+fn resized<P: image::Pixel<Subpixel = u8> + 'static>(
+    img: image::ImageBuffer<P, Vec<u8>>,
+    width: u32,
+    height: u32,
+) -> image::ImageBuffer<P, Vec<u8>> {
+    if img.dimensions() == (width, height) {
+        return img;
+    }
+    image::imageops::resize(&img, width, height, image::imageops::FilterType::Lanczos3)
+}
+
+/// The picture as the pipeline takes it: RGB at `width`×`height`.
+pub fn picture(img: &DynamicImage, width: u32, height: u32) -> RgbImage {
+    resized(to_rgb(img), width, height)
+}
+
+/// The mask as the pipeline takes it: one value per pixel of `width`×`height`, 1 where the
+/// picture is repainted and 0 where it is kept (diffusers' `binarize`: `v/255 ≥ 0.5`).
+pub fn mask(img: &DynamicImage, width: u32, height: u32) -> Vec<u8> {
+    resized(to_luma(img), width, height)
+        .into_raw()
+        .into_iter()
+        .map(|v| u8::from(v as f32 / 255.0 >= 0.5))
+        .collect()
+}
+
+/// A mask from an image whose transparent pixels mark what to repaint (OpenAI's convention for
+/// `images/edits`): alpha 0 becomes white, anything else black. An image without alpha is
+/// read as an ordinary mask (white repaints).
+pub fn mask_from_alpha(img: &DynamicImage) -> DynamicImage {
+    if !img.color().has_alpha() {
+        return img.clone();
+    }
+    let rgba = img.to_rgba8();
+    let (w, h) = rgba.dimensions();
+    let data = rgba
+        .pixels()
+        .map(|p| if p.0[3] == 0 { 255 } else { 0 })
+        .collect();
+    DynamicImage::ImageLuma8(GrayImage::from_raw(w, h, data).expect("one value per pixel"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn luma_is_pil_fixed_point() {
+        let img = DynamicImage::ImageRgb8(RgbImage::from_raw(3, 1, vec![255, 0, 0, 0, 255, 0, 10, 20, 250]).unwrap());
+        // PIL: Image.new("RGB", ...).convert("L") gives 76, 150, 43 for these.
+        assert_eq!(to_luma(&img).into_raw(), vec![76, 150, 43]);
+    }
+
+    #[test]
+    fn binarises_at_half() {
+        let img = DynamicImage::ImageLuma8(GrayImage::from_raw(3, 1, vec![127, 128, 255]).unwrap());
+        assert_eq!(mask(&img, 3, 1), vec![0, 1, 1]);
+    }
+
+    #[test]
+    fn default_size_rounds_down() {
+        assert_eq!(default_size(500, 300, 16), Some((496, 288)));
+        assert_eq!(default_size(15, 300, 16), None);
+    }
+
+    #[test]
+    fn refuses_what_is_not_an_image() {
+        let e = decode(b"GIF89a....", "--image", "x.gif").unwrap_err();
+        assert!(e.to_string().contains("--image `x.gif`: not a PNG, JPEG or WebP"), "{e}");
+    }
+}

@@ -1,0 +1,62 @@
+//! The one denoising loop every task runs: flow-match Euler steps from a schedule's
+//! `first` step to its end, with classifier-free guidance when a negative caption is given,
+//! and inpaint's blend after each step.
+
+use super::condition::Inpaint;
+use super::{Error, Progress};
+use crate::mlx::Array;
+use crate::models::transformer::Prepared;
+use crate::models::ZImageTransformer;
+use crate::scheduler::Schedule;
+use std::ops::ControlFlow;
+
+/// The captions the transformer is conditioned on: the prompt's, and with guidance the
+/// negative prompt's and the scale.
+pub struct Guidance<'a> {
+    pub positive: &'a Prepared,
+    pub negative: Option<(&'a Prepared, f32)>,
+}
+
+/// Runs steps `first..` of `schedule` on `latents`. `progress` hears of each step as
+/// `index` of the steps run; answering `Break` stops with [`Error::Stopped`].
+pub fn denoise(
+    transformer: &ZImageTransformer,
+    mut latents: Array,
+    schedule: &Schedule,
+    first: usize,
+    guidance: &Guidance,
+    inpaint: Option<&Inpaint>,
+    progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+) -> Result<Array, Error> {
+    let total = schedule.steps() - first;
+    let _reuse = crate::platform::ReuseFreedMemory::start();
+    for i in first..schedule.steps() {
+        let t = schedule.t_model(i);
+        let pos = transformer.forward_prepared(&latents, t, guidance.positive)?;
+        let v = match guidance.negative {
+            Some((neg, scale)) => {
+                let neg = transformer.forward_prepared(&latents, t, neg)?;
+                (&pos + ((&pos - &neg)? * scale)?)?
+            }
+            None => pos,
+        };
+        // The pipeline negates the model output; the scheduler steps by dt = σ[i+1] − σ[i].
+        latents = (&latents + (v.neg()? * schedule.dt(i))?)?;
+        if let Some(inpaint) = inpaint {
+            let next = (i + 1 < schedule.steps()).then(|| schedule.sigmas[i + 1]);
+            latents = inpaint.blend(&latents, next)?;
+        }
+        latents.eval()?;
+        let step = Progress::Step {
+            index: i + 1 - first,
+            total,
+        };
+        if progress(step).is_break() {
+            return Err(Error::Stopped {
+                step: i + 1 - first,
+                total,
+            });
+        }
+    }
+    Ok(latents)
+}
