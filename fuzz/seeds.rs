@@ -25,6 +25,7 @@ fn main() {
     ztensor_files(&mut seeds);
     dfsn_files(&mut seeds);
     png_files(&mut seeds);
+    image_inputs(&mut seeds);
     infotexts(&mut seeds);
     println!("{} bytes of seeds in {}", seeds.total, seeds.out.display());
 }
@@ -381,6 +382,30 @@ fn png_files(s: &mut Seeds) {
         w.write_image_data(&[0]).unwrap();
     }
     s.put(t, "compressed_chunks", &bytes);
+}
+
+/// Small pictures in each format and colour type the inputs accept.
+fn image_inputs(s: &mut Seeds) {
+    use image::{DynamicImage, ImageFormat, Rgba, RgbaImage};
+    let t = "image_input";
+    let rgba = RgbaImage::from_fn(20, 12, |x, y| {
+        Rgba([(x * 12) as u8, (y * 20) as u8, 128, if x > 10 { 0 } else { 255 }])
+    });
+    let pictures = [
+        ("rgba", DynamicImage::ImageRgba8(rgba.clone())),
+        ("rgb", DynamicImage::ImageRgb8(DynamicImage::ImageRgba8(rgba.clone()).to_rgb8())),
+        ("grey", DynamicImage::ImageLuma8(DynamicImage::ImageRgba8(rgba).to_luma8())),
+    ];
+    for (name, img) in &pictures {
+        for (format, ext) in [(ImageFormat::Png, "png"), (ImageFormat::Jpeg, "jpg"), (ImageFormat::WebP, "webp")] {
+            if format == ImageFormat::Jpeg && img.color().has_alpha() {
+                continue;
+            }
+            let mut bytes = std::io::Cursor::new(Vec::new());
+            img.write_to(&mut bytes, format).unwrap();
+            s.put(t, &format!("{name}.{ext}"), bytes.get_ref());
+        }
+    }
 }
 
 fn infotexts(s: &mut Seeds) {

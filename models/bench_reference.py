@@ -2,11 +2,13 @@
 
     python models/bench_reference.py MODEL_DIR [SIZE] [float32|bfloat16]
     python models/bench_reference.py --real MODEL_DIR [SIDES]
+    python models/bench_reference.py --encode MODEL_DIR [SIDES]
 
 The first form runs ZImagePipeline: per-step time, VAE decode, total and peak RSS, median of 3
 warm runs, 8 steps, guidance 0. The second is the `real` case: the transformer alone in f32 (for
 the synthetic real-width model), a 32-token caption of random features, one step at each side in
-SIDES (default 256,512), median of 3 warm steps.
+SIDES (default 256,512), median of 3 warm steps. The third times the VAE encoder alone
+(`vae.encode` of a picture in [-1, 1], f32), median of 3 warm runs per side.
 """
 
 import resource
@@ -40,7 +42,30 @@ def real(model, sides):
         print(f"  {side}x{side}: step {statistics.median(times):.3f} s (caption refiner included, as diffusers runs it)")
 
 
+def encode(model, sides):
+    from diffusers import AutoencoderKL
+
+    torch.set_num_threads(2)
+    vae = AutoencoderKL.from_pretrained(model, subfolder="vae", torch_dtype=torch.float32)
+    vae.eval()
+    gen = torch.Generator("cpu").manual_seed(3)
+    for side in sides:
+        image = torch.rand(1, 3, side, side, generator=gen) * 2 - 1
+        times = []
+        with torch.inference_mode():
+            for i in range(4):
+                t = time.perf_counter()
+                vae.encode(image).latent_dist.sample(gen)
+                if i:
+                    times.append(time.perf_counter() - t)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"diffusers encode {side}x{side}: {statistics.median(times):.3f} s | peak RSS {rss:.0f} MB")
+
+
 def main():
+    if sys.argv[1] == "--encode":
+        sides = [int(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else [512]
+        return encode(sys.argv[2], sides)
     if sys.argv[1] == "--real":
         sides = [int(s) for s in sys.argv[3].split(",")] if len(sys.argv) > 3 else [256, 512]
         return real(sys.argv[2], sides)

@@ -4,7 +4,7 @@
 //! Tensor names and shapes are exactly those of the Hub checkpoint (spec §2.6, §3.1, §5.7): the
 //! transformer as diffusers saves `ZImageTransformer2DModel`, the text encoder as a
 //! `Qwen3ForCausalLM` save (`model.`-prefixed, no `lm_head`: the embeddings are tied), the VAE as
-//! its decoder half (the pipeline never runs the encoder). Only `n_layers`, `n_refiner_layers`
+//! its encoder and decoder. Only `n_layers`, `n_refiner_layers`
 //! and the text encoder's `num_hidden_layers` follow the [`Spec`].
 //!
 //! Every file is streamed: the safetensors header is computed from the shapes, then the data is
@@ -324,8 +324,8 @@ pub fn text_encoder_tensors(spec: &Spec) -> Vec<TensorDef> {
     d.0
 }
 
-/// The VAE decoder's tensors (spec §5.2, §5.7), in module order.
-pub fn vae_decoder_tensors() -> Vec<TensorDef> {
+/// The VAE's tensors (spec §5.2, §5.7): the encoder, then the decoder, in module order.
+pub fn vae_tensors() -> Vec<TensorDef> {
     let mut d = Defs::default();
     let g = |d: &mut Defs, p: &str, c: u64| d.group_norm(p, c);
     let resnet = |d: &mut Defs, p: &str, cin: u64, cout: u64| {
@@ -337,6 +337,36 @@ pub fn vae_decoder_tensors() -> Vec<TensorDef> {
             d.conv(&format!("{p}.conv_shortcut"), cin, cout, 1);
         }
     };
+    // The encoder: image → 2 × 16 moments, halving the size after every block but the last.
+    d.conv("encoder.conv_in", 3, VAE_CHANNELS[0], 3);
+    for (i, &cout) in VAE_CHANNELS.iter().enumerate() {
+        let cin = if i == 0 { cout } else { VAE_CHANNELS[i - 1] };
+        for r in 0..VAE_LAYERS_PER_BLOCK {
+            let p = format!("encoder.down_blocks.{i}.resnets.{r}");
+            resnet(&mut d, &p, if r == 0 { cin } else { cout }, cout);
+        }
+        if i + 1 < VAE_CHANNELS.len() {
+            let p = format!("encoder.down_blocks.{i}.downsamplers.0.conv");
+            d.conv(&p, cout, cout, 3);
+        }
+    }
+    let bottom = VAE_CHANNELS[VAE_CHANNELS.len() - 1];
+    let a = "encoder.mid_block.attentions.0";
+    g(&mut d, &format!("{a}.group_norm"), bottom);
+    for proj in ["to_q", "to_k", "to_v", "to_out.0"] {
+        d.linear(&format!("{a}.{proj}"), bottom, bottom, true);
+    }
+    for r in 0..2 {
+        resnet(
+            &mut d,
+            &format!("encoder.mid_block.resnets.{r}"),
+            bottom,
+            bottom,
+        );
+    }
+    g(&mut d, "encoder.conv_norm_out", bottom);
+    d.conv("encoder.conv_out", bottom, 2 * IN_CHANNELS, 3);
+
     let rev: Vec<u64> = VAE_CHANNELS.iter().rev().copied().collect();
     let top = rev[0];
     d.conv("decoder.conv_in", IN_CHANNELS, top, 3);
@@ -600,7 +630,7 @@ pub fn plan_components(spec: &Spec) -> Vec<ComponentPlan> {
         ),
         component_plan(
             "vae",
-            vae_decoder_tensors(),
+            vae_tensors(),
             "diffusion_pytorch_model",
             "diffusion_pytorch_model.safetensors.index.json",
             false,

@@ -15,9 +15,9 @@ use std::io::Cursor;
 
 /// The widest or tallest picture accepted: the widest image the pipeline makes.
 pub const MAX_SIDE: u32 = crate::models::MAX_IMAGE_SIDE;
-/// The most bytes a decoder may allocate for one picture: a 16-bit RGBA image at the largest
-/// size the pipeline makes (so any input the pipeline could use decodes), and no more.
-pub const MAX_DECODE_BYTES: u64 = crate::models::MAX_IMAGE_PIXELS * 8;
+/// The most bytes a decoder may allocate for one picture (512 MiB): a 16-bit RGBA image
+/// [`MAX_SIDE`] pixels square, and no more.
+pub const MAX_DECODE_BYTES: u64 = MAX_SIDE as u64 * MAX_SIDE as u64 * 8;
 /// The most bytes an input file may have before it is decoded.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
@@ -148,7 +148,9 @@ mod tests {
 
     #[test]
     fn luma_is_pil_fixed_point() {
-        let img = DynamicImage::ImageRgb8(RgbImage::from_raw(3, 1, vec![255, 0, 0, 0, 255, 0, 10, 20, 250]).unwrap());
+        let img = DynamicImage::ImageRgb8(
+            RgbImage::from_raw(3, 1, vec![255, 0, 0, 0, 255, 0, 10, 20, 250]).unwrap(),
+        );
         // PIL: Image.new("RGB", ...).convert("L") gives 76, 150, 43 for these.
         assert_eq!(to_luma(&img).into_raw(), vec![76, 150, 43]);
     }
@@ -168,6 +170,10 @@ mod tests {
     #[test]
     fn refuses_what_is_not_an_image() {
         let e = decode(b"GIF89a....", "--image", "x.gif").unwrap_err();
-        assert!(e.to_string().contains("--image `x.gif`: not a PNG, JPEG or WebP"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("--image `x.gif`: not a PNG, JPEG or WebP"),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,7 @@
 use crate::files::FileError;
 use crate::mlx::{self, Array};
 pub use crate::mlx::{QuantMode, QuantizedTensor};
-use crate::pipeline::ComponentWeights;
+use crate::models::weights::ComponentWeights;
 use crate::safetensors::Header;
 use crate::store::{blob, Layer, Store, StoreError, StoredModel};
 use std::collections::{BTreeMap, HashMap};
@@ -467,34 +467,4 @@ pub struct StoreSource {
     pub store: Store,
     pub model: StoredModel,
     pub read_path: ReadPath,
-}
-
-impl crate::pipeline::ModelSource for StoreSource {
-    fn name(&self) -> String {
-        self.model.name.short()
-    }
-
-    fn identity(&self) -> String {
-        self.model.manifest.model_identity()
-    }
-
-    fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, crate::pipeline::SourceError> {
-        Ok(self.store.config_file(&self.model, path)?)
-    }
-
-    fn tensor_sizes(
-        &self,
-        component: &str,
-    ) -> Result<Vec<crate::memory_plan::TensorSize>, crate::pipeline::SourceError> {
-        Ok(tensor_sizes(&self.model, component))
-    }
-
-    fn component(&self, component: &str) -> Result<ComponentWeights, crate::pipeline::SourceError> {
-        let loaded = load_component(&self.store, &self.model, component, self.read_path)?;
-        Ok(loaded.into_weights())
-    }
-
-    fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
-        crate::lora::stored::read(&self.store, &self.model)
-    }
 }

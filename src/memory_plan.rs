@@ -55,6 +55,8 @@ pub struct RequestShape {
     pub prompt_tokens: u32,
     /// Bytes of one value in the compute dtype.
     pub compute_bytes: u64,
+    /// Whether the request starts from a picture, which the VAE encoder encodes first.
+    pub encodes: bool,
 }
 
 /// Peak bytes of each phase (weights and activations), and what the process holds besides.
@@ -62,6 +64,8 @@ pub struct RequestShape {
 pub struct MemoryEstimate {
     pub base: u64,
     pub text: u64,
+    /// The VAE encoder's phase (0 for a request from text alone).
+    pub encode: u64,
     pub denoise: u64,
     pub decode: u64,
 }
@@ -69,8 +73,12 @@ pub struct MemoryEstimate {
 impl MemoryEstimate {
     /// The process's expected peak resident memory.
     pub fn peak(&self) -> u64 {
-        self.base
-            .saturating_add(self.text.max(self.denoise).max(self.decode))
+        self.base.saturating_add(
+            self.text
+                .max(self.encode)
+                .max(self.denoise)
+                .max(self.decode),
+        )
     }
 }
 
@@ -87,10 +95,10 @@ pub struct MemoryPlan {
 /// The request cannot fit the budget in any mode.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "this request needs about {} of memory (text {}, denoise {}, decode {}, process {}), more than \
-     the budget of {}{}. {} Set a larger budget with --memory-limit or ZIMAGE_MEMORY_LIMIT if the \
-     machine really has more free",
-    gb(estimate.peak()), gb(estimate.text), gb(estimate.denoise), gb(estimate.decode),
+    "this request needs about {} of memory (text {}, encode {}, denoise {}, decode {}, process {}), \
+     more than the budget of {}{}. {} Set a larger budget with --memory-limit or ZIMAGE_MEMORY_LIMIT \
+     if the machine really has more free",
+    gb(estimate.peak()), gb(estimate.text), gb(estimate.encode), gb(estimate.denoise), gb(estimate.decode),
     gb(estimate.base), gb(*budget), budget_source, advice
 )]
 pub struct DoesNotFit {
@@ -193,6 +201,16 @@ impl ModelSizes<'_> {
                 self.denoise_activations(req),
                 widen_scratch(self.transformer, residency, cb),
             ]),
+            // The encoder's activations are the decoder's mirror image (the same channels at
+            // the same resolutions), so the untiled decode's count stands in for them.
+            encode: if req.encodes {
+                sum(&[
+                    weight_bytes(self.vae, |n| !vae_uses(n), Residency::Compute, cb),
+                    self.decode_activations(req, None),
+                ])
+            } else {
+                0
+            },
             decode: sum(&[self.vae_weights(cb), self.decode_activations(req, tiling)]),
         }
     }

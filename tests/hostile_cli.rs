@@ -618,3 +618,92 @@ fn a_size_beyond_the_position_tables_is_refused() {
     );
     assert_refused(&out, &["position tables"]);
 }
+
+// --- Input pictures ------------------------------------------------------------------------
+
+fn reference_input(name: &str) -> String {
+    demo()
+        .parent()
+        .unwrap()
+        .join("reference/inputs")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_mask_or_a_strength_without_a_picture_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mask = reference_input("mask-128x128.png");
+    let out = generate_on(dir.path(), &demo(), &["--mask", &mask]);
+    assert_refused(&out, &["--mask", "mask-128x128.png", "needs --image"]);
+    let out = generate_on(dir.path(), &demo(), &["--strength", "0.5"]);
+    assert_refused(&out, &["--strength", "needs --image"]);
+    assert_no_png(dir.path());
+}
+
+#[test]
+fn a_strength_outside_zero_to_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let picture = reference_input("picture-128x128.png");
+    for s in ["0", "1.5", "-0.2", "NaN"] {
+        let out = generate_on(dir.path(), &demo(), &["--image", &picture, "--strength", s]);
+        assert_refused(&out, &["--strength", "(0, 1]"]);
+    }
+    assert_no_png(dir.path());
+}
+
+#[test]
+fn a_file_that_is_not_a_picture_is_refused_naming_flag_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("fake.png");
+    std::fs::write(&fake, b"not a picture at all").unwrap();
+    let out = generate_on(dir.path(), &demo(), &["--image", s(&fake)]);
+    assert_refused(&out, &["--image", "fake.png", "not a PNG, JPEG or WebP"]);
+    // A real PNG header over a truncated body.
+    let picture = std::fs::read(reference_input("picture-128x128.png")).unwrap();
+    std::fs::write(&fake, &picture[..picture.len() / 2]).unwrap();
+    let picture = reference_input("picture-128x128.png");
+    let out = generate_on(
+        dir.path(),
+        &demo(),
+        &["--image", &picture, "--mask", s(&fake)],
+    );
+    assert_refused(&out, &["--mask", "fake.png"]);
+    assert_no_png(dir.path());
+    assert_eq!(leftovers(dir.path()), vec!["fake.png".to_string()]);
+}
+
+#[test]
+fn a_mask_of_another_size_than_the_picture_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = generate_on(
+        dir.path(),
+        &demo(),
+        &[
+            "--image",
+            &reference_input("picture-128x128.png"),
+            "--mask",
+            &reference_input("mask-96x80.png"),
+        ],
+    );
+    assert_refused(&out, &["--mask", "96×80", "--image", "128×128"]);
+    assert_no_png(dir.path());
+}
+
+#[test]
+fn a_picture_larger_than_the_limits_is_refused_before_decoding_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // A PNG header claiming 100000×100000 pixels: refused from its header alone.
+    let mut png = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut png, 100_000, 100_000);
+        enc.set_color(png::ColorType::Grayscale);
+        let _ = enc.write_header().unwrap();
+    }
+    let big = dir.path().join("big.png");
+    std::fs::write(&big, &png).unwrap();
+    let out = generate_on(dir.path(), &demo(), &["--image", s(&big)]);
+    assert_refused(&out, &["--image", "big.png"]);
+    assert_no_png(dir.path());
+}

@@ -51,8 +51,17 @@ impl Case {
 
     fn request(&self) -> Request {
         let m = &self.meta;
-        let (width, height) = (m["width"].as_u64().unwrap() as u32, m["height"].as_u64().unwrap() as u32);
-        let read = |key: &str| image_in::read(&models().join("reference").join(m[key].as_str().unwrap()), key).unwrap();
+        let (width, height) = (
+            m["width"].as_u64().unwrap() as u32,
+            m["height"].as_u64().unwrap() as u32,
+        );
+        let read = |key: &str| {
+            image_in::read(
+                &models().join("reference").join(m[key].as_str().unwrap()),
+                key,
+            )
+            .unwrap()
+        };
         let picture = read("image");
         Request {
             prompt: m["prompt"].as_str().unwrap().into(),
@@ -76,7 +85,10 @@ impl Case {
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn check(case: &str) {
@@ -96,9 +108,20 @@ fn check(case: &str) {
     let want: Vec<f32> = {
         // [1, 3, H, W] → [H, W, 3]
         let t = &r.tensors["encode0.input"];
-        t.squeeze(0).unwrap().transpose(&[1, 2, 0]).unwrap().astype(Dtype::F32).unwrap().to_vec().unwrap()
+        t.squeeze(0)
+            .unwrap()
+            .transpose(&[1, 2, 0])
+            .unwrap()
+            .astype(Dtype::F32)
+            .unwrap()
+            .to_vec()
+            .unwrap()
     };
-    assert_eq!(image.to_vec::<f32>().unwrap(), want, "{case}: encoder input");
+    assert_eq!(
+        image.to_vec::<f32>().unwrap(),
+        want,
+        "{case}: encoder input"
+    );
     let encoder = p.load_vae_encoder().unwrap();
     let moments = encoder.moments(&image).unwrap();
     let want: Vec<f32> = r.tensors["encode0.moments"]
@@ -126,11 +149,22 @@ fn check(case: &str) {
     println!("{case}: VAE input max-abs {d:.3e}");
     let want: Vec<u8> = r.tensors["image"].to_vec::<u8>().unwrap();
     assert_eq!(out.rgb.len(), want.len(), "{case}: image size");
-    let off: Vec<u8> = out.rgb.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).collect();
+    let off: Vec<u8> = out
+        .rgb
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| a.abs_diff(*b))
+        .collect();
     let identical = off.iter().filter(|&&d| d == 0).count() as f64 / off.len() as f64;
     let worst = *off.iter().max().unwrap();
-    println!("{case}: {:.4}% of values identical, max off by {worst}", identical * 100.0);
-    assert!(identical >= 0.999 && worst <= 1, "{case}: {identical} identical, max off {worst}");
+    println!(
+        "{case}: {:.4}% of values identical, max off by {worst}",
+        identical * 100.0
+    );
+    assert!(
+        identical >= 0.999 && worst <= 1,
+        "{case}: {identical} identical, max off {worst}"
+    );
 }
 
 #[test]
@@ -161,4 +195,58 @@ fn heldout_img2img_with_guidance_matches_diffusers() {
 #[test]
 fn heldout_inpaint_matches_diffusers() {
     check("heldout-inpaint");
+}
+
+/// The command line makes the same inpaint picture as diffusers, with the size taken from the
+/// picture (no --width/--height).
+#[test]
+fn the_command_line_inpaints_as_diffusers() {
+    let r = load("inpaint-partial");
+    let m = &r.meta;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.png");
+    let input = |key: &str| models().join("reference").join(m[key].as_str().unwrap());
+    let (image, mask) = (input("image"), input("mask"));
+    let (steps, seed) = (m["steps"].to_string(), m["seed"].to_string());
+    let (guidance, strength) = (m["guidance"].to_string(), m["strength"].to_string());
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_zimage"))
+        .env("ZIMAGE_CACHE_DIR", dir.path().join("cache"))
+        .args(["--store", common::s(&dir.path().join("store")), "generate"])
+        .arg(m["prompt"].as_str().unwrap())
+        .args(["--model", common::s(&models().join("z-image-tiny"))])
+        .args(["--image", common::s(&image), "--mask", common::s(&mask)])
+        .args(["--steps", &steps, "--seed", &seed, "--guidance", &guidance])
+        .args(["--negative", m["negative_prompt"].as_str().unwrap()])
+        .args([
+            "--strength",
+            &strength,
+            "--dtype",
+            "f32",
+            "-o",
+            common::s(&out),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let png = image::open(&out).unwrap().to_rgb8();
+    let want: Vec<u8> = r.tensors["image"].to_vec::<u8>().unwrap();
+    let off: Vec<u8> = png
+        .as_raw()
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| a.abs_diff(*b))
+        .collect();
+    assert_eq!(png.as_raw().len(), want.len());
+    let identical = off.iter().filter(|&&d| d == 0).count() as f64 / off.len() as f64;
+    assert!(
+        identical >= 0.999 && off.iter().all(|&d| d <= 1),
+        "{identical}"
+    );
+    let text = zimage::image_out::read_png_text(&out).unwrap();
+    let params = &text.iter().find(|(k, _)| k == "parameters").unwrap().1;
+    assert!(params.contains("Denoising strength: 0.7"), "{params}");
 }

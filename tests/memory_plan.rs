@@ -141,6 +141,7 @@ fn request(side: u32) -> RequestShape {
         height: side,
         prompt_tokens: 40,
         compute_bytes: 4,
+        encodes: false,
     }
 }
 

@@ -97,8 +97,9 @@ fn spec_transformer(layers: u32, refiners: u32) -> Shapes {
     m
 }
 
-/// The VAE decoder's tensors as zimage-spec §5.2 and §5.7 describe them.
-fn spec_vae_decoder() -> Shapes {
+/// The VAE's tensors as zimage-spec §5.2 and §5.7 describe them: the encoder (106 tensors),
+/// then the decoder (138).
+fn spec_vae() -> Shapes {
     let mut m = Shapes::new();
     let conv = |m: &mut Shapes, p: &str, cin: u64, cout: u64, k: u64| {
         m.insert(format!("{p}.weight"), vec![cout, cin, k, k]);
@@ -117,6 +118,32 @@ fn spec_vae_decoder() -> Shapes {
             conv(m, &format!("{p}.conv_shortcut"), cin, cout, 1);
         }
     };
+    m.insert("encoder.conv_in.weight".into(), vec![128, 3, 3, 3]);
+    m.insert("encoder.conv_in.bias".into(), vec![128]);
+    for (b, cin, cout) in [(0, 128, 128), (1, 128, 256), (2, 256, 512), (3, 512, 512)] {
+        for r in 0..2 {
+            let p = format!("encoder.down_blocks.{b}.resnets.{r}");
+            resnet(&mut m, &p, if r == 0 { cin } else { cout }, cout);
+        }
+        if b < 3 {
+            let p = format!("encoder.down_blocks.{b}.downsamplers.0.conv");
+            m.insert(format!("{p}.weight"), vec![cout, cout, 3, 3]);
+            m.insert(format!("{p}.bias"), vec![cout]);
+        }
+    }
+    for r in 0..2 {
+        resnet(&mut m, &format!("encoder.mid_block.resnets.{r}"), 512, 512);
+    }
+    norm(&mut m, "encoder.mid_block.attentions.0.group_norm", 512);
+    for proj in ["to_q", "to_k", "to_v", "to_out.0"] {
+        let p = format!("encoder.mid_block.attentions.0.{proj}");
+        m.insert(format!("{p}.weight"), vec![512, 512]);
+        m.insert(format!("{p}.bias"), vec![512]);
+    }
+    norm(&mut m, "encoder.conv_norm_out", 512);
+    m.insert("encoder.conv_out.weight".into(), vec![32, 512, 3, 3]);
+    m.insert("encoder.conv_out.bias".into(), vec![32]);
+
     m.insert("decoder.conv_in.weight".into(), vec![512, 16, 3, 3]);
     m.insert("decoder.conv_in.bias".into(), vec![512]);
     for r in 0..2 {
@@ -201,7 +228,7 @@ fn real_depth_sizes_match_the_spec() {
     let vae = real.component("vae").unwrap();
     assert_eq!(
         (vae.tensors, vae.params, vae.data_bytes),
-        (138, 49_545_475, 99_090_950)
+        (244, 83_819_683, 167_639_366)
     );
     // Every shard stays under the limit, in f32 too (the Hub stores the transformer in f32:
     // 24,619,634,944 bytes of tensor data).
@@ -229,7 +256,7 @@ fn real_depth_sizes_match_the_spec() {
         let want = match p.component {
             "text_encoder" => spec_text_encoder(36),
             "transformer" => spec_transformer(30, 2),
-            _ => spec_vae_decoder(),
+            _ => spec_vae(),
         };
         let diff = differences(p.component, &got, &want);
         assert!(diff.is_empty(), "{}", diff.join("\n"));
@@ -273,7 +300,7 @@ fn shallow_model_has_the_spec_tensors_and_generates_through_the_store() {
             "transformer",
             spec_transformer(spec.layers, spec.refiner_layers),
         ),
-        ("vae", spec_vae_decoder()),
+        ("vae", spec_vae()),
     ] {
         let tensors = &dir.tensors[component];
         assert!(tensors
@@ -306,7 +333,7 @@ fn shallow_model_has_the_spec_tensors_and_generates_through_the_store() {
     assert_eq!(count("transformer", "context_refiner.0."), 13);
     assert_eq!(dir.tensors["text_encoder"].len(), 1 + 2 * 11 + 1);
     assert_eq!(count("text_encoder", "model.layers.1."), 11);
-    assert_eq!(dir.tensors["vae"].len(), 138);
+    assert_eq!(dir.tensors["vae"].len(), 244);
     assert!(model
         .join("text_encoder/model.safetensors.index.json")
         .is_file());

@@ -259,7 +259,9 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
             );
         }
         if a.strength.is_some() {
-            bail!("--strength needs --image: it says how far the picture is taken back toward noise");
+            bail!(
+                "--strength needs --image: it says how far the picture is taken back toward noise"
+            );
         }
     }
     if let Some(s) = a.strength {
@@ -383,13 +385,15 @@ fn generate<S: ModelSource>(
     // Without --width/--height an input picture gives the size, rounded as diffusers rounds it.
     let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
     let (default_w, default_h) = match &inputs {
-        Some(i) => image_in::default_size(i.image.width(), i.image.height(), cell).ok_or_else(|| {
-            anyhow!(
-                "--image is {}×{}; a picture needs at least {cell} pixels each way",
-                i.image.width(),
-                i.image.height()
-            )
-        })?,
+        Some(i) => {
+            image_in::default_size(i.image.width(), i.image.height(), cell).ok_or_else(|| {
+                anyhow!(
+                    "--image is {}×{}; a picture needs at least {cell} pixels each way",
+                    i.image.width(),
+                    i.image.height()
+                )
+            })?
+        }
         None => (sample, sample),
     };
     let mut req = Request {
@@ -499,7 +503,7 @@ fn generate<S: ModelSource>(
         eprintln!("step     {steps:>8.3} s   total {total:.3} s");
         let e = &plan.estimate;
         eprintln!(
-            "memory   weights {}, decode {}; estimate: text {}, denoise {}, decode {}, process {}",
+            "memory   weights {}, decode {}; estimate: text {}, encode {}, denoise {}, decode {}, process {}",
             match plan.residency {
                 Residency::Compute => "in the compute dtype",
                 Residency::Stored => "as stored",
@@ -509,6 +513,7 @@ fn generate<S: ModelSource>(
                 None => "whole".into(),
             },
             gb(e.text),
+            gb(e.encode),
             gb(e.denoise),
             gb(e.decode),
             gb(e.base)

@@ -303,23 +303,3 @@ fn peft_metadata_alpha(metadata: Option<&BTreeMap<String, String>>) -> Option<f6
         .find_map(|k| v.get(*k).and_then(|a| a.as_f64()))
         .filter(|a| a.is_finite())
 }
-
-/// One pair bound to a linear layer: `y += scale · (x·Aᵀ)·Bᵀ`.
-#[derive(Clone)]
-pub struct LoraPair {
-    /// `[rank, in]`, in the compute dtype.
-    pub down: Array,
-    /// `[out, rank]`, in the compute dtype.
-    pub up: Array,
-    /// The user's scale times `alpha / rank`.
-    pub scale: f32,
-}
-
-impl LoraPair {
-    /// This pair's term for input `x` (`[…, in]`): `scale · (x·Aᵀ)·Bᵀ`, scaled at the rank-wide
-    /// product, where it costs least.
-    pub fn delta(&self, x: &Array) -> mlx::Result<Array> {
-        let low = x.matmul(&self.down.transpose(&[1, 0])?)?;
-        (low * self.scale)?.matmul(&self.up.transpose(&[1, 0])?)
-    }
-}

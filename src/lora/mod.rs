@@ -13,7 +13,8 @@ pub mod adapter;
 pub mod layout;
 pub mod stored;
 
-pub use adapter::{LoraFile, LoraPair, StoredPair};
+pub use crate::models::weights::LoraPair;
+pub use adapter::{LoraFile, StoredPair};
 pub use layout::{Component, Layout, ModuleKey};
 
 use crate::memory_plan::TensorSize;

@@ -228,6 +228,20 @@ impl ResnetBlock {
         })
     }
 
+    /// `count` blocks `resnets.0…`, the first from `cin` channels to `cout`, the rest `cout`
+    /// to `cout` (a down or up block's resnets).
+    pub(super) fn stack(
+        w: &Weights,
+        cin: i32,
+        cout: i32,
+        count: i32,
+        groups: i32,
+    ) -> mlx::Result<Vec<ResnetBlock>> {
+        (0..count)
+            .map(|r| ResnetBlock::new(&w.pp(r), if r == 0 { cin } else { cout }, cout, groups))
+            .collect()
+    }
+
     pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
         let h = self.conv1.forward(&self.norm1.forward_silu(x)?)?;
         let h = self.conv2.forward(&self.norm2.forward_silu(&h)?)?;
@@ -353,15 +367,8 @@ impl VaeDecoder {
             let mut cin = top;
             for (i, &cout) in chans.iter().enumerate() {
                 let bw = w.pp("up_blocks").pp(i);
-                let mut resnets = Vec::new();
-                for r in 0..=cfg.layers_per_block {
-                    resnets.push(ResnetBlock::new(
-                        &bw.pp("resnets").pp(r),
-                        if r == 0 { cin } else { cout },
-                        cout,
-                        g,
-                    )?);
-                }
+                let resnets =
+                    ResnetBlock::stack(&bw.pp("resnets"), cin, cout, cfg.layers_per_block + 1, g)?;
                 let upsample = if i + 1 < chans.len() {
                     Some(Conv2d::new(&bw.pp("upsamplers.0.conv"), cout, cout, 3)?)
                 } else {

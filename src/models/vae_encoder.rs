@@ -117,6 +117,9 @@ impl VaeEncoder {
         }
         ckpt.allow_unused("decoder.");
         ckpt.allow_unused("post_quant_conv.");
+        if !cfg.use_quant_conv {
+            ckpt.allow_unused("quant_conv.");
+        }
         let dtype = ckpt.dtype();
         let model = {
             let w = ckpt.root().pp("encoder");
@@ -126,15 +129,8 @@ impl VaeEncoder {
             let mut cin = chans[0];
             for (i, &cout) in chans.iter().enumerate() {
                 let bw = w.pp("down_blocks").pp(i);
-                let mut resnets = Vec::new();
-                for r in 0..cfg.layers_per_block {
-                    resnets.push(ResnetBlock::new(
-                        &bw.pp("resnets").pp(r),
-                        if r == 0 { cin } else { cout },
-                        cout,
-                        g,
-                    )?);
-                }
+                let resnets =
+                    ResnetBlock::stack(&bw.pp("resnets"), cin, cout, cfg.layers_per_block, g)?;
                 let downsample = if i + 1 < chans.len() {
                     Some(Downsample::new(&bw.pp("downsamplers.0.conv"), cout)?)
                 } else {
@@ -171,7 +167,6 @@ impl VaeEncoder {
                         1,
                     )?)
                 } else {
-                    ckpt.allow_unused("quant_conv.");
                     None
                 },
                 config: cfg.clone(),

@@ -1,4 +1,4 @@
-//! Tiled VAE decoding, and a model of how much memory a decode needs.
+//! Tiled VAE decoding and encoding, and a model of how much memory a decode needs.
 //!
 //! [`VaeDecoder::decode_tiled`] decodes the latents in overlapping square tiles, one at a time,
 //! and blends each tile into its neighbours above and to the left with a linear ramp, as
@@ -12,6 +12,7 @@
 //! uses them to pick the largest tile that fits a budget.
 
 use super::vae::{VaeConfig, VaeDecoder, ATTENTION_CHUNK};
+use super::vae_encoder::VaeEncoder;
 use crate::mlx::{self, ops, random, Array, Dtype};
 use std::collections::HashMap;
 
@@ -91,12 +92,81 @@ impl Tiling {
     /// from 0 while below `n`, each `tile_latent` long or cut at the edge (as diffusers'
     /// `range(0, n, overlap_size)` and slicing give them).
     pub fn spans(&self, n: i32) -> Vec<(i32, i32)> {
-        let step = self.step().max(1) as usize;
-        (0..n.max(0))
-            .step_by(step)
-            .map(|s| (s, self.tile_latent.min(n - s)))
-            .collect()
+        spans(n, self.tile_latent, self.step())
     }
+}
+
+/// The tiles along an axis of `n` pixels: `(start, length)`, starts every `step` from 0 while
+/// below `n`, each `tile` long or cut at the edge (diffusers' `range(0, n, step)` and slicing).
+fn spans(n: i32, tile: i32, step: i32) -> Vec<(i32, i32)> {
+    (0..n.max(0))
+        .step_by(step.max(1) as usize)
+        .map(|s| (s, tile.min(n - s)))
+        .collect()
+}
+
+/// diffusers' tiled loop (`tiled_decode`, `_tiled_encode`): `run` maps each input tile
+/// (`rows` × `cols` spans, in input pixels) to an output tile `[h, w, C]`; each output tile is
+/// blended in place with the (already blended) tile above and to its left over `blend` output
+/// pixels, and its first `keep` rows and columns are kept. Output tiles are evaluated one at a
+/// time; the result `[out_h, out_w, C]` is assembled on the Rust heap and returned evaluated.
+fn assemble_tiles(
+    rows: &[(i32, i32)],
+    cols: &[(i32, i32)],
+    blend: i32,
+    keep: i32,
+    (out_h, out_w): (i32, i32),
+    run: impl Fn((i32, i32), (i32, i32)) -> mlx::Result<Array>,
+) -> mlx::Result<Array> {
+    // The finished output, row-major [out_h, out_w, channels] in the tiles' dtype, made at the
+    // first tile (which tells the dtype and channels).
+    let mut image: Option<(Vec<u8>, Dtype, i32)> = None;
+    // The bottom strip of the last (blended) tile of each column, and the right strip of the
+    // last tile of this row: all that later tiles need of their neighbours.
+    let mut above: Vec<Option<Array>> = vec![None; cols.len()];
+    for (i, &row) in rows.iter().enumerate() {
+        let mut left: Option<Array> = None;
+        for (j, &col) in cols.iter().enumerate() {
+            let mut tile = run(row, col)?;
+            // Evaluated before anything else is built: one tile's activations at a time.
+            tile.eval()?;
+            if let Some(a) = &above[j] {
+                tile = blend_into(a, &tile, blend, 0)?;
+            }
+            if let Some(l) = &left {
+                tile = blend_into(l, &tile, blend, 1)?;
+            }
+            tile.eval()?;
+            let ts = tile.shape();
+            let (ph, pw, ch) = (ts[0], ts[1], ts[2]);
+            let (buf, dtype, _) = image.get_or_insert_with(|| {
+                let d = tile.dtype();
+                let bytes = out_h as usize * out_w as usize * ch as usize * d.size_bytes();
+                (vec![0u8; bytes], d, ch)
+            });
+            let px = ch as usize * dtype.size_bytes();
+            // Keep the first `keep` rows and columns (all of an edge tile).
+            let (kh, kw) = (keep.min(ph), keep.min(pw));
+            let crop = tile
+                .slice(&[0, 0, 0], &[kh, kw, ch], &[1, 1, 1])?
+                .to_bytes()?;
+            let (oy, ox) = ((i as i32 * keep) as usize, (j as i32 * keep) as usize);
+            let row_bytes = kw as usize * px;
+            for r in 0..kh as usize {
+                let dst = ((oy + r) * out_w as usize + ox) * px;
+                buf[dst..dst + row_bytes]
+                    .copy_from_slice(&crop[r * row_bytes..(r + 1) * row_bytes]);
+            }
+            above[j] = Some(copy_of(&tile.slice_axis(0, ph - blend.min(ph), ph)?)?);
+            left = Some(copy_of(&tile.slice_axis(1, pw - blend.min(pw), pw)?)?);
+        }
+    }
+    drop(above);
+    let (buf, dtype, ch) = image.expect("a non-empty input has tiles");
+    let out = Array::from_bytes(&buf, &[out_h, out_w, ch], dtype)?;
+    drop(buf);
+    out.eval()?;
+    Ok(out)
 }
 
 impl VaeDecoder {
@@ -126,60 +196,54 @@ impl VaeDecoder {
             return self.decode(latents);
         }
         let scale = self.config.scale_factor();
-        let (keep, blend) = (tiling.keep(scale), tiling.blend(scale));
-        let (rows, cols) = (tiling.spans(h), tiling.spans(w));
-        let (out_h, out_w) = (h * scale, w * scale);
+        assemble_tiles(
+            &tiling.spans(h),
+            &tiling.spans(w),
+            tiling.blend(scale),
+            tiling.keep(scale),
+            (h * scale, w * scale),
+            |(y0, th), (x0, tw)| {
+                self.decode(&latents.slice(&[0, y0, x0], &[c, y0 + th, x0 + tw], &[1, 1, 1])?)
+            },
+        )
+    }
+}
 
-        // The finished image, row-major [out_h, out_w, channels] in the decoder's dtype, made
-        // at the first tile (which tells the dtype and channels).
-        let mut image: Option<(Vec<u8>, Dtype, i32)> = None;
-        // The bottom strip of the last (blended) tile of each column, and the right strip of
-        // the last tile of this row: all that later tiles need of their neighbours.
-        let mut above: Vec<Option<Array>> = vec![None; cols.len()];
-        for (i, &(y0, th)) in rows.iter().enumerate() {
-            let mut left: Option<Array> = None;
-            for (j, &(x0, tw)) in cols.iter().enumerate() {
-                let z = latents.slice(&[0, y0, x0], &[c, y0 + th, x0 + tw], &[1, 1, 1])?;
-                let mut tile = self.decode(&z)?;
-                // Evaluated before anything else is built: one tile's activations at a time.
-                tile.eval()?;
-                if let Some(a) = &above[j] {
-                    tile = blend_into(a, &tile, blend, 0)?;
-                }
-                if let Some(l) = &left {
-                    tile = blend_into(l, &tile, blend, 1)?;
-                }
-                tile.eval()?;
-                let ts = tile.shape();
-                let (ph, pw, ch) = (ts[0], ts[1], ts[2]);
-                let (buf, dtype, _) = image.get_or_insert_with(|| {
-                    let d = tile.dtype();
-                    let bytes = out_h as usize * out_w as usize * ch as usize * d.size_bytes();
-                    (vec![0u8; bytes], d, ch)
-                });
-                let px = ch as usize * dtype.size_bytes();
-                // Keep the first `keep` rows and columns (all of an edge tile).
-                let (kh, kw) = (keep.min(ph), keep.min(pw));
-                let crop = tile
-                    .slice(&[0, 0, 0], &[kh, kw, ch], &[1, 1, 1])?
-                    .to_bytes()?;
-                let (oy, ox) = ((i as i32 * keep) as usize, (j as i32 * keep) as usize);
-                let row_bytes = kw as usize * px;
-                for r in 0..kh as usize {
-                    let dst = ((oy + r) * out_w as usize + ox) * px;
-                    buf[dst..dst + row_bytes]
-                        .copy_from_slice(&crop[r * row_bytes..(r + 1) * row_bytes]);
-                }
-                above[j] = Some(copy_of(&tile.slice_axis(0, ph - blend.min(ph), ph)?)?);
-                left = Some(copy_of(&tile.slice_axis(1, pw - blend.min(pw), pw)?)?);
-            }
+impl VaeEncoder {
+    /// The moments of `image` `[H, W, 3]` like [`VaeEncoder::moments`], in tiles as diffusers'
+    /// `_tiled_encode` makes them: image tiles of `tiling.tile_latent · scale` pixels,
+    /// `int(tile · (1 − overlap))` apart, each encoded on its own; the moment tiles blended
+    /// over `int(tile_latent · overlap)` latent pixels and cropped to the rest. When the tile
+    /// covers the whole image this is exactly `moments`.
+    pub fn moments_tiled(&self, image: &Array, tiling: &Tiling) -> mlx::Result<Array> {
+        tiling
+            .validate()
+            .map_err(|m| mlx::Error::new("moments_tiled", m))?;
+        let s = image.shape();
+        if s.len() != 3 {
+            return Err(mlx::Error::new(
+                "moments_tiled",
+                format!("expects an image [H, W, 3], got shape {s:?}"),
+            ));
         }
-        drop(above);
-        let (buf, dtype, ch) = image.expect("a non-empty latent has tiles");
-        let out = Array::from_bytes(&buf, &[out_h, out_w, ch], dtype)?;
-        drop(buf);
-        out.eval()?;
-        Ok(out)
+        let (h, w, c) = (s[0], s[1], s[2]);
+        let scale = self.config.scale_factor();
+        let tile = tiling.tile_latent * scale;
+        if h <= tile && w <= tile {
+            return self.moments(image);
+        }
+        let step = (tile as f64 * (1.0 - tiling.overlap as f64)) as i32;
+        let blend = (tiling.tile_latent as f64 * tiling.overlap as f64) as i32;
+        assemble_tiles(
+            &spans(h, tile, step),
+            &spans(w, tile, step),
+            blend,
+            tiling.tile_latent - blend,
+            (h / scale, w / scale),
+            |(y0, th), (x0, tw)| {
+                self.moments(&image.slice(&[y0, x0, 0], &[y0 + th, x0 + tw, c], &[1, 1, 1])?)
+            },
+        )
     }
 }
 
@@ -501,6 +565,8 @@ pub fn flux_vae_config() -> VaeConfig {
         shift_factor: Some(0.1159),
         mid_block_add_attention: true,
         use_post_quant_conv: false,
+        use_quant_conv: false,
+        in_channels: 3,
         act_fn: "silu".into(),
         sample_size: Some(1024),
     }

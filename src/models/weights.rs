@@ -9,10 +9,36 @@
 //! Linear weights are bound as stored when asked ([`Residency::Stored`]): quantized weights
 //! always stay packed, and bf16 weights stay bf16, widened a tile at a time as each layer runs.
 
-use crate::lora::LoraPair;
 use crate::mlx::{self, fast, ops, Array, Dtype, QuantizedTensor};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
+
+/// One pair bound to a linear layer: `y += scale · (x·Aᵀ)·Bᵀ`.
+#[derive(Clone)]
+pub struct LoraPair {
+    /// `[rank, in]`, in the compute dtype.
+    pub down: Array,
+    /// `[out, rank]`, in the compute dtype.
+    pub up: Array,
+    /// The user's scale times `alpha / rank`.
+    pub scale: f32,
+}
+
+impl LoraPair {
+    /// This pair's term for input `x` (`[…, in]`): `scale · (x·Aᵀ)·Bᵀ`, scaled at the rank-wide
+    /// product, where it costs least.
+    pub fn delta(&self, x: &Array) -> mlx::Result<Array> {
+        let low = x.matmul(&self.down.transpose(&[1, 0])?)?;
+        (low * self.scale)?.matmul(&self.up.transpose(&[1, 0])?)
+    }
+}
+
+/// One component's tensors as stored: plain arrays, and quantized weights kept packed.
+#[derive(Default)]
+pub struct ComponentWeights {
+    pub tensors: HashMap<String, Array>,
+    pub quantized: HashMap<String, QuantizedTensor>,
+}
 
 /// What is wrong with a checkpoint for the model being built.
 #[derive(Debug, thiserror::Error)]

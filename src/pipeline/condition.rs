@@ -8,6 +8,7 @@
 //! then puts the kept region back after every step, re-noised to the next step's σ.
 
 use crate::mlx::{self, ops, Array};
+use crate::models::vae_tiling::Tiling;
 use crate::models::{LatentDistribution, VaeConfig, VaeEncoder};
 use crate::torch_rng::Generator;
 
@@ -76,15 +77,20 @@ pub fn first_step(steps: usize, strength: f64) -> usize {
 
 /// The picture's latents as the pipeline scales them: `(sample − shift) · scale`, `[C, h, w]`
 /// f32, with `sample` drawn from the encoded distribution by `generator` (its first draw).
+/// With `tiling` the picture is encoded in tiles (as the decode is, when the memory budget
+/// asks for it).
 pub fn image_latents(
     encoder: &VaeEncoder,
     input: &ImageInput,
-    width: u32,
-    height: u32,
+    (width, height): (u32, u32),
+    tiling: Option<&Tiling>,
     generator: &mut Generator,
 ) -> Result<Array, super::Error> {
     let image = crate::models::vae_encoder::image_to_array(&input.rgb, width, height)?;
-    let moments = encoder.moments(&image)?;
+    let moments = match tiling {
+        Some(t) => encoder.moments_tiled(&image, t)?,
+        None => encoder.moments(&image)?,
+    };
     moments.eval()?;
     let dist = LatentDistribution::from_moments(&moments)?;
     let s = dist.mean.shape();

@@ -9,6 +9,7 @@
 
 pub mod condition;
 pub mod denoise;
+mod sources;
 
 pub use condition::ImageInput;
 
@@ -21,7 +22,6 @@ use crate::models::{
 };
 use crate::scheduler::{Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
-use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -46,12 +46,7 @@ pub trait ModelSource {
     }
 }
 
-/// One component's tensors as stored: plain arrays, and quantized weights kept packed.
-#[derive(Default)]
-pub struct ComponentWeights {
-    pub tensors: HashMap<String, Array>,
-    pub quantized: HashMap<String, mlx::QuantizedTensor>,
-}
+pub use crate::models::weights::ComponentWeights;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -354,6 +349,7 @@ impl<S: ModelSource> Pipeline<S> {
             height: req.height,
             prompt_tokens: tokens as u32,
             compute_bytes: self.dtype.size_bytes() as u64,
+            encodes: req.input.is_some(),
         })
     }
 
@@ -433,9 +429,7 @@ impl<S: ModelSource> Pipeline<S> {
             )));
         }
         if let Some(input) = &req.input {
-            input
-                .check(req.width, req.height)
-                .map_err(Error::Request)?;
+            input.check(req.width, req.height).map_err(Error::Request)?;
         }
         if let Some(noise) = &req.noise {
             let expected = self.latent_shape(req).iter().product::<i32>() as usize;
@@ -528,7 +522,13 @@ impl<S: ModelSource> Pipeline<S> {
                 }
                 let latents = measure(&mut phases, "encode", || {
                     let encoder = self.load_vae_encoder()?;
-                    condition::image_latents(&encoder, input, req.width, req.height, &mut generator)
+                    condition::image_latents(
+                        &encoder,
+                        input,
+                        (req.width, req.height),
+                        self.tiling.as_ref(),
+                        &mut generator,
+                    )
                 })?;
                 release_freed_memory();
                 Some(latents)
