@@ -178,7 +178,8 @@ mod tests {
         assert_eq!(first_step(8, 0.6), 3);
         assert_eq!(first_step(8, 1.0), 0);
         assert_eq!(first_step(8, 0.1), 7);
-        // 10 * 0.7 = 7.000000000000001 in double precision, so 10 − 7.000… truncates to 2.
-        assert_eq!(first_step(10, 0.7), 2);
+        // 5 · 0.2 is exactly 1 in double precision; with 0.2 rounded to f32 first it would be
+        // 1.0000000149 and the first step 3.
+        assert_eq!(first_step(5, 0.2), 4);
     }
 }
