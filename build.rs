@@ -17,6 +17,18 @@ use std::process::Command;
 
 const MLX_VERSION: &str = "0.32.4";
 const OPENBLAS_WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
+/// The shim's sources; every one is compiled, the headers are watched.
+const SHIM_SOURCES: &[&str] = &[
+    "mlx-sys-shim/shim.h",
+    "mlx-sys-shim/shim.cpp",
+    "mlx-sys-shim/cpu_kernels.h",
+    "mlx-sys-shim/cpu_common.h",
+    "mlx-sys-shim/cpu_common.cpp",
+    "mlx-sys-shim/cpu_norms.cpp",
+    "mlx-sys-shim/cpu_attention.cpp",
+    "mlx-sys-shim/cpu_conv.cpp",
+    "mlx-sys-shim/cpu_linear.cpp",
+];
 
 fn main() {
     for var in [
@@ -30,13 +42,7 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for file in [
-        "mlx-sys-shim/shim.h",
-        "mlx-sys-shim/shim.cpp",
-        "mlx-sys-shim/cpu_kernels.h",
-        "mlx-sys-shim/cpu_kernels.cpp",
-        "mlx-sys-shim/blas.c",
-    ] {
+    for file in SHIM_SOURCES.iter().chain(&["mlx-sys-shim/blas.c"]) {
         println!("cargo:rerun-if-changed={file}");
     }
     if let Err(msg) = run().and_then(|()| embed_demo_model()) {
@@ -123,8 +129,7 @@ fn run() -> Result<(), String> {
     cc::Build::new()
         .cpp(true)
         .std("c++20")
-        .file("mlx-sys-shim/shim.cpp")
-        .file("mlx-sys-shim/cpu_kernels.cpp")
+        .files(SHIM_SOURCES.iter().filter(|f| f.ends_with(".cpp")))
         // The kernels are meant to be vectorised, whatever the profile; with trapping maths
         // the compiler keeps their clamps as branches.
         .opt_level(3)
