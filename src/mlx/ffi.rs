@@ -205,7 +205,7 @@ extern "C" {
         eps: f32,
         residual: Arr,
     ) -> c_int;
-    pub fn mlxs_fast_qkv_heads(
+    pub fn mlxs_fast_qkv(
         out: Out,
         qkv: Arr,
         q_weight: Arr,
@@ -215,19 +215,9 @@ extern "C" {
         heads: c_int,
         eps: f32,
         q_scale: f32,
+        attend: c_int,
     ) -> c_int;
     pub fn mlxs_fast_attention_rows(out: Out, qkv: Arr) -> c_int;
-    pub fn mlxs_fast_qkv_attention(
-        out: Out,
-        qkv: Arr,
-        q_weight: Arr,
-        k_weight: Arr,
-        cos: Arr,
-        sin: Arr,
-        heads: c_int,
-        eps: f32,
-        q_scale: f32,
-    ) -> c_int;
     pub fn mlxs_fast_silu_gate(out: Out, x: Arr) -> c_int;
     pub fn mlxs_fast_group_norm(
         out: Out,
