@@ -159,3 +159,37 @@ fn the_table_is_assembled_from_recorded_numbers() {
         stderr(&bad)
     );
 }
+
+#[test]
+fn two_runs_in_one_process_give_the_warm_records() {
+    // `generate --runs 2 -v` on the embedded demo model, read as the comparison reads it.
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("warm.png");
+    let out = Command::new(env!("CARGO_BIN_EXE_zimage"))
+        .env("ZIMAGE_CACHE_DIR", dir.path().join("cache"))
+        .args(["--store", s(&dir.path().join("empty-store"))])
+        .args(["generate", "a fox", "--width", "64", "--height", "64"])
+        .args(["--steps", "2", "--runs", "2", "-v", "-o", s(&png)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(png.is_file());
+    let log = dir.path().join("warm.log");
+    std::fs::write(&log, &out.stderr).unwrap();
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/gpu_compare.py");
+    let parsed = Command::new("python3")
+        .arg(helper)
+        .args(["zimage-log", s(&log)])
+        .output()
+        .unwrap();
+    assert!(parsed.status.success(), "{}", stderr(&parsed));
+    let keys: Vec<String> = String::from_utf8_lossy(&parsed.stdout)
+        .lines()
+        .map(|l| {
+            let (key, value) = l.split_once(' ').unwrap();
+            assert!(value.parse::<f64>().unwrap() >= 0.0, "{l}");
+            key.to_string()
+        })
+        .collect();
+    assert_eq!(keys, ["step_warm_s", "decode_first_s", "decode_warm_s"]);
+}
