@@ -7,10 +7,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=target/cuda13-ci
-cargo clean -p zimage --target-dir "$target" -q 2>/dev/null || true
-ZIMAGE_MLX_VARIANT=cuda13 CARGO_TARGET_DIR="$target" cargo build --bin zimage -q
-bin="$target/debug/zimage"
-mapfile -t libs < <(find "$target/debug/build" -name libzimage_mlx.so)
+profile=${ZIMAGE_LDD_PROFILE:-debug}   # or release
+flags=(); [ "$profile" = release ] && flags=(--release)
+# The dependencies are those of the CPU build's same profile: start from its, hard-linked.
+if [ ! -d "$target/$profile" ] && [ -d "target/$profile/deps" ]; then
+  mkdir -p "$target" && cp -al "target/$profile" "$target/$profile"
+fi
+cargo clean "${flags[@]}" -p zimage --target-dir "$target" -q 2>/dev/null || true
+ZIMAGE_MLX_VARIANT=cuda13 CARGO_TARGET_DIR="$target" cargo build "${flags[@]}" --bin zimage -q
+bin="$target/$profile/zimage"
+mapfile -t libs < <(find "$target/$profile/build" -name libzimage_mlx.so)
 [ "${#libs[@]}" -eq 1 ] || { echo "cuda_ldd: expected one libzimage_mlx.so, found ${#libs[@]}" >&2; exit 1; }
 
 fail=0
