@@ -2,11 +2,19 @@
 //!
 //! Where MLX comes from, in order:
 //! 1. `MLX_DIR`: a directory with `include/` and `lib/` (a source build, a Homebrew prefix, …);
-//! 2. an MLX already installed for `python3` (`python3 -m mlx --cmake-dir`);
+//! 2. an MLX already installed for `python3` (`python3 -m mlx --cmake-dir`), when its backend
+//!    is the variant asked for (an MLX for the CPU never stands in for a CUDA build);
 //! 3. the pinned PyPI wheels, installed with pip into a cache directory that zimage owns
 //!    (`$ZIMAGE_CACHE_DIR`, else `$XDG_CACHE_HOME/zimage`, else `~/.cache/zimage`), never into the
 //!    user's site-packages: `mlx` + `mlx-cpu` on Linux, `mlx-metal` on macOS, `mlx-cuda-12` with
-//!    `ZIMAGE_MLX_VARIANT=cuda` (`cuda13` picks `mlx-cuda-13`).
+//!    `ZIMAGE_MLX_VARIANT=cuda` (`cuda13` picks `mlx-cuda-13`). A CUDA wheel's own requirements
+//!    (cuBLAS, cuDNN, NCCL, NVRTC, cuFFT, cuSOLVER and the CUDA runtime, as its METADATA lists
+//!    them) go into the same directory, where libmlx's RPATH (`$ORIGIN/../../nvidia/…`) finds
+//!    them: the build needs nothing of CUDA's but the driver at run time.
+//!
+//! The CUDA variants do not link libmlx into the program: the shim and libmlx become one shared
+//! library that the program opens at start (`src/mlx/runtime.rs`), so that a machine without the
+//! NVIDIA driver gets a one-line message instead of the dynamic loader's.
 //!
 //! On Linux's CPU backend the wheel's bundled reference BLAS is replaced by OpenBLAS (the
 //! `scipy-openblas32` wheel, installed the same way) unless `ZIMAGE_BLAS=reference`.
@@ -17,6 +25,20 @@ use std::process::Command;
 
 const MLX_VERSION: &str = "0.32.4";
 const OPENBLAS_WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
+/// The shim's sources; every one is compiled, the headers are watched.
+const SHIM_SOURCES: &[&str] = &[
+    "mlx-sys-shim/shim.h",
+    "mlx-sys-shim/shim.cpp",
+    "mlx-sys-shim/cpu_kernels.h",
+    "mlx-sys-shim/cpu_common.h",
+    "mlx-sys-shim/cpu_common.cpp",
+    "mlx-sys-shim/cpu_norms.cpp",
+    "mlx-sys-shim/cpu_attention.cpp",
+    "mlx-sys-shim/cpu_conv.cpp",
+    "mlx-sys-shim/cpu_linear.cpp",
+];
+/// The shared library the CUDA variants open at start: the shim linked against libmlx.
+const RUNTIME_LIB: &str = "libzimage_mlx.so";
 
 fn main() {
     for var in [
@@ -30,13 +52,7 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    for file in [
-        "mlx-sys-shim/shim.h",
-        "mlx-sys-shim/shim.cpp",
-        "mlx-sys-shim/cpu_kernels.h",
-        "mlx-sys-shim/cpu_kernels.cpp",
-        "mlx-sys-shim/blas.c",
-    ] {
+    for file in SHIM_SOURCES.iter().chain(&["mlx-sys-shim/blas.c"]) {
         println!("cargo:rerun-if-changed={file}");
     }
     if let Err(msg) = run().and_then(|()| embed_demo_model()) {
@@ -120,11 +136,10 @@ fn run() -> Result<(), String> {
     // CI builds treat the shim's warnings as errors; local builds only show them.
     let strict = env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
 
-    cc::Build::new()
-        .cpp(true)
+    let mut shim = cc::Build::new();
+    shim.cpp(true)
         .std("c++20")
-        .file("mlx-sys-shim/shim.cpp")
-        .file("mlx-sys-shim/cpu_kernels.cpp")
+        .files(SHIM_SOURCES.iter().filter(|f| f.ends_with(".cpp")))
         // The kernels are meant to be vectorised, whatever the profile; with trapping maths
         // the compiler keeps their clamps as branches.
         .opt_level(3)
@@ -135,11 +150,8 @@ fn run() -> Result<(), String> {
         .include("mlx-sys-shim")
         .warnings(true)
         .extra_warnings(true)
-        .warnings_into_errors(strict)
-        .compile("mlxs_shim");
+        .warnings_into_errors(strict);
 
-    // The BLAS forwarders are linked as a plain object, so the linker always keeps them even
-    // though nothing in the program calls them directly: libmlx does, through the dynamic linker.
     let mut blas = cc::Build::new();
     blas.file("mlx-sys-shim/blas.c")
         .include("mlx-sys-shim")
@@ -149,37 +161,104 @@ fn run() -> Result<(), String> {
     if openblas.is_some() {
         blas.define("ZIMAGE_OPENBLAS", None);
     }
+
+    println!("cargo:rustc-check-cfg=cfg(zimage_dlopen)");
+    if variant.starts_with("cuda") {
+        // libmlx needs the driver's libcuda.so.1 to load at all: the program opens it (with the
+        // shim) at start instead of linking it, and says so when the driver is missing.
+        let mut objects = shim.compile_intermediates();
+        objects.extend(blas.compile_intermediates());
+        let runtime = link_runtime_library(&objects, &lib)?;
+        println!("cargo:rustc-cfg=zimage_dlopen");
+        println!("cargo:rustc-env=ZIMAGE_RUNTIME_LIB={}", runtime.display());
+    } else {
+        shim.compile("mlxs_shim");
+        link_blas(&blas, openblas.as_deref(), os);
+        println!("cargo:rustc-link-search=native={}", lib.display());
+        println!("cargo:rustc-link-lib=dylib=mlx");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+        if os == Os::Linux {
+            println!("cargo:rustc-link-lib=dylib=dl");
+        }
+        if let Some(dir) = &openblas {
+            println!("cargo:rustc-link-search=native={}", dir.display());
+            println!("cargo:rustc-link-lib=dylib=scipy_openblas");
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+            for sym in ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"] {
+                println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol={sym}");
+            }
+        }
+    }
+    println!("cargo:rustc-env=ZIMAGE_MLX_LIB_DIR={}", lib.display());
+    println!("cargo:rustc-env=ZIMAGE_MLX_VARIANT={variant}");
+    println!(
+        "cargo:rustc-env=ZIMAGE_MLX_HEADER_VERSION={}",
+        header_version(&include)?
+    );
+    println!("cargo:rustc-env=ZIMAGE_MLX_SOURCE={source}");
+    Ok(())
+}
+
+/// MLX's version as its headers state it (`include/mlx/version.h`).
+fn header_version(include: &Path) -> Result<String, String> {
+    let path = include.join("mlx/version.h");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let part = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("#define MLX_VERSION_{name} ")))
+            .map(|v| v.trim().to_string())
+            .ok_or_else(|| format!("{} has no MLX_VERSION_{name}", path.display()))
+    };
+    Ok(format!(
+        "{}.{}.{}",
+        part("MAJOR")?,
+        part("MINOR")?,
+        part("PATCH")?
+    ))
+}
+
+/// Links the BLAS forwarders as a plain object, so the linker always keeps them even though
+/// nothing in the program calls them directly: libmlx does, through the dynamic linker.
+fn link_blas(blas: &cc::Build, openblas: Option<&Path>, os: Os) {
     for obj in blas.compile_intermediates() {
         println!("cargo:rustc-link-arg={}", obj.display());
     }
     // The object goes into every binary, those that never use the library crate too (and so
     // never get its link-lib lines): what it calls must come with it.
-    if let Some(dir) = &openblas {
+    if let Some(dir) = openblas {
         println!("cargo:rustc-link-arg=-L{}", dir.display());
         println!("cargo:rustc-link-arg=-lscipy_openblas");
     }
     if os == Os::Linux {
         println!("cargo:rustc-link-arg=-ldl");
     }
+}
 
-    println!("cargo:rustc-link-search=native={}", lib.display());
-    println!("cargo:rustc-link-lib=dylib=mlx");
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    if os == Os::Linux {
-        println!("cargo:rustc-link-lib=dylib=dl");
+/// Links the shim's objects and libmlx into `$OUT_DIR/libzimage_mlx.so`, which finds libmlx by
+/// an absolute RPATH (and libmlx its CUDA libraries by its own).
+fn link_runtime_library(objects: &[PathBuf], lib: &Path) -> Result<PathBuf, String> {
+    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    let dest = out.join(RUNTIME_LIB);
+    let compiler = cc::Build::new().cpp(true).get_compiler();
+    let mut cmd = compiler.to_command();
+    cmd.arg("-shared")
+        .arg(format!("-Wl,-soname,{RUNTIME_LIB}"))
+        // Every symbol the shim uses must resolve now, not when a user first calls it.
+        .arg("-Wl,--no-undefined")
+        .arg("-o")
+        .arg(&dest)
+        .args(objects)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lmlx")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-ldl");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run the C++ linker ({e})"))?;
+    if !status.success() {
+        return Err(format!("linking {} failed", dest.display()));
     }
-    if let Some(dir) = &openblas {
-        println!("cargo:rustc-link-search=native={}", dir.display());
-        println!("cargo:rustc-link-lib=dylib=scipy_openblas");
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
-        for sym in ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"] {
-            println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol={sym}");
-        }
-    }
-    println!("cargo:rustc-env=ZIMAGE_MLX_LIB_DIR={}", lib.display());
-    println!("cargo:rustc-env=ZIMAGE_MLX_VARIANT={variant}");
-    println!("cargo:rustc-env=ZIMAGE_MLX_SOURCE={source}");
-    Ok(())
+    Ok(dest)
 }
 
 fn variant(os: Os) -> Result<String, String> {
@@ -194,17 +273,14 @@ fn variant(os: Os) -> Result<String, String> {
     }
 }
 
-fn wheels(variant: &str) -> Vec<String> {
-    let backend = match variant {
+/// The PyPI package that carries libmlx for `variant`.
+fn backend_package(variant: &str) -> &'static str {
+    match variant {
         "metal" => "mlx-metal",
         "cuda12" => "mlx-cuda-12",
         "cuda13" => "mlx-cuda-13",
         _ => "mlx-cpu",
-    };
-    vec![
-        format!("mlx=={MLX_VERSION}"),
-        format!("{backend}=={MLX_VERSION}"),
-    ]
+    }
 }
 
 fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
@@ -218,11 +294,27 @@ fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
         }
         return Ok((dir, "MLX_DIR".into()));
     }
-    if let Some(root) = python_mlx() {
+    if let Some(root) = python_mlx(variant) {
         return Ok((root, "python3's installed mlx".into()));
     }
     let target = cache_dir()?.join(format!("mlx-{MLX_VERSION}-{variant}"));
-    pip_install_once(&target, &wheels(variant))?;
+    let backend = backend_package(variant);
+    let wheels = [
+        format!("mlx=={MLX_VERSION}"),
+        format!("{backend}=={MLX_VERSION}"),
+    ];
+    if variant.starts_with("cuda") {
+        // A cache from before the CUDA libraries were installed beside libmlx is incomplete.
+        if !target.join("nvidia").is_dir() {
+            let _ = std::fs::remove_file(target.join(".complete"));
+        }
+        pip_install_once(&target, &wheels, |tmp| {
+            let requires = requirements(tmp, backend)?;
+            pip_install(tmp, &requires, true)
+        })?;
+    } else {
+        pip_install_once(&target, &wheels, |_| Ok(()))?;
+    }
     let _ = os;
     Ok((
         target.join("mlx"),
@@ -230,8 +322,35 @@ fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
     ))
 }
 
-/// `python3 -m mlx --cmake-dir` prints `<site-packages>/mlx/share/cmake/MLX`.
-fn python_mlx() -> Option<PathBuf> {
+/// The `Requires-Dist` lines of an installed wheel's METADATA, those for extras left out.
+fn requirements(target: &Path, package: &str) -> Result<Vec<String>, String> {
+    let prefix = format!("{}-{MLX_VERSION}", package.replace('-', "_"));
+    let metadata = target.join(format!("{prefix}.dist-info")).join("METADATA");
+    let text = std::fs::read_to_string(&metadata)
+        .map_err(|e| format!("cannot read {}: {e}", metadata.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Requires-Dist:"))
+        .map(str::trim)
+        .filter(|r| !r.contains("extra =="))
+        .map(String::from)
+        .collect())
+}
+
+/// The MLX that `python3 -m mlx --cmake-dir` names, taken only when its backend package is the
+/// one `variant` needs.
+fn python_mlx(variant: &str) -> Option<PathBuf> {
+    let probe = format!(
+        "import importlib.metadata as m; m.version({:?})",
+        backend_package(variant)
+    );
+    let has_backend = Command::new(python())
+        .args(["-c", &probe])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_backend {
+        return None;
+    }
     let out = Command::new(python())
         .args(["-m", "mlx", "--cmake-dir"])
         .output()
@@ -239,15 +358,19 @@ fn python_mlx() -> Option<PathBuf> {
     if !out.status.success() {
         return None;
     }
+    // Older MLX prints `<root>/share/cmake/MLX`, newer the package folder `<root>` itself.
     let cmake = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    let root = cmake.parent()?.parent()?.parent()?.to_path_buf();
-    (root.join("include/mlx/mlx.h").is_file() && root.join("lib").is_dir()).then_some(root)
+    let share = cmake.ancestors().nth(3).map(Path::to_path_buf);
+    [Some(cmake), share]
+        .into_iter()
+        .flatten()
+        .find(|root| root.join("include/mlx/mlx.h").is_file() && root.join("lib").is_dir())
 }
 
 fn find_openblas() -> Result<PathBuf, String> {
     let version = OPENBLAS_WHEEL.split("==").nth(1).unwrap_or("latest");
     let target = cache_dir()?.join(format!("scipy-openblas32-{version}"));
-    pip_install_once(&target, &[OPENBLAS_WHEEL.to_string()])?;
+    pip_install_once(&target, &[OPENBLAS_WHEEL.to_string()], |_| Ok(()))?;
     let lib = target.join("scipy_openblas32/lib");
     if !lib.join("libscipy_openblas.so").is_file() {
         return Err(format!(
@@ -278,10 +401,14 @@ fn cache_dir() -> Result<PathBuf, String> {
     }
 }
 
-/// Installs `packages` with pip into `target` unless it is already there. The install goes to a
-/// temporary sibling first and is renamed into place, so an interrupted build never leaves a
-/// half-installed tree that a later build would trust.
-fn pip_install_once(target: &Path, packages: &[String]) -> Result<(), String> {
+/// Installs `packages` with pip into `target` unless it is already there, then lets `more` add
+/// to the same tree. The install goes to a temporary sibling first and is renamed into place, so
+/// an interrupted build never leaves a half-installed tree that a later build would trust.
+fn pip_install_once(
+    target: &Path,
+    packages: &[String],
+    more: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<(), String> {
     if target.join(".complete").is_file() {
         return Ok(());
     }
@@ -297,34 +424,16 @@ fn pip_install_once(target: &Path, packages: &[String]) -> Result<(), String> {
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&tmp);
-    let status = Command::new(python())
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--no-compile",
-            "--target",
-        ])
-        .arg(&tmp)
-        .args(packages)
-        .status()
-        .map_err(|e| {
-            format!(
-                "cannot run `{} -m pip` ({e}); install Python 3 with pip, or set MLX_DIR",
-                python()
-            )
-        })?;
-    if !status.success() {
+    let installed = pip_install(&tmp, packages, false).and_then(|()| more(&tmp));
+    if let Err(e) = installed {
         let _ = std::fs::remove_dir_all(&tmp);
-        return Err(format!(
-            "`pip install {}` failed; check network access to PyPI, or set MLX_DIR to an MLX install",
-            packages.join(" ")
-        ));
+        return Err(e);
     }
     std::fs::write(tmp.join(".complete"), packages.join("\n")).map_err(|e| e.to_string())?;
+    if target.exists() && !target.join(".complete").is_file() {
+        // An incomplete tree from an older build.
+        let _ = std::fs::remove_dir_all(target);
+    }
     match std::fs::rename(&tmp, target) {
         Ok(()) => Ok(()),
         // Another build finished the same install first: use theirs.
@@ -334,4 +443,38 @@ fn pip_install_once(target: &Path, packages: &[String]) -> Result<(), String> {
         }
         Err(e) => Err(format!("cannot move {} into place: {e}", tmp.display())),
     }
+}
+
+/// One `pip install --target`: `packages` alone, or with what they depend on.
+fn pip_install(target: &Path, packages: &[String], with_deps: bool) -> Result<(), String> {
+    let mut cmd = Command::new(python());
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-compile",
+    ]);
+    if !with_deps {
+        cmd.arg("--no-deps");
+    }
+    let status = cmd
+        .arg("--target")
+        .arg(target)
+        .args(packages)
+        .status()
+        .map_err(|e| {
+            format!(
+                "cannot run `{} -m pip` ({e}); install Python 3 with pip, or set MLX_DIR",
+                python()
+            )
+        })?;
+    if !status.success() {
+        return Err(format!(
+            "`pip install {}` failed; check network access to PyPI, or set MLX_DIR to an MLX install",
+            packages.join(" ")
+        ));
+    }
+    Ok(())
 }

@@ -425,24 +425,16 @@ int mlxs_fast_rms_norm_residual(mlxs_array** out, const mlxs_array* x, const mlx
   return guard([&] { put(out, mlxs::rms_norm(x->a, weight->a, eps, opt(residual))); });
 }
 
-int mlxs_fast_qkv_heads(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
-                        const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
-                        float eps, float q_scale) {
+int mlxs_fast_qkv(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight, const mlxs_array* k_weight,
+                  const mlxs_array* cos, const mlxs_array* sin, int heads, float eps, float q_scale, int attend) {
   return guard([&] {
-    put(out, mlxs::qkv_heads(qkv->a, q_weight->a, k_weight->a, cos->a, sin->a, heads, eps, q_scale));
+    const auto step = attend ? mlxs::qkv_attention : mlxs::qkv_heads;
+    put(out, step(qkv->a, q_weight->a, k_weight->a, cos->a, sin->a, heads, eps, q_scale));
   });
 }
 
 int mlxs_fast_attention_rows(mlxs_array** out, const mlxs_array* qkv) {
   return guard([&] { put(out, mlxs::attention_rows(qkv->a)); });
-}
-
-int mlxs_fast_qkv_attention(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
-                            const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
-                            float eps, float q_scale) {
-  return guard([&] {
-    put(out, mlxs::qkv_attention(qkv->a, q_weight->a, k_weight->a, cos->a, sin->a, heads, eps, q_scale));
-  });
 }
 
 int mlxs_fast_silu_gate(mlxs_array** out, const mlxs_array* x) {

@@ -144,18 +144,13 @@ int mlxs_fast_conv2d_same(mlxs_array** out, const mlxs_array* x, const mlxs_arra
  * float32 one pass on every core. */
 int mlxs_fast_rms_norm_residual(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps,
                                 const mlxs_array* residual);
-/* The transformer's attention in two steps. qkv_heads: fused q|k|v projections [S, 3·heads·D] →
- * [3, heads, S, D], q and k RMS-normed per head (weights of D values) and rotated by RoPE's
- * interleaved pairs (cos, sin: S·D/2 angles), q times q_scale. attention_rows: unmasked attention
- * of that (q already scaled) → [S, heads·D]. */
-int mlxs_fast_qkv_heads(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
-                        const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
-                        float eps, float q_scale);
+/* The transformer's attention from fused q|k|v projections [S, 3·heads·D]: q and k RMS-normed per head
+ * (weights of D values) and rotated by RoPE's interleaved pairs (cos, sin: S·D/2 angles), q times
+ * q_scale. attend = 0: the heads [3, heads, S, D]; attend = 1: their unmasked attention
+ * [S, heads·D] in one step. attention_rows: the attention of [3, heads, S, D] (q already scaled). */
+int mlxs_fast_qkv(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight, const mlxs_array* k_weight,
+                  const mlxs_array* cos, const mlxs_array* sin, int heads, float eps, float q_scale, int attend);
 int mlxs_fast_attention_rows(mlxs_array** out, const mlxs_array* qkv);
-/* Both steps in one: fused q|k|v projections [S, 3·heads·D] → attention output [S, heads·D]. */
-int mlxs_fast_qkv_attention(mlxs_array** out, const mlxs_array* qkv, const mlxs_array* q_weight,
-                            const mlxs_array* k_weight, const mlxs_array* cos, const mlxs_array* sin, int heads,
-                            float eps, float q_scale);
 /* [..., 2F] → [..., F]: SiLU of the first half of the last axis times the second half. */
 int mlxs_fast_silu_gate(mlxs_array** out, const mlxs_array* x);
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight,

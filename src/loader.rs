@@ -344,6 +344,20 @@ fn page_size() -> u64 {
     }
 }
 
+/// One component's tensors read and materialised in one batched evaluation, before any
+/// computation asks for them: the path both a pipeline ([`StoreSource`]) and [`profile`] take,
+/// so that what `profile` measures is what a generation pays.
+pub fn materialise_component(
+    store: &Store,
+    model: &StoredModel,
+    component: &str,
+    path: ReadPath,
+) -> Result<LoadedComponent, StoreError> {
+    let loaded = load_component(store, model, component, path)?;
+    loaded.eval()?;
+    Ok(loaded)
+}
+
 /// One component's load profile.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ComponentProfile {
@@ -409,8 +423,7 @@ pub fn profile(
         let streaming = t.elapsed().as_secs_f64();
 
         let t = Instant::now();
-        let loaded = load_component(store, &model, &component, path)?;
-        loaded.eval()?;
+        let loaded = materialise_component(store, &model, &component, path)?;
         let total = t.elapsed().as_secs_f64();
         out.push(ComponentProfile {
             component: component.clone(),

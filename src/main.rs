@@ -5,6 +5,11 @@ mod cli;
 
 fn main() -> ExitCode {
     zimage::platform::end_quietly_on_closed_pipe();
+    let kernel_cache = zimage::platform::cache_dir().map(|d| d.join("mlx-kernels"));
+    if let Err(err) = zimage::mlx::runtime::start(kernel_cache.as_deref()) {
+        eprintln!("error: {err}");
+        return cli::exit_error();
+    }
     zimage::files::remove_temporaries_on_signal();
     zimage::platform::settle_blas_threads();
     zimage::platform::return_freed_memory_to_the_system();

@@ -308,3 +308,12 @@ pub fn sync_filesystem(
         Ok(())
     }
 }
+
+/// zimage's cache folder: `$ZIMAGE_CACHE_DIR`, else `~/.cache/zimage`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("ZIMAGE_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/zimage"))
+        })
+}

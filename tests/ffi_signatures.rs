@@ -506,6 +506,11 @@ fn expand_rust_macros(src: &str) -> String {
         let open = at + text[at..].find('{').expect("macro body");
         let (def, end) = balanced(&text, open).expect("closed macro");
         let name = text[at + "macro_rules!".len()..open].trim().to_string();
+        if name == "shim_api" {
+            // The declaring macro itself: its uses are read as `extern "C"` blocks.
+            text.replace_range(at..end, "");
+            continue;
+        }
         let var = def
             .find(":ident")
             .map(|i| {
@@ -541,11 +546,12 @@ fn expand_rust_macros(src: &str) -> String {
     format!("extern \"C\" {{\n{expanded}}}\n{text}")
 }
 
-/// Every function declared in an `extern "C"` block of ffi.rs.
+/// Every function declared in an `extern "C"` block of ffi.rs, or in a `shim_api!` list (which
+/// becomes one).
 fn rust_declarations(src: &str) -> Declarations {
     let src = strip_comments(src, true);
     let aliases = rust_aliases(&src);
-    let text = expand_rust_macros(&src);
+    let text = expand_rust_macros(&src).replace("shim_api!", "extern \"C\"");
     let mut decls = Declarations::new();
     let mut rest = text.as_str();
     while let Some(at) = rest.find("extern \"C\"") {

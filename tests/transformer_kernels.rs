@@ -56,7 +56,17 @@ fn qkv_heads_norms_rotates_and_splits_the_heads() {
     let angles = normal(&[s, 1, d / 2], 7);
     let (cos, sin) = (angles.cos().unwrap(), angles.sin().unwrap());
     let scale = 0.25;
-    let got = fast::qkv_heads(&qkv, &wq, &wk, (&cos, &sin), h, 1e-5, scale).unwrap();
+    let got = fast::QkvHeads {
+        q_weight: &wq,
+        k_weight: &wk,
+        cos: &cos,
+        sin: &sin,
+        heads: h,
+        eps: 1e-5,
+        q_scale: scale,
+    }
+    .split(&qkv)
+    .unwrap();
     assert_eq!(got.shape(), vec![3, h, s, d]);
 
     let parts = ops::split(&qkv.reshape(&[s, 3, h, d]).unwrap(), 3, 1).unwrap();
@@ -122,7 +132,7 @@ fn attention_rows_over_several_blocks_of_queries() {
     assert!(max_abs_diff(&got, &reference_attention(&qkv)) <= 1e-5);
 }
 
-/// `qkv_attention` against its two steps and against MLX's attention kernel, for `s` tokens of
+/// `QkvHeads::attention` against its two steps and against MLX's attention kernel, for `s` tokens of
 /// `h` heads of 16.
 fn check_qkv_attention(s: i32, h: i32, seed: u64) {
     let d = 16;
@@ -131,8 +141,17 @@ fn check_qkv_attention(s: i32, h: i32, seed: u64) {
     let angles = normal(&[s, 1, d / 2], seed + 3);
     let rope = (angles.cos().unwrap(), angles.sin().unwrap());
     let scale = 1.0 / (d as f32).sqrt();
-    let got = fast::qkv_attention(&qkv, &wq, &wk, (&rope.0, &rope.1), h, 1e-5, scale).unwrap();
-    let heads = fast::qkv_heads(&qkv, &wq, &wk, (&rope.0, &rope.1), h, 1e-5, scale).unwrap();
+    let qkv_heads = fast::QkvHeads {
+        q_weight: &wq,
+        k_weight: &wk,
+        cos: &rope.0,
+        sin: &rope.1,
+        heads: h,
+        eps: 1e-5,
+        q_scale: scale,
+    };
+    let got = qkv_heads.attention(&qkv).unwrap();
+    let heads = qkv_heads.split(&qkv).unwrap();
     // The same products and softmax in the same order: the same values, bit for bit.
     let steps = fast::attention_rows(&heads).unwrap();
     assert_eq!(got.shape(), vec![s, h * d]);

@@ -84,6 +84,10 @@ pub struct GenerateArgs {
     /// Report time and peak memory of each phase, and the memory estimate.
     #[arg(long, short)]
     pub verbose: bool,
+    /// Generate this many times in one process, models kept loaded, and write the last image:
+    /// with --verbose, the later runs' phases time a warm process.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
 }
 
 pub(super) fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
@@ -148,9 +152,7 @@ fn resolve_model(
             ));
         }
     }
-    let cache = std::env::var_os("ZIMAGE_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/zimage")))
+    let cache = zimage::platform::cache_dir()
         .context("cannot place the demo store: set ZIMAGE_CACHE_DIR or HOME")?;
     let demo_store = Store::at(&cache.join("demo-store"));
     let model = match demo_store.open(DEMO_NAME) {
@@ -371,7 +373,30 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     generate(source, dtype, a, inputs)
 }
 
-/// Runs one request on `source` and writes the PNG.
+/// Each phase's time and peak memory, then the mean step and the total.
+fn print_phases(phases: &[zimage::pipeline::PhaseReport], steps: usize) {
+    for p in phases {
+        let rss = p
+            .peak_resident_bytes
+            .map(|b| format!("   peak RSS so far {:>8.1} MB", b as f64 / 1e6))
+            .unwrap_or_default();
+        eprintln!(
+            "{:<8} {:>8.3} s   MLX peak {:>8.1} MB{rss}",
+            p.phase,
+            p.seconds,
+            p.peak_bytes as f64 / 1e6
+        );
+    }
+    let step = phases
+        .iter()
+        .find(|p| p.phase == "denoise")
+        .map(|p| p.seconds / steps as f64)
+        .unwrap_or(0.0);
+    let total: f64 = phases.iter().map(|p| p.seconds).sum();
+    eprintln!("step     {step:>8.3} s   total {total:.3} s");
+}
+
+/// Runs one request on `source` (`--runs` times) and writes the PNG.
 fn generate<S: ModelSource>(
     source: S,
     dtype: Dtype,
@@ -380,7 +405,7 @@ fn generate<S: ModelSource>(
 ) -> anyhow::Result<ExitCode> {
     let model_name = source.name();
     let identity = source.identity();
-    let mut pipeline = Pipeline::new(source, dtype, false)?;
+    let mut pipeline = Pipeline::new(source, dtype, a.runs > 1)?;
     let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
     // Without --width/--height an input picture gives the size, rounded as diffusers rounds it.
     let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
@@ -452,12 +477,24 @@ fn generate<S: ModelSource>(
             .expect("valid template"),
     );
     let verbose = a.verbose;
-    let out = pipeline.generate(&req, &mut |p| match p {
-        Progress::Phase(name) => bar.set_message(name),
-        Progress::Step { index, .. } => bar.set_position(index as u64),
-    });
-    bar.finish_and_clear();
-    let out = out?;
+    let mut run = 1;
+    let out = loop {
+        bar.reset();
+        let out = pipeline.generate(&req, &mut |p| match p {
+            Progress::Phase(name) => bar.set_message(name),
+            Progress::Step { index, .. } => bar.set_position(index as u64),
+        });
+        bar.finish_and_clear();
+        let out = out?;
+        if run == a.runs {
+            break out;
+        }
+        if verbose {
+            eprintln!("run {run} of {}:", a.runs);
+            print_phases(&out.phases, req.steps);
+        }
+        run += 1;
+    };
 
     let (parameters, request_json) = generation::png_text(
         &req,
@@ -481,26 +518,10 @@ fn generate<S: ModelSource>(
         ],
     )?;
     if verbose {
-        for p in &out.phases {
-            let rss = p
-                .peak_resident_bytes
-                .map(|b| format!("   peak RSS so far {:>8.1} MB", b as f64 / 1e6))
-                .unwrap_or_default();
-            eprintln!(
-                "{:<8} {:>8.3} s   MLX peak {:>8.1} MB{rss}",
-                p.phase,
-                p.seconds,
-                p.peak_bytes as f64 / 1e6
-            );
+        if a.runs > 1 {
+            eprintln!("run {run} of {}:", a.runs);
         }
-        let steps = out
-            .phases
-            .iter()
-            .find(|p| p.phase == "denoise")
-            .map(|p| p.seconds / req.steps as f64)
-            .unwrap_or(0.0);
-        let total: f64 = out.phases.iter().map(|p| p.seconds).sum();
-        eprintln!("step     {steps:>8.3} s   total {total:.3} s");
+        print_phases(&out.phases, req.steps);
         let e = &plan.estimate;
         eprintln!(
             "memory   weights {}, decode {}; estimate: text {}, encode {}, denoise {}, decode {}, process {}",

@@ -17,6 +17,12 @@ pub fn run(a: InfoArgs) -> anyhow::Result<ExitCode> {
     println!("variant       {}", build.variant);
     println!("library       {}", build.lib_dir);
     println!("found via     {}", build.source);
+    if let Some(path) = mlx::runtime::library_path() {
+        println!("opened        {} (at start)", path.display());
+    }
+    if let Some(dir) = mlx::runtime::kernel_cache_dir() {
+        println!("kernel cache  {}", dir.display());
+    }
     let gpu = if mlx::gpu_available() {
         "gpu available"
     } else {

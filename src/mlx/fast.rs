@@ -29,71 +29,62 @@ pub fn rms_norm_residual(
     )
 }
 
-/// Attention's inputs from fused q|k|v projections `[S, 3·heads·D]`: `[3, heads, S, D]`, q and k
-/// RMS-normed per head (`q_weight`, `k_weight`: D values; `eps`) and rotated by RoPE's
-/// interleaved pairs (`cos`, `sin`: S·D/2 angles), q times `q_scale`. One pass on the CPU in f32.
-#[track_caller]
-#[allow(clippy::too_many_arguments)]
-pub fn qkv_heads(
-    qkv: &Array,
-    q_weight: &Array,
-    k_weight: &Array,
-    (cos, sin): (&Array, &Array),
-    heads: i32,
-    eps: f32,
-    q_scale: f32,
-) -> Result<Array> {
-    shim_call!(
-        "qkv_heads",
-        mlxs_fast_qkv_heads(
-            qkv.as_ptr(),
-            q_weight.as_ptr(),
-            k_weight.as_ptr(),
-            cos.as_ptr(),
-            sin.as_ptr(),
-            heads,
-            eps,
-            q_scale,
-        )
-    )
+/// The transformer's attention from fused q|k|v projections `[S, 3·heads·D]`: q and k RMS-normed
+/// per head (`q_weight`, `k_weight`: D values; `eps`) and rotated by RoPE's interleaved pairs
+/// (`cos`, `sin`: S·D/2 angles), q times `q_scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvHeads<'a> {
+    pub q_weight: &'a Array,
+    pub k_weight: &'a Array,
+    pub cos: &'a Array,
+    pub sin: &'a Array,
+    pub heads: i32,
+    pub eps: f32,
+    pub q_scale: f32,
 }
 
-/// Unmasked attention of [`qkv_heads`]' `[3, H, S, D]` (q already scaled) → `[S, H·D]`, the
-/// heads side by side. On the CPU in f32: BLAS products per head written into the heads'
+impl QkvHeads<'_> {
+    /// Attention's inputs `[3, heads, S, D]`, normed, rotated and q scaled. One pass on the CPU
+    /// in f32.
+    #[track_caller]
+    pub fn split(&self, qkv: &Array) -> Result<Array> {
+        self.run("qkv_heads", qkv, false)
+    }
+
+    /// [`attention_rows`] of [`QkvHeads::split`] in one step: `[S, heads·D]`. On the CPU in f32
+    /// each core takes whole heads, norming and rotating each head's q and k into buffers of its
+    /// own and reading v where it lies, so the `[3, heads, S, D]` copy is never written;
+    /// elsewhere the two steps.
+    #[track_caller]
+    pub fn attention(&self, qkv: &Array) -> Result<Array> {
+        self.run("qkv_attention", qkv, true)
+    }
+
+    #[track_caller]
+    fn run(&self, name: &'static str, qkv: &Array, attend: bool) -> Result<Array> {
+        shim_call!(
+            name,
+            mlxs_fast_qkv(
+                qkv.as_ptr(),
+                self.q_weight.as_ptr(),
+                self.k_weight.as_ptr(),
+                self.cos.as_ptr(),
+                self.sin.as_ptr(),
+                self.heads,
+                self.eps,
+                self.q_scale,
+                i32::from(attend),
+            )
+        )
+    }
+}
+
+/// Unmasked attention of [`QkvHeads::split`]'s `[3, H, S, D]` (q already scaled) → `[S, H·D]`,
+/// the heads side by side. On the CPU in f32: BLAS products per head written into the heads'
 /// columns and a one-pass softmax on every core.
 #[track_caller]
 pub fn attention_rows(qkv: &Array) -> Result<Array> {
     shim_call!("attention_rows", mlxs_fast_attention_rows(qkv.as_ptr()))
-}
-
-/// [`attention_rows`] of [`qkv_heads`] in one step: fused q|k|v projections `[S, 3·heads·D]` →
-/// `[S, heads·D]`. On the CPU in f32 each core takes whole heads, norming and rotating each
-/// head's q and k into buffers of its own and reading v where it lies, so the `[3, heads, S, D]`
-/// copy is never written; elsewhere the two steps.
-#[track_caller]
-#[allow(clippy::too_many_arguments)]
-pub fn qkv_attention(
-    qkv: &Array,
-    q_weight: &Array,
-    k_weight: &Array,
-    (cos, sin): (&Array, &Array),
-    heads: i32,
-    eps: f32,
-    q_scale: f32,
-) -> Result<Array> {
-    shim_call!(
-        "qkv_attention",
-        mlxs_fast_qkv_attention(
-            qkv.as_ptr(),
-            q_weight.as_ptr(),
-            k_weight.as_ptr(),
-            cos.as_ptr(),
-            sin.as_ptr(),
-            heads,
-            eps,
-            q_scale,
-        )
-    )
 }
 
 /// `[..., 2F]` → `[..., F]`: SiLU of the first half of the last axis times the second half.

@@ -1,4 +1,9 @@
 //! Raw declarations of the `mlx-sys-shim` C ABI (see `mlx-sys-shim/shim.h`).
+//!
+//! One list serves both ways of reaching the shim: linked into the program (CPU and Metal), the
+//! list is an `extern "C"` block; opened at start (`cfg(zimage_dlopen)`, the CUDA variants), each
+//! entry is a function of the same name and signature that calls the symbol the opened library
+//! holds, looked up once. Callers see no difference.
 #![allow(non_camel_case_types)]
 
 use std::os::raw::{c_char, c_int, c_void};
@@ -11,10 +16,44 @@ pub struct mlxs_array {
 pub type Out = *mut *mut mlxs_array;
 pub type Arr = *const mlxs_array;
 
-macro_rules! unary { ($($n:ident),*) => { extern "C" { $(pub fn $n(out: Out, a: Arr) -> c_int;)* } } }
-macro_rules! binary { ($($n:ident),*) => { extern "C" { $(pub fn $n(out: Out, a: Arr, b: Arr) -> c_int;)* } } }
+/// Declares shim functions, `pub fn name(arg: Type, ...) -> Ret;` each.
+#[cfg(not(zimage_dlopen))]
+macro_rules! shim_api {
+    ($($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        extern "C" {
+            $($(#[$meta])* pub fn $name($($arg: $ty),*) $(-> $ret)?;)*
+        }
+    };
+}
+
+/// Declares shim functions, `pub fn name(arg: Type, ...) -> Ret;` each.
+#[cfg(zimage_dlopen)]
+macro_rules! shim_api {
+    ($($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        $(
+            $(#[$meta])*
+            #[allow(clippy::too_many_arguments, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+                type Entry = unsafe extern "C" fn($($ty),*) $(-> $ret)?;
+                static ENTRY: std::sync::OnceLock<Entry> = std::sync::OnceLock::new();
+                let entry = *ENTRY.get_or_init(|| {
+                    let address = super::runtime::symbol(concat!(stringify!($name), "\0"));
+                    // SAFETY: the opened library is the shim built from shim.h together with
+                    // this list, so the symbol of this name is a function of this signature.
+                    unsafe { std::mem::transmute::<*mut c_void, Entry>(address) }
+                });
+                // SAFETY: the caller upholds the shim function's contract, as it would calling
+                // the linked function.
+                unsafe { entry($($arg),*) }
+            }
+        )*
+    };
+}
+
+macro_rules! unary { ($($n:ident),*) => { shim_api! { $(pub fn $n(out: Out, a: Arr) -> c_int;)* } } }
+macro_rules! binary { ($($n:ident),*) => { shim_api! { $(pub fn $n(out: Out, a: Arr, b: Arr) -> c_int;)* } } }
 macro_rules! reduce {
-    ($($n:ident),*) => { extern "C" { $(pub fn $n(out: Out, a: Arr, axes: *const i32, n: usize, keepdims: c_int) -> c_int;)* } }
+    ($($n:ident),*) => { shim_api! { $(pub fn $n(out: Out, a: Arr, axes: *const i32, n: usize, keepdims: c_int) -> c_int;)* } }
 }
 
 unary!(
@@ -53,7 +92,7 @@ binary!(
 );
 reduce!(mlxs_sum, mlxs_mean, mlxs_max, mlxs_min, mlxs_argmax);
 
-extern "C" {
+shim_api! {
     pub fn mlxs_last_error() -> *const c_char;
     pub fn mlxs_version() -> *const c_char;
     pub fn mlxs_set_default_device(gpu: c_int) -> c_int;
@@ -205,7 +244,7 @@ extern "C" {
         eps: f32,
         residual: Arr,
     ) -> c_int;
-    pub fn mlxs_fast_qkv_heads(
+    pub fn mlxs_fast_qkv(
         out: Out,
         qkv: Arr,
         q_weight: Arr,
@@ -215,19 +254,9 @@ extern "C" {
         heads: c_int,
         eps: f32,
         q_scale: f32,
+        attend: c_int,
     ) -> c_int;
     pub fn mlxs_fast_attention_rows(out: Out, qkv: Arr) -> c_int;
-    pub fn mlxs_fast_qkv_attention(
-        out: Out,
-        qkv: Arr,
-        q_weight: Arr,
-        k_weight: Arr,
-        cos: Arr,
-        sin: Arr,
-        heads: c_int,
-        eps: f32,
-        q_scale: f32,
-    ) -> c_int;
     pub fn mlxs_fast_silu_gate(out: Out, x: Arr) -> c_int;
     pub fn mlxs_fast_group_norm(
         out: Out,

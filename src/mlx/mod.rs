@@ -17,6 +17,7 @@ pub mod memory;
 pub mod ops;
 mod quantized;
 pub mod random;
+pub mod runtime;
 
 pub use array::Array;
 pub use dtype::{ArrayElement, Dtype};
@@ -71,9 +72,35 @@ pub fn version() -> String {
         .into_owned()
 }
 
+/// How many explicit evaluations ([`eval`] and [`Array::eval`]) this thread has run, and of how
+/// many arrays in all: what tells two code paths' materialisation apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvalCount {
+    pub calls: u64,
+    pub arrays: u64,
+}
+
+thread_local! {
+    static EVALS: std::cell::Cell<EvalCount> = const {
+        std::cell::Cell::new(EvalCount { calls: 0, arrays: 0 })
+    };
+}
+
+/// This thread's [`EvalCount`] so far.
+pub fn eval_count() -> EvalCount {
+    EVALS.with(|c| c.get())
+}
+
 /// Evaluates the graphs of `xs` together.
 #[track_caller]
 pub fn eval(xs: &[&Array]) -> Result<()> {
+    EVALS.with(|c| {
+        let n = c.get();
+        c.set(EvalCount {
+            calls: n.calls + 1,
+            arrays: n.arrays + xs.len() as u64,
+        })
+    });
     let ptrs: Vec<_> = xs
         .iter()
         .map(|x| x.as_ptr() as *mut ffi::mlxs_array)

@@ -173,15 +173,16 @@ impl Attention {
         let scale = 1.0 / (hd as f32).sqrt();
         let (q, k, v) = match &self.qkv {
             QkvProjection::Joined(qkv) => {
-                let o = fast::qkv_attention(
-                    &qkv.forward(x)?,
-                    self.norm_q.weight(),
-                    self.norm_k.weight(),
-                    (&rope.0, &rope.1),
-                    h,
-                    self.norm_q.eps(),
-                    scale,
-                )?;
+                let o = fast::QkvHeads {
+                    q_weight: self.norm_q.weight(),
+                    k_weight: self.norm_k.weight(),
+                    cos: &rope.0,
+                    sin: &rope.1,
+                    heads: h,
+                    eps: self.norm_q.eps(),
+                    q_scale: scale,
+                }
+                .attention(&qkv.forward(x)?)?;
                 return self.to_out.forward(&o);
             }
             QkvProjection::Separate { q, k, v } => (q, k, v),

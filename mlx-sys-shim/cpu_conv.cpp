@@ -1,0 +1,288 @@
+// Stride-1 "same" convolutions: gathered patches times the weight, and 3×3 by Winograd's F(2×2, 3×3).
+#include "cpu_common.h"
+
+using namespace mlxs::detail;
+
+namespace {
+
+// A stride-1 "same" convolution of NHWC float32 by a kernel other than 3×3 (those take the
+// Winograd form below) as matrix products: for a block of output
+// pixels, their k×k input patches are gathered into rows ("im2col", zeros beyond the border)
+// and multiplied by the [k·k·I, O] weight matrix in one sgemm with K = k·k·I, accumulating onto
+// the bias. Each output is written once, where one product per tap reads and writes it k²
+// times. Blocks of gathered rows of at most kPatchBytes stay in the last-level cache between
+// the gather and the product (4–8 MiB measured best, 32 MiB 5% slower on a 32 MiB L3).
+constexpr size_t kPatchBytes = size_t{8} << 20;
+
+class CpuConv2d : public CpuOnlyPrimitive {
+ public:
+  CpuConv2d(mx::Stream stream, int k, Sgemm sgemm) : CpuOnlyPrimitive(stream, "CpuConv2d"), k_(k), sgemm_(sgemm) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    const mx::array& bias = inputs[2];
+    auto& encoder = begin(inputs, out);
+    const int pixels = x.shape(1) * x.shape(2), depth = k_ * k_ * x.shape(3);
+    const int block = k_ == 1 ? pixels : std::max(64, static_cast<int>(kPatchBytes / (sizeof(float) * depth)));
+    auto scratch = patch_scratch(stream(), k_ == 1 ? 0 : static_cast<size_t>(std::min(block, pixels)) * depth);
+    encoder.dispatch([x, w, bias, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(),
+                      dst = out.data<float>(), batch = x.shape(0), h = x.shape(1), wd = x.shape(2), cin = x.shape(3),
+                      cout = out.shape(3), k = k_, sgemm = sgemm_, pixels, depth, block, scratch]() {
+      const int pad = k / 2;
+      float* patches = scratch->data();
+      for (int n = 0; n < batch; ++n) {
+        const float* image = src + static_cast<size_t>(n) * pixels * cin;
+        float* result = dst + static_cast<size_t>(n) * pixels * cout;
+        for (int p0 = 0; p0 < pixels; p0 += block) {
+          const int m = std::min(block, pixels - p0);
+          const float* a = image + static_cast<size_t>(p0) * cin;
+          if (k > 1) {
+            for (int r = 0; r < m; ++r) {
+              const int i = (p0 + r) / wd, j = (p0 + r) % wd;
+              float* row = patches + static_cast<size_t>(r) * depth;
+              for (int dy = 0; dy < k; ++dy) {
+                const int y = i + dy - pad;
+                float* taps = row + static_cast<size_t>(dy) * k * cin;
+                if (y < 0 || y >= h) {
+                  std::memset(taps, 0, sizeof(float) * k * cin);
+                  continue;
+                }
+                // The row's k taps are k neighbouring pixels: one copy, less what lies off the edge.
+                const int x0 = j - pad, lo = std::max(0, -x0), hi = std::min(k, wd - x0);
+                if (lo > 0) std::memset(taps, 0, sizeof(float) * lo * cin);
+                std::memcpy(taps + static_cast<size_t>(lo) * cin,
+                            image + (static_cast<size_t>(y) * wd + x0 + lo) * cin, sizeof(float) * (hi - lo) * cin);
+                if (hi < k) std::memset(taps + static_cast<size_t>(hi) * cin, 0, sizeof(float) * (k - hi) * cin);
+              }
+            }
+            a = patches;
+          }
+          float* c = result + static_cast<size_t>(p0) * cout;
+          for (int r = 0; r < m; ++r) std::memcpy(c + static_cast<size_t>(r) * cout, b, sizeof(float) * cout);
+          sgemm(kRowMajor, kNoTrans, kNoTrans, m, cout, depth, 1.0f, a, depth, wt, cout, 1.0f, c, cout);
+        }
+      }
+    });
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto o = dynamic_cast<const CpuConv2d*>(&other);
+    return o != nullptr && o->k_ == k_;
+  }
+
+ private:
+  int k_;
+  Sgemm sgemm_;
+};
+
+// ---- 3×3 convolutions by Winograd's minimal filtering, F(2×2, 3×3) ---------------------------
+//
+// Each 2×2 block of outputs ("tile") comes from its 4×4 input patch d and the 3×3 filter g as
+//   Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A          (Lavin & Gray, "Fast Algorithms for CNNs", 2016)
+// with Bᵀ = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; ½ ½ ½; ½ -½ ½; 0 0 1] and
+// Aᵀ = [1 1 1 0; 0 1 -1 -1]. Summed over the input channels, each of the 16 element-wise
+// products is one matrix product [tiles × I]·[I × O], run by the BLAS: 16 multiplications per
+// tile and channel pair where the direct form takes 36 (2.25× fewer), and the transformed input
+// is 4× the input where gathered 3×3 patches are 9×. The transforms' constants are 0, ±1 and ±½,
+// so the error stays that of a few more additions per output.
+constexpr size_t kWinogradChunk = 64;
+
+// G g Gᵀ for input channel `i` and every output channel: g[dy][dx] is row (dy·3 + dx)·I + i of
+// the [9·I, O] weight matrix `w`; the 16 results go to u[ξ][i][·] of u [16, I, O].
+MLXS_VECTOR_CLONES void winograd_weight_row(const float* __restrict w, size_t cin, size_t cout, size_t i,
+                                            float* __restrict u) {
+  for (size_t o0 = 0; o0 < cout; o0 += kWinogradChunk) {
+    const size_t n = std::min(kWinogradChunk, cout - o0);
+    float t[4][3][kWinogradChunk];  // G g
+    for (size_t dx = 0; dx < 3; ++dx) {
+      const float* g0 = w + ((0 * 3 + dx) * cin + i) * cout + o0;
+      const float* g1 = w + ((1 * 3 + dx) * cin + i) * cout + o0;
+      const float* g2 = w + ((2 * 3 + dx) * cin + i) * cout + o0;
+      for (size_t c = 0; c < n; ++c) {
+        t[0][dx][c] = g0[c];
+        t[1][dx][c] = 0.5f * (g0[c] + g1[c] + g2[c]);
+        t[2][dx][c] = 0.5f * (g0[c] - g1[c] + g2[c]);
+        t[3][dx][c] = g2[c];
+      }
+    }
+    float out[16][kWinogradChunk];  // (G g) Gᵀ
+    for (size_t r = 0; r < 4; ++r) {
+      for (size_t c = 0; c < n; ++c) {
+        out[r * 4 + 0][c] = t[r][0][c];
+        out[r * 4 + 1][c] = 0.5f * (t[r][0][c] + t[r][1][c] + t[r][2][c]);
+        out[r * 4 + 2][c] = 0.5f * (t[r][0][c] - t[r][1][c] + t[r][2][c]);
+        out[r * 4 + 3][c] = t[r][2][c];
+      }
+    }
+    for (size_t x = 0; x < 16; ++x) std::memcpy(u + (x * cin + i) * cout + o0, out[x], sizeof(float) * n);
+  }
+}
+
+// Bᵀ d B of one tile for channels [c0, c0 + n), n ≤ kWinogradChunk: d[r][c] points at the
+// tile's input pixel (row r, column c), or at zeros beyond the image; result ξ goes to
+// v + ξ·stride + c0.
+MLXS_VECTOR_CLONES void winograd_input_tile(const float* const (&d)[4][4], size_t c0, size_t n, float* __restrict v,
+                                            size_t stride) {
+  float u[4][4][kWinogradChunk];  // Bᵀ d
+  for (size_t j = 0; j < 4; ++j) {
+    const float *r0 = d[0][j] + c0, *r1 = d[1][j] + c0, *r2 = d[2][j] + c0, *r3 = d[3][j] + c0;
+    for (size_t c = 0; c < n; ++c) {
+      u[0][j][c] = r0[c] - r2[c];
+      u[1][j][c] = r1[c] + r2[c];
+      u[2][j][c] = r2[c] - r1[c];
+      u[3][j][c] = r1[c] - r3[c];
+    }
+  }
+  float out[16][kWinogradChunk];  // (Bᵀ d) B
+  for (size_t r = 0; r < 4; ++r) {
+    for (size_t c = 0; c < n; ++c) {
+      out[r * 4 + 0][c] = u[r][0][c] - u[r][2][c];
+      out[r * 4 + 1][c] = u[r][1][c] + u[r][2][c];
+      out[r * 4 + 2][c] = u[r][2][c] - u[r][1][c];
+      out[r * 4 + 3][c] = u[r][1][c] - u[r][3][c];
+    }
+  }
+  for (size_t x = 0; x < 16; ++x) std::memcpy(v + x * stride + c0, out[x], sizeof(float) * n);
+}
+
+// Aᵀ m A + bias of one tile for output channels [o0, o0 + n): product ξ is at m + ξ·stride;
+// y[a][b] points at the tile's output pixel (a, b), null beyond the image.
+MLXS_VECTOR_CLONES void winograd_output_tile(const float* __restrict m, size_t stride, const float* __restrict bias,
+                                             size_t o0, size_t n, float* const (&y)[2][2]) {
+  float s[2][4][kWinogradChunk];  // Aᵀ m
+  for (size_t j = 0; j < 4; ++j) {
+    const float *m0 = m + (0 + j) * stride + o0, *m1 = m + (4 + j) * stride + o0;
+    const float *m2 = m + (8 + j) * stride + o0, *m3 = m + (12 + j) * stride + o0;
+    for (size_t c = 0; c < n; ++c) {
+      s[0][j][c] = m0[c] + m1[c] + m2[c];
+      s[1][j][c] = m1[c] - m2[c] - m3[c];
+    }
+  }
+  float out[2][2][kWinogradChunk];  // (Aᵀ m) A + bias
+  for (size_t a = 0; a < 2; ++a) {
+    for (size_t c = 0; c < n; ++c) {
+      out[a][0][c] = s[a][0][c] + s[a][1][c] + s[a][2][c] + bias[o0 + c];
+      out[a][1][c] = s[a][1][c] - s[a][2][c] - s[a][3][c] + bias[o0 + c];
+    }
+  }
+  for (size_t a = 0; a < 2; ++a)
+    for (size_t b = 0; b < 2; ++b)
+      if (y[a][b] != nullptr) std::memcpy(y[a][b] + o0, out[a][b], sizeof(float) * n);
+}
+
+// A stride-1 "same" 3×3 convolution of NHWC float32 by F(2×2, 3×3), taking the [9·I, O] weight
+// matrix the gathered form takes and transforming it once per call (a few milliseconds for the
+// widest layer, against seconds of products). Tiles go in blocks whose transformed input and
+// products (16 × tiles × (I + O) floats) fit kBlockBytes, so they stay in the last-level cache
+// between the transforms and the products.
+class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
+ public:
+  CpuWinogradConv3x3(mx::Stream stream, Sgemm sgemm) : CpuOnlyPrimitive(stream, "CpuWinogradConv3x3"), sgemm_(sgemm) {}
+
+  static constexpr size_t kBlockBytes = size_t{8} << 20;
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    const mx::array& bias = inputs[2];
+    auto& encoder = begin(inputs, out);
+    const size_t h = x.shape(1), wd = x.shape(2), cin = x.shape(3), cout = out.shape(3);
+    const size_t tiles_w = (wd + 1) / 2, tiles = (h + 1) / 2 * tiles_w;
+    const size_t block = std::clamp<size_t>(kBlockBytes / (sizeof(float) * 16 * (cin + cout)), 16, std::max<size_t>(tiles, 1));
+    // Transformed weights, transformed input of a block, its products, and one zero pixel.
+    auto scratch = patch_scratch(stream(), 16 * cin * cout + 16 * block * (cin + cout) + cin);
+    encoder.dispatch([x, w, bias, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(),
+                      dst = out.data<float>(), batch = x.shape(0), h, wd, cin, cout, tiles_w, tiles, block, scratch,
+                      sgemm = sgemm_]() {
+      float* u = scratch->data();
+      float* v = u + 16 * cin * cout;
+      float* m = v + 16 * block * cin;
+      float* zeros = m + 16 * block * cout;
+      std::fill(zeros, zeros + cin, 0.0f);
+      parallel_for(cin, 16 * cout, [&](size_t i0, size_t i1, size_t) {
+        for (size_t i = i0; i < i1; ++i) winograd_weight_row(wt, cin, cout, i, u);
+      });
+      for (size_t n = 0; n < static_cast<size_t>(batch); ++n) {
+        const float* image = src + n * h * wd * cin;
+        float* result = dst + n * h * wd * cout;
+        for (size_t t0 = 0; t0 < tiles; t0 += block) {
+          const size_t nt = std::min(block, tiles - t0);
+          // A block's transform takes about a millisecond: worth a second thread (parallel_for's
+          // cost is about bytes touched).
+          parallel_for(nt, 64 * cin, [&](size_t b0, size_t b1, size_t) {
+            for (size_t t = b0; t < b1; ++t) {
+              const size_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+              const float* d[4][4];
+              for (size_t r = 0; r < 4; ++r) {
+                for (size_t c = 0; c < 4; ++c) {
+                  // Input row 2·ty + r - 1, column 2·tx + c - 1 (unsigned: -1 wraps past the end).
+                  const size_t y = 2 * ty + r - 1, xx = 2 * tx + c - 1;
+                  d[r][c] = y < h && xx < wd ? image + (y * wd + xx) * cin : zeros;
+                }
+              }
+              for (size_t c0 = 0; c0 < cin; c0 += kWinogradChunk)
+                winograd_input_tile(d, c0, std::min(kWinogradChunk, cin - c0), v + t * cin, block * cin);
+            }
+          });
+          for (size_t xi = 0; xi < 16; ++xi) {
+            sgemm(kRowMajor, kNoTrans, kNoTrans, static_cast<int>(nt), static_cast<int>(cout), static_cast<int>(cin),
+                  1.0f, v + xi * block * cin, static_cast<int>(cin), u + xi * cin * cout, static_cast<int>(cout), 0.0f,
+                  m + xi * block * cout, static_cast<int>(cout));
+          }
+          parallel_for(nt, 64 * cout, [&](size_t b0, size_t b1, size_t) {
+            for (size_t t = b0; t < b1; ++t) {
+              const size_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+              float* y[2][2];
+              for (size_t a = 0; a < 2; ++a) {
+                for (size_t c = 0; c < 2; ++c) {
+                  const size_t row = 2 * ty + a, col = 2 * tx + c;
+                  y[a][c] = row < h && col < wd ? result + (row * wd + col) * cout : nullptr;
+                }
+              }
+              for (size_t o0 = 0; o0 < cout; o0 += kWinogradChunk)
+                winograd_output_tile(m + t * cout, block * cout, b, o0, std::min(kWinogradChunk, cout - o0), y);
+            }
+          });
+        }
+      }
+    });
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const CpuWinogradConv3x3*>(&other) != nullptr;
+  }
+
+ private:
+  Sgemm sgemm_;
+};
+
+}  // namespace
+
+namespace mlxs {
+
+mx::array conv2d_same(const mx::array& x, const mx::array& weight, const mx::array& bias, int k) {
+  if (x.ndim() != 4 || weight.ndim() != 2 || k < 1 || k % 2 == 0 || weight.shape(0) != k * k * x.shape(3) ||
+      bias.size() != static_cast<size_t>(weight.shape(1))) {
+    throw std::invalid_argument("[conv2d_same] expects NHWC input, an odd k, a [k·k·I, O] weight and O biases");
+  }
+  int cin = x.shape(3), cout = weight.shape(1);
+  auto stream = mx::default_stream(mx::default_device());
+  const Sgemm sgemm = blas_sgemm();
+  if (sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 &&
+      weight.dtype() == mx::float32 && bias.dtype() == mx::float32) {
+    std::shared_ptr<mx::Primitive> primitive;
+    if (k == 3) {
+      primitive = std::make_shared<CpuWinogradConv3x3>(stream, sgemm);
+    } else {
+      primitive = std::make_shared<CpuConv2d>(stream, k, sgemm);
+    }
+    return mx::array({x.shape(0), x.shape(1), x.shape(2), cout}, mx::float32, std::move(primitive),
+                     {mx::contiguous(x), mx::contiguous(weight), mx::contiguous(mx::reshape(bias, {cout}))});
+  }
+  // Elsewhere MLX's own convolution, with the weight back in its [O, k, k, I] layout.
+  auto w = mx::transpose(mx::reshape(weight, {k, k, cin, cout}), {3, 0, 1, 2});
+  return mx::add(mx::conv2d(x, w, {1, 1}, {k / 2, k / 2}), mx::reshape(bias, {cout}));
+}
+
+}  // namespace mlxs
