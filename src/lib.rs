@@ -3,6 +3,7 @@
 //! The crate is layered bottom-up:
 //! - [`mlx`]: a safe wrapper over MLX's C++ API (through the `mlx-sys-shim` C shim);
 //! - [`safetensors`]: a strict safetensors header parser and writer;
+//! - [`ggml`]: ggml's tensor types and their exact or nearest MLX quantization;
 //! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs), import and gc;
 //! - [`registry`]: models pulled from and pushed to a Docker-v2 registry, as Ollama moves them;
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
@@ -18,6 +19,7 @@ pub mod dtype;
 pub mod files;
 pub mod formats;
 pub mod generation;
+pub mod ggml;
 pub mod image_in;
 pub mod image_out;
 pub mod loader;

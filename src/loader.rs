@@ -220,7 +220,7 @@ fn v2_quantized(
         Some(t) => {
             let (mode, group, bits) = QuantMode::from_quant_type(t).ok_or_else(|| {
                 bad(format!(
-                    "quantization `{t}` is not supported (int4, int8, nvfp4, mxfp8 and mxfp4 are)"
+                    "quantization `{t}` is not supported (int4, int5, int8, nvfp4, mxfp8 and mxfp4 are)"
                 ))
             })?;
             (mode, stated_group.unwrap_or(group), bits)
@@ -301,7 +301,7 @@ impl V1Companions {
 fn infer_bits(weight: &Array, scales: &Array, group: i32) -> Option<i32> {
     let packed = i64::from(*weight.shape().last()?);
     let cols = i64::from(*scales.shape().last()?) * i64::from(group);
-    [4, 8, 2, 3, 6]
+    [4, 8, 2, 3, 5, 6]
         .into_iter()
         .find(|&b| packed * 32 == cols * i64::from(b))
 }

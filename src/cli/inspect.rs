@@ -13,7 +13,7 @@ use zimage::safetensors;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
-    /// A model file (.safetensors, .zt, .dfsn, a store blob), a PNG, or a stored model's name.
+    /// A model file (.safetensors, .zt, .dfsn, .gguf, a store blob), a PNG, or a stored model's name.
     pub target: String,
     /// For a stored model: only this component (`text_encoder`, `transformer`, `vae`).
     #[arg(long, value_parser = super::component_arg)]
@@ -116,6 +116,10 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
                 dfsn::ModelType::Ckpt => None,
             }
         }
+        FileKind::Gguf => {
+            facts.extend(gguf_facts(path)?);
+            Some(zimage::formats::listing_of_file(path)?)
+        }
         FileKind::Png => {
             facts.push(("format", json!("PNG image")));
             let chunks = image_out::read_png_text(path)?
@@ -126,7 +130,7 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
             None
         }
         other => anyhow::bail!(
-            "`{}` is {}; `inspect` reads safetensors, .zt, .dfsn and PNG files",
+            "`{}` is {}; `inspect` reads safetensors, .zt, .dfsn, .gguf and PNG files",
             path.display(),
             other.describe()
         ),
@@ -135,6 +139,32 @@ fn inspect_file(path: &Path, kind: FileKind) -> anyhow::Result<Report> {
         facts.extend(tensor_totals(l));
     }
     Ok(Report { facts, listing })
+}
+
+/// A GGUF file's version, layout and tensor types, with what an import does with each type.
+fn gguf_facts(path: &Path) -> anyhow::Result<Vec<(&'static str, Value)>> {
+    let g = zimage::formats::gguf::read_file(path)?;
+    let mut types = std::collections::BTreeMap::<String, usize>::new();
+    for t in &g.tensors {
+        let path = match t.ggml_type.import_path() {
+            Some(zimage::ggml::ImportPath::Plain) => "stored as is".to_string(),
+            Some(zimage::ggml::ImportPath::Exact { bits }) => format!("int{bits} group 32, exact"),
+            Some(zimage::ggml::ImportPath::Requantize { bits }) => {
+                format!("int{bits} group 32, re-quantized")
+            }
+            None => "not importable".to_string(),
+        };
+        *types
+            .entry(format!("{} ({path})", t.ggml_type))
+            .or_default() += 1;
+    }
+    Ok(vec![
+        ("format", json!(format!("GGUF v{}", g.version))),
+        ("alignment", json!(g.alignment)),
+        ("data_offset", json!(g.data_start)),
+        ("metadata_keys", json!(g.metadata.len())),
+        ("tensor_types", json!(types)),
+    ])
 }
 
 /// A safetensors file as the store writes blobs: one tensor keyed `data` (the seed's form) or

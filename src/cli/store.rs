@@ -162,7 +162,18 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         summary.blobs_present,
         human(summary.bytes_present)
     );
+    print_ggml_report(&summary.ggml);
     Ok(ExitCode::SUCCESS)
+}
+
+/// How a GGUF import stored each tensor type, and the largest error any re-quantization made.
+fn print_ggml_report(r: &zimage::store::import::GgmlReport) {
+    for (path, n) in &r.paths {
+        println!("  {n} tensors {path}");
+    }
+    if let Some((tensor, err)) = &r.max_requantize_error {
+        println!("  largest re-quantization error: {err:e} (`{tensor}`)");
+    }
 }
 
 /// `create NAME --from BASE --lora FILE…`: a model that shares BASE's blobs and carries LoRAs.
@@ -203,6 +214,7 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
     Ok(match kind {
         FileKind::Safetensors => Box::new(SafetensorsFile::open(from, 0, len, component)?),
         FileKind::ZTensor => Box::new(ztensor::ZtSource::open(from, component)?),
+        FileKind::Gguf => Box::new(zimage::formats::gguf::GgufSource::open(from, component)?),
         FileKind::Dfsn => {
             let c = dfsn::Container::open(from)?;
             if c.model_type != dfsn::ModelType::Safetensors {
@@ -219,7 +231,7 @@ fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSou
             Box::new(source)
         }
         other => bail!(
-            "`{}` is {}; `--from` takes a diffusers directory, or a .safetensors, .zt or .dfsn file",
+            "`{}` is {}; `--from` takes a diffusers directory, or a .safetensors, .zt, .dfsn or .gguf file",
             from.display(),
             other.describe()
         ),

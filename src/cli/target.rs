@@ -32,7 +32,8 @@ pub fn resolve(store: Option<&Path>, target: &str) -> anyhow::Result<Target> {
     }
     let looks_like_path = target.starts_with(['/', '.', '~'])
         || path.extension().is_some_and(|e| {
-            ["safetensors", "zt", "dfsn", "png", "ckpt"].contains(&e.to_string_lossy().as_ref())
+            ["safetensors", "zt", "dfsn", "gguf", "png", "ckpt"]
+                .contains(&e.to_string_lossy().as_ref())
         });
     if looks_like_path {
         anyhow::bail!("`{target}`: no such file");

@@ -3,11 +3,13 @@
 //!
 //! - [`ztensor`]: zTensor v1.0 files (`ZTEN1000`), read and written;
 //! - [`structural`]: weight-inspect v0.1.0's structural hash and diff;
+//! - [`gguf`]: GGUF v2/v3 files (llama.cpp, stable-diffusion.cpp), read, written and imported;
 //! - [`dfsn`]: the DFSN container (a model, its sha256 and editable JSON metadata);
 //! - [`model_hash`]: the model hashes of Stable Diffusion tools and Civitai;
 //! - [`infotext`]: A1111 `parameters` text, written and parsed.
 
 pub mod dfsn;
+pub mod gguf;
 pub mod infotext;
 pub mod model_hash;
 pub mod structural;
@@ -25,6 +27,8 @@ pub enum Error {
     #[error(transparent)]
     Dfsn(#[from] dfsn::Error),
     #[error(transparent)]
+    Gguf(#[from] gguf::Error),
+    #[error(transparent)]
     Structural(#[from] structural::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -38,7 +42,7 @@ pub enum Error {
         path: PathBuf,
         source: structural::Error,
     },
-    #[error("`{}` is a {} file, which has no tensors to list (expected safetensors, zTensor or DFSN)", path.display(), kind.name())]
+    #[error("`{}` is a {} file, which has no tensors to list (expected safetensors, zTensor, DFSN or GGUF)", path.display(), kind.name())]
     NoTensors { path: PathBuf, kind: FileKind },
 }
 
@@ -92,7 +96,7 @@ impl FileKind {
             FileKind::Dfsn => "a DFSN container",
             FileKind::Png => "a PNG image",
             FileKind::Ckpt => "a pickled PyTorch checkpoint (convert it to safetensors first)",
-            FileKind::Gguf => "a GGUF file (a format for language models)",
+            FileKind::Gguf => "a GGUF file",
             FileKind::Unknown => {
                 "no model file zimage knows (its first bytes match no format, or it is empty)"
             }
@@ -173,6 +177,7 @@ pub fn listing_of_file(path: &Path) -> Result<Listing, Error> {
     match FileKind::of_file(path).map_err(io)? {
         FileKind::ZTensor => Ok(ztensor::listing(path)?),
         FileKind::Dfsn => Ok(dfsn::listing(path)?),
+        FileKind::Gguf => Ok(gguf::listing(path)?),
         FileKind::Safetensors => {
             let (file, len) = open(path)?;
             let mut file = std::io::BufReader::new(file);

@@ -29,6 +29,8 @@ impl QuantMode {
         Some(match quant_type.to_ascii_lowercase().as_str() {
             "int8" | "q8" => (QuantMode::Affine, 64, 8),
             "int4" | "q4" => (QuantMode::Affine, 64, 4),
+            // Written by GGUF imports (Q5_0, Q5_1, Q5_K), always with a stated group of 32.
+            "int5" => (QuantMode::Affine, 32, 5),
             "nvfp4" => (QuantMode::Nvfp4, 16, 4),
             "mxfp8" => (QuantMode::Mxfp8, 32, 8),
             "mxfp4" => (QuantMode::Mxfp4, 32, 4),

@@ -56,6 +56,7 @@ impl TensorSource for SafetensorsFile {
                 file: self.path.clone(),
                 offset: data + t.data_offsets.0,
                 nbytes: t.nbytes(),
+                encoding: Default::default(),
             })
             .collect()
     }

@@ -7,6 +7,7 @@
 //! no manifest and no partial blob, and a rerun completes it.
 
 use super::blob::{self, BlobError, BlobWriter};
+pub use super::import_ggml::GgmlReport;
 use super::manifest::{
     config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, MAX_MANIFEST_BYTES,
     TENSOR_MEDIA_TYPE,
@@ -28,11 +29,41 @@ pub struct SourceTensor {
     pub component: String,
     /// The name inside the component (`model.layers.0.mlp.down_proj.weight`).
     pub name: String,
+    /// The element type of plain bytes; for ggml blocks, the type their values widen to (F32).
     pub dtype: Dtype,
     pub shape: Vec<u64>,
     pub file: PathBuf,
     pub offset: u64,
     pub nbytes: u64,
+    pub encoding: Encoding,
+}
+
+/// How a source tensor's bytes encode its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    /// Dense little-endian values of `dtype`, as safetensors holds them.
+    #[default]
+    Plain,
+    /// Blocks of a ggml type along each row (a GGUF tensor).
+    Ggml(crate::ggml::GgmlType),
+}
+
+impl SourceTensor {
+    /// Rows `start..end` along the first (torch) axis, without reading anything: rows are
+    /// contiguous in every encoding (ggml blocks never cross a row). `None` when the range is
+    /// outside the tensor or the tensor has no axis.
+    pub fn rows(&self, start: u64, end: u64) -> Option<SourceTensor> {
+        let first = *self.shape.first()?;
+        if start > end || end > first {
+            return None;
+        }
+        let row_bytes = self.nbytes.checked_div(first).unwrap_or(0);
+        let mut out = self.clone();
+        out.shape[0] = end - start;
+        out.offset = self.offset + start * row_bytes;
+        out.nbytes = (end - start) * row_bytes;
+        Some(out)
+    }
 }
 
 /// Anything an import can read: tensors as byte ranges of files, plus config files.
@@ -55,6 +86,7 @@ impl TensorSource for DiffusersDir {
                 file: t.file.clone(),
                 offset: t.offset,
                 nbytes: t.info.nbytes(),
+                encoding: Encoding::Plain,
             })
             .collect()
     }
@@ -130,6 +162,8 @@ pub struct ImportSummary {
     pub blobs_present: usize,
     pub bytes_written: u64,
     pub bytes_present: u64,
+    /// What became of each ggml-encoded tensor.
+    pub ggml: GgmlReport,
 }
 
 /// Ollama's rule for which tensors a quantized import quantizes.
@@ -145,6 +179,7 @@ pub fn should_quantize(t: &SourceTensor) -> bool {
             .last()
             .is_some_and(|&c| c % Quantization::GROUP_SIZE as u64 == 0)
         && matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        && t.encoding == Encoding::Plain
 }
 
 fn convertible(d: Dtype) -> bool {
@@ -252,10 +287,13 @@ impl Store {
         // which no manifest references yet.
         let _lock = self.lock_for_writing()?;
         let done = AtomicU64::new(0);
+        let ggml = std::sync::Mutex::new(GgmlReport::default());
         let layers: Vec<Vec<(Layer, bool)>> = tensors
             .par_iter()
             .map(|t| {
-                let out = if opts.quantize.is_some_and(|_| should_quantize(t)) {
+                let out = if let Encoding::Ggml(ty) = t.encoding {
+                    self.write_ggml(t, ty, opts.align, &ggml)
+                } else if opts.quantize.is_some_and(|_| should_quantize(t)) {
                     self.write_quantized(t, opts.quantize.expect("checked"))
                 } else {
                     self.write_tensor(t, opts)
@@ -266,6 +304,7 @@ impl Store {
             .collect::<Result<_, StoreError>>()?;
         let mut summary = ImportSummary {
             tensors: tensors.len(),
+            ggml: ggml.into_inner().unwrap_or_else(|e| e.into_inner()),
             ..Default::default()
         };
         let mut all = Vec::new();
@@ -444,7 +483,7 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
 pub trait TensorSourceSync: TensorSource + Sync {}
 impl<T: TensorSource + Sync> TensorSourceSync for T {}
 
-fn tensor_layer(
+pub(super) fn tensor_layer(
     t: &SourceTensor,
     digest: String,
     size: u64,
@@ -462,7 +501,7 @@ fn tensor_layer(
     }
 }
 
-fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
+pub(super) fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
     let io = FileError::io(&t.file);
     let mut f = std::fs::File::open(&t.file).map_err(&io)?;
     f.seek(SeekFrom::Start(t.offset)).map_err(&io)?;

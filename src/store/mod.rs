@@ -10,13 +10,16 @@
 pub mod blob;
 pub mod file_source;
 pub mod import;
+mod import_ggml;
 pub mod lock;
 pub mod manifest;
 pub mod name;
 pub mod repair;
 
 pub use file_source::SafetensorsFile;
-pub use import::{ImportOptions, ImportSummary, Quantization, SourceTensor, TensorSource};
+pub use import::{
+    Encoding, ImportOptions, ImportSummary, Quantization, SourceTensor, TensorSource,
+};
 pub use lock::StoreLock;
 pub use manifest::{Layer, Manifest, MAX_MANIFEST_BYTES};
 pub use name::ModelName;
@@ -153,6 +156,12 @@ pub enum StoreError {
         file: PathBuf,
         tensor: String,
         shape: Vec<u64>,
+    },
+    #[error("`{}`: tensor `{tensor}` is {ty}, which cannot be imported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K can)", file.display())]
+    GgmlUnsupported {
+        file: PathBuf,
+        tensor: String,
+        ty: crate::ggml::GgmlType,
     },
 }
 

@@ -58,6 +58,7 @@ impl ZtSource {
                 file,
                 offset,
                 nbytes: t.dense_len,
+                encoding: Default::default(),
             });
         }
         if let Some((tmp, _)) = &mut decoded {

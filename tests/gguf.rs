@@ -1,0 +1,384 @@
+//! GGUF files: imported with each ggml type mapped exactly onto MLX's affine quantization
+//! (group 32) where it can be, checked against the `gguf` package's dequantizer
+//! (`tests/fixtures/gguf/make_fixtures.py`); products through the packed weights; llama.cpp's
+//! names; `inspect` and `hash --structural`; and hostile files refused with exit 2 and nothing
+//! stored.
+
+mod common;
+
+use common::zimage_in;
+use std::path::{Path, PathBuf};
+use zimage::formats::gguf::{self, GgmlType, Value, WriteTensor};
+use zimage::loader::{self, ReadPath};
+use zimage::mlx::{self, Array, Dtype};
+use zimage::store::Store;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name)
+}
+
+fn reference() -> std::collections::HashMap<String, Vec<f32>> {
+    let st = mlx::io::load_safetensors(&fixture("types.reference.safetensors")).unwrap();
+    st.tensors
+        .into_iter()
+        .map(|(k, v)| (k, v.to_vec::<f32>().unwrap()))
+        .collect()
+}
+
+fn import(root: &Path, name: &str, file: &Path, component: &str) -> String {
+    let out = zimage_in(
+        root,
+        &[
+            "create",
+            name,
+            "--from",
+            file.to_str().unwrap(),
+            "--component",
+            component,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn every_type_imports_as_the_reference_dequantizes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let printed = import(&root, "types", &fixture("types.gguf"), "transformer");
+    for line in [
+        "Q4_0 → int4, group 32 (exact)",
+        "Q8_0 → int8, group 32 (exact)",
+        "Q5_K → int5, group 32 (exact)",
+        "Q6_K → int8, group 32 (re-quantized)",
+        "largest re-quantization error",
+    ] {
+        assert!(printed.contains(line), "`{line}` missing from:\n{printed}");
+    }
+    let store = Store::at(&root);
+    let model = store.open("types").unwrap();
+    let loaded =
+        loader::load_component(&store, &model, "transformer", ReadPath::MlxLoader).unwrap();
+    for (name, q) in &loaded.quantized {
+        assert_eq!(q.group_size, 32, "{name}");
+        assert_eq!(q.scales.dtype(), Dtype::F32, "{name}");
+    }
+    let bits = |n: &str| loaded.quantized[n].bits;
+    assert_eq!(
+        (
+            bits("q4_0.weight"),
+            bits("q5_1.weight"),
+            bits("q8_0.weight")
+        ),
+        (4, 5, 8)
+    );
+    assert_eq!(
+        (
+            bits("q4_k.weight"),
+            bits("q6_k.weight"),
+            bits("q3_k.weight")
+        ),
+        (4, 8, 4)
+    );
+    let want = reference();
+    let got = loaded.into_arrays().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (name, want) in &want {
+        let values = got[name]
+            .astype(Dtype::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let requantized = ["q2_k.weight", "q3_k.weight", "q6_k.weight"].contains(&name.as_str());
+        if requantized {
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = values
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= scale * 0.1,
+                "{name}: error {err} against values up to {scale}"
+            );
+        } else {
+            let same = values
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name} differs from the reference dequantization");
+        }
+    }
+}
+
+#[test]
+fn products_through_group_32_weights_match_the_widened_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    import(&root, "types", &fixture("types.gguf"), "transformer");
+    let store = Store::at(&root);
+    let model = store.open("types").unwrap();
+    let loaded =
+        loader::load_component(&store, &model, "transformer", ReadPath::MlxLoader).unwrap();
+    let key = mlx::random::key(7).unwrap();
+    let x = mlx::random::normal(&[3, 256], Dtype::F32, &key).unwrap();
+    for (name, q) in &loaded.quantized {
+        let packed = mlx::fast::linear(&x, &q.weight, Some(q.packing()), None).unwrap();
+        let dense =
+            mlx::ops::matmul(&x, &q.dequantize().unwrap().transpose(&[1, 0]).unwrap()).unwrap();
+        let (a, b) = (
+            packed.to_vec::<f32>().unwrap(),
+            dense.to_vec::<f32>().unwrap(),
+        );
+        let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+        let err = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (p, d)| m.max((p - d).abs()));
+        assert!(
+            err <= scale * 1e-5,
+            "{name}: packed product off by {err} (values up to {scale})"
+        );
+    }
+    let _ = Array::from_slice(&[0f32], &[1]).unwrap();
+}
+
+#[test]
+fn llama_cpp_names_become_the_text_encoders() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("qwen3.gguf");
+    let norm: Vec<u8> = [1.0f32; 32].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut q8 = Vec::new();
+    for _ in 0..2 {
+        q8.extend(half::f16::from_f32(0.01).to_le_bytes());
+        q8.extend((0..32u8).map(|i| i.wrapping_mul(7)));
+    }
+    let tensors = [
+        WriteTensor {
+            name: "token_embd.weight".into(),
+            ggml_type: GgmlType::F32,
+            shape: vec![32],
+            data: &norm,
+        },
+        WriteTensor {
+            name: "blk.0.attn_q.weight".into(),
+            ggml_type: GgmlType::Q8_0,
+            shape: vec![2, 32],
+            data: &q8,
+        },
+        WriteTensor {
+            name: "blk.0.attn_k_norm.weight".into(),
+            ggml_type: GgmlType::F32,
+            shape: vec![32],
+            data: &norm,
+        },
+        WriteTensor {
+            name: "output_norm.weight".into(),
+            ggml_type: GgmlType::F32,
+            shape: vec![32],
+            data: &norm,
+        },
+    ];
+    let meta = [(
+        "general.architecture".to_string(),
+        Value::String("qwen3".into()),
+    )];
+    let mut bytes = Vec::new();
+    gguf::write(&mut bytes, &meta, &tensors).unwrap();
+    std::fs::write(&file, bytes).unwrap();
+    let root = dir.path().join("store");
+    import(&root, "te", &file, "text_encoder");
+    let model = Store::at(&root).open("te").unwrap();
+    let mut names: Vec<String> = model
+        .manifest
+        .tensor_layers()
+        .filter_map(|l| l.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "text_encoder/model.embed_tokens.weight",
+            "text_encoder/model.layers.0.self_attn.k_norm.weight",
+            "text_encoder/model.layers.0.self_attn.q_proj.weight",
+            "text_encoder/model.norm.weight",
+        ]
+    );
+}
+
+#[test]
+fn inspect_and_structural_hash_read_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let f = fixture("types.gguf");
+    let out = zimage_in(&root, &["inspect", f.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["format"], "GGUF v3");
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 14);
+    let q4 = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "q4_0.weight")
+        .unwrap();
+    assert_eq!(q4["dtype"], "q4_0");
+    assert_eq!(q4["shape"], serde_json::json!([8, 256]));
+    assert_eq!(q4["byte_length"], 1152);
+    let out = zimage_in(&root, &["hash", "--structural", f.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = zimage_in(&root, &["hash", "--structural", f.to_str().unwrap()]);
+    assert_eq!(out.stdout, again.stdout);
+}
+
+/// A GGUF file byte by byte: `kvs` as (key, type id, value bytes), tensors as (name, dims in
+/// file order, type id, offset), then `data` bytes after 32-byte alignment.
+fn raw(
+    kvs: &[(&str, u32, Vec<u8>)],
+    tensors: &[(&str, Vec<u64>, u32, u64)],
+    data: usize,
+) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((kvs.len() as u64).to_le_bytes());
+    let s = |b: &mut Vec<u8>, s: &str| {
+        b.extend((s.len() as u64).to_le_bytes());
+        b.extend(s.as_bytes());
+    };
+    for (k, ty, v) in kvs {
+        s(&mut b, k);
+        b.extend(ty.to_le_bytes());
+        b.extend(v);
+    }
+    for (name, dims, ty, offset) in tensors {
+        s(&mut b, name);
+        b.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+        b.extend(ty.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+    }
+    b.resize(b.len().div_ceil(32) * 32 + data, 0);
+    b
+}
+
+#[test]
+fn hostile_files_exit_2_with_one_line_and_store_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = std::fs::read(fixture("types.gguf")).unwrap();
+    let mut many_keys = b"GGUF".to_vec();
+    many_keys.extend(3u32.to_le_bytes());
+    many_keys.extend(0u64.to_le_bytes());
+    many_keys.extend(1_000_000u64.to_le_bytes());
+    for i in 0..1_000_000u32 {
+        let key = format!("k{i}");
+        many_keys.extend((key.len() as u64).to_le_bytes());
+        many_keys.extend(key.as_bytes());
+        many_keys.extend(4u32.to_le_bytes());
+        many_keys.extend(i.to_le_bytes());
+    }
+    let q4 = |offset| ("w", vec![32, 2], 2, offset);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "truncated",
+            whole[..whole.len() / 2].to_vec(),
+            "past the end",
+        ),
+        ("header-cut", whole[..100].to_vec(), "truncated"),
+        ("past-end", raw(&[], &[q4(64)], 36), "past the end"),
+        (
+            "overlap",
+            raw(&[], &[q4(0), ("v", vec![32, 2], 2, 32)], 96),
+            "overlap",
+        ),
+        (
+            "huge-dims",
+            raw(&[], &[("w", vec![1 << 32, 1 << 32, 1 << 32], 0, 0)], 0),
+            "2^63",
+        ),
+        (
+            "unknown-type",
+            raw(&[], &[("w", vec![32], 77, 0)], 32),
+            "unknown ggml type id 77",
+        ),
+        (
+            "misaligned",
+            raw(&[], &[q4(8)], 64),
+            "not a multiple of the alignment",
+        ),
+        (
+            "bad-alignment",
+            raw(
+                &[("general.alignment", 4, 3u32.to_le_bytes().to_vec())],
+                &[q4(0)],
+                36,
+            ),
+            "general.alignment",
+        ),
+        ("many-keys", many_keys, "metadata_kv_count"),
+        (
+            "iq4_nl",
+            raw(&[], &[("w", vec![32, 2], 20, 0)], 36),
+            "IQ4_NL",
+        ),
+    ];
+    for (name, bytes, expect) in cases {
+        let file = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&file, &bytes).unwrap();
+        let root = dir.path().join(format!("store-{name}"));
+        let out = zimage_in(
+            &root,
+            &[
+                "create",
+                name,
+                "--from",
+                file.to_str().unwrap(),
+                "--component",
+                "transformer",
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(expect) && err.contains(&format!("{name}.gguf")),
+            "{name}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        let manifests = root.join("manifests");
+        assert!(
+            !manifests.exists() || walk_files(&manifests) == 0,
+            "{name}: a manifest was written"
+        );
+        if name != "iq4_nl" {
+            let out = zimage_in(&root, &["inspect", file.to_str().unwrap()]);
+            assert_eq!(out.status.code(), Some(2), "{name}: inspect");
+        }
+    }
+}
+
+fn walk_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk_files(&p)
+            } else {
+                1
+            }
+        })
+        .sum()
+}
