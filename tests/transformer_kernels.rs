@@ -28,13 +28,19 @@ fn composed_rms_norm(x: &Array, w: &Array, eps: f32) -> Array {
     ((x * &inv).unwrap() * w).unwrap()
 }
 
-fn setup() {
+/// Runs one test at a time: the attention kernels set OpenBLAS's process-wide thread count while
+/// they run, so a product of another test running beside them may take another summation order,
+/// and the bit-for-bit comparisons here would compare two orders.
+fn setup() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     mlx::set_default_device(mlx::Device::Cpu).unwrap();
+    guard
 }
 
 #[test]
 fn rms_norm_with_residual_matches_the_composed_norm() {
-    setup();
+    let _one = setup();
     let (x, w, r) = (normal(&[37, 96], 1), normal(&[96], 2), normal(&[37, 96], 3));
     let plain = fast::rms_norm_residual(&x, &w, 1e-6, None).unwrap();
     let want = composed_rms_norm(&x, &w, 1e-6);
@@ -49,7 +55,7 @@ fn rms_norm_with_residual_matches_the_composed_norm() {
 
 #[test]
 fn qkv_heads_norms_rotates_and_splits_the_heads() {
-    setup();
+    let _one = setup();
     let (s, h, d) = (7, 2, 8);
     let qkv = normal(&[s, 3 * h * d], 4);
     let (wq, wk) = (normal(&[d], 5), normal(&[d], 6));
@@ -117,7 +123,7 @@ fn reference_attention(qkv: &Array) -> Array {
 
 #[test]
 fn attention_rows_matches_scaled_dot_product_attention() {
-    setup();
+    let _one = setup();
     let qkv = (normal(&[3, 3, 40, 16], 8) * 0.5).unwrap();
     let got = fast::attention_rows(&qkv).unwrap();
     assert!(max_abs_diff(&got, &reference_attention(&qkv)) <= 1e-5);
@@ -125,7 +131,7 @@ fn attention_rows_matches_scaled_dot_product_attention() {
 
 #[test]
 fn attention_rows_over_several_blocks_of_queries() {
-    setup();
+    let _one = setup();
     // 2 heads × 2100² scores are over the kernel's 32 MiB block: the queries go in two blocks.
     let qkv = (normal(&[3, 2, 2100, 16], 9) * 0.5).unwrap();
     let got = fast::attention_rows(&qkv).unwrap();
@@ -161,21 +167,21 @@ fn check_qkv_attention(s: i32, h: i32, seed: u64) {
 
 #[test]
 fn qkv_attention_is_attention_of_the_normed_rotated_heads() {
-    setup();
+    let _one = setup();
     // Three heads on two cores: one core takes two.
     check_qkv_attention(40, 3, 20);
 }
 
 #[test]
 fn qkv_attention_over_several_blocks_of_queries() {
-    setup();
+    let _one = setup();
     // 2900² scores per core are over the kernel's 32 MiB: each head's queries go in blocks.
     check_qkv_attention(2900, 2, 30);
 }
 
 #[test]
 fn silu_gate_is_silu_of_one_half_times_the_other() {
-    setup();
+    let _one = setup();
     let x = (normal(&[6, 40], 10) * 4.0).unwrap();
     let got = fast::silu_gate(&x).unwrap();
     let halves = ops::split(&x, 2, 1).unwrap();
@@ -190,7 +196,7 @@ fn checkpoint(tensors: Vec<(&str, Array)>) -> Checkpoint {
 
 #[test]
 fn joined_linear_layers_give_their_outputs_side_by_side() {
-    setup();
+    let _one = setup();
     let x = normal(&[9, 64], 11);
     let ckpt = checkpoint(vec![
         ("a.weight", normal(&[32, 64], 12)),
@@ -208,7 +214,7 @@ fn joined_linear_layers_give_their_outputs_side_by_side() {
 
 #[test]
 fn joined_quantized_layers_stay_packed_and_give_the_same_outputs() {
-    setup();
+    let _one = setup();
     let x = normal(&[5, 128], 14);
     let quantized: HashMap<String, QuantizedTensor> = [("a.weight", 15), ("b.weight", 16)]
         .into_iter()
@@ -233,7 +239,7 @@ fn joined_quantized_layers_stay_packed_and_give_the_same_outputs() {
 
 #[test]
 fn layers_with_a_bias_do_not_join() {
-    setup();
+    let _one = setup();
     let ckpt = checkpoint(vec![
         ("a.weight", normal(&[8, 16], 17)),
         ("a.bias", normal(&[8], 18)),
