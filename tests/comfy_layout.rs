@@ -377,7 +377,7 @@ const CHANNELS: [u64; 3] = [32, 64, 64];
 fn vae(rng: &mut Rng) -> Component {
     let mut c = Component::default();
     let n = CHANNELS.len();
-    let mut same = |c: &mut Component, rng: &mut Rng, d: &str, o: &str, shape: &[u64], one| {
+    let same = |c: &mut Component, rng: &mut Rng, d: &str, o: &str, shape: &[u64], one| {
         c.add(rng, d, o, shape, one)
     };
     same(
@@ -572,7 +572,7 @@ fn write_diffusers(path: &Path, c: &Component) {
 fn write_comfy(paths: &[PathBuf], c: &Component, conv_attention: bool, extra: &[(&str, Vec<u64>)]) {
     let mut joined: BTreeMap<&str, (Vec<u64>, Vec<f32>)> = BTreeMap::new();
     for e in &c.entries {
-        let slot = joined.entry(&e.comfy).or_insert_with(|| {
+        let slot = joined.entry(e.comfy.as_str()).or_insert_with(|| {
             let mut s = e.shape.clone();
             s[0] = 0;
             (s, Vec::new())
@@ -594,7 +594,7 @@ fn write_comfy(paths: &[PathBuf], c: &Component, conv_attention: bool, extra: &[
     for (name, shape) in extra {
         let n: u64 = shape.iter().product();
         files[0].push((
-            name,
+            *name,
             Dtype::F32,
             shape.clone(),
             bytes(&vec![1.0; n as usize]),
@@ -654,7 +654,7 @@ fn write_diffusers_dir(dir: &Path, te: &Component, tr: &Component, vae: &Compone
             "vae/config.json",
             serde_json::json!({
             "_class_name": "AutoencoderKL", "act_fn": "silu", "block_out_channels": CHANNELS,
-            "down_block_types": ["DownEncoderBlock2D"; 3], "up_block_types": ["UpDecoderBlock2D"; 3],
+            "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"], "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"],
             "in_channels": 3, "out_channels": 3, "latent_channels": 16, "layers_per_block": 1,
             "norm_num_groups": 32, "mid_block_add_attention": true, "sample_size": 1024,
             "scaling_factor": 0.3611, "shift_factor": 0.1159, "force_upcast": true,
