@@ -200,7 +200,7 @@ pub fn infer_config(
         .collect::<Result<Vec<u64>, _>>()?;
     let layers = t.count("encoder.down_blocks.0.resnets.");
     let latent = t.dim("decoder.conv_in.weight", 4, 1)?;
-    let kind = |k: &str| vec![k; blocks as usize];
+    let kind = |k: &'static str| vec![k; blocks as usize];
     Ok(serde_json::json!({
         "_class_name": "AutoencoderKL",
         "_diffusers_version": "0.42.1",
