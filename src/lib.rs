@@ -9,6 +9,7 @@
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
 //! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
+//! - [`layouts`]: ComfyUI / original-layout checkpoints mapped to diffusers names, and back;
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
@@ -16,12 +17,14 @@
 pub mod component;
 pub mod diffusers_dir;
 pub mod dtype;
+pub mod embedded;
 pub mod files;
 pub mod formats;
 pub mod generation;
 pub mod ggml;
 pub mod image_in;
 pub mod image_out;
+pub mod layouts;
 pub mod loader;
 pub mod lora;
 pub mod memory_plan;

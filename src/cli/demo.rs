@@ -5,7 +5,7 @@ use anyhow::Context;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-include!(concat!(env!("OUT_DIR"), "/demo_files.rs"));
+use zimage::embedded::DEMO_FILES;
 
 /// The demo model as a diffusers directory in `cache`, unpacked on first use.
 pub fn unpacked(cache: &Path) -> anyhow::Result<PathBuf> {

@@ -8,10 +8,12 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod components;
 mod convert;
 mod demo;
 mod dfsn;
 mod diff;
+mod export;
 mod generate;
 mod hash;
 mod info;
@@ -80,6 +82,8 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Pack, edit, verify and unpack DFSN containers.
     Dfsn(dfsn::DfsnArgs),
+    /// Write a stored model as files other tools load (ComfyUI's three files).
+    Export(export::ExportArgs),
     /// Serve Ollama's and OpenAI's image APIs over HTTP (default 127.0.0.1:11434).
     Serve(serve::ServeArgs),
     /// Download a model from a registry (Ollama's by default), skipping blobs the store holds.
@@ -106,6 +110,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diff(a) => diff::run(store, a),
         Command::Convert(a) => convert::run(a),
         Command::Dfsn(a) => dfsn::run(store, a),
+        Command::Export(a) => export::run(store, a),
         Command::Serve(a) => serve::run(store, a),
         Command::Pull(a) => registry::pull(store, a),
         Command::Push(a) => registry::push(store, a),

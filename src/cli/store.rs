@@ -17,9 +17,25 @@ pub struct CreateArgs {
     /// Model name, e.g. `z-image` or `me/z-image:tiny`.
     pub name: String,
     /// Source: a diffusers directory, or one model file (.safetensors, .zt or .dfsn); with
-    /// `--lora`, the stored model the new one derives from.
-    #[arg(long)]
-    pub from: PathBuf,
+    /// `--lora`, the stored model the new one derives from. With component files, the
+    /// directory whose components they replace.
+    #[arg(long, required_unless_present_any = ["transformer", "text_encoder", "vae"])]
+    pub from: Option<PathBuf>,
+    /// The transformer: a safetensors file (diffusers or original Z-Image layout, as ComfyUI
+    /// ships it), several shards, or a shard index.
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub transformer: Vec<PathBuf>,
+    /// The Qwen3 text encoder: a safetensors file (with or without the `model.` prefix),
+    /// several shards, or a shard index.
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub text_encoder: Vec<PathBuf>,
+    /// The VAE: a safetensors file in diffusers' or the LDM/Flux layout (`ae.safetensors`).
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub vae: Vec<PathBuf>,
+    /// The tokenizer: a folder of tokenizer files or one of them (default: `--from`'s, else
+    /// Z-Image-Turbo's, which the binary carries).
+    #[arg(long, value_name = "DIR|FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// For a single-file source: the component its tensors go under (`transformer`, …).
     #[arg(long, default_value = "model", value_parser = super::component_arg)]
     pub component: String,
@@ -36,7 +52,7 @@ pub struct CreateArgs {
     /// shares every blob of the stored model `--from` names and adds the LoRAs' tensors;
     /// `generate` applies them unfused.
     #[arg(long = "lora", value_name = "FILE[:SCALE]", value_parser = super::generate::lora_arg,
-          conflicts_with_all = ["dtype", "quantize"])]
+          conflicts_with_all = ["dtype", "quantize", "transformer", "text_encoder", "vae", "tokenizer"])]
     pub loras: Vec<zimage::lora::LoraSpec>,
     /// With `--lora`: store LoRA keys that name no layer of the model, skipped when applied,
     /// instead of refusing the file.
@@ -129,7 +145,18 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
     if !a.loras.is_empty() {
         return create_derived(&store, &a);
     }
-    let source = open_source(&a.from, &a.component)?;
+    let composed = !(a.transformer.is_empty() && a.text_encoder.is_empty() && a.vae.is_empty())
+        || a.tokenizer.is_some();
+    let (source, from): (Box<dyn TensorSourceSync>, String) = if composed {
+        let model = super::components::compose(&a)?;
+        (Box::new(model), "the component files".to_string())
+    } else {
+        let from = a.from.as_deref().context("--from is needed")?;
+        (
+            open_source(from, &a.component)?,
+            format!("`{}`", from.display()),
+        )
+    };
     let opts = ImportOptions {
         dtype: a.dtype.map(Dtype::from),
         quantize: a.quantize.map(Quantization::from),
@@ -151,8 +178,7 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         bar.set_position(done)
     });
     bar.finish_and_clear();
-    let summary =
-        summary.with_context(|| format!("importing `{}` as `{}`", a.from.display(), a.name))?;
+    let summary = summary.with_context(|| format!("importing {from} as `{}`", a.name))?;
     println!(
         "created {}: {} tensors, {} blobs written ({}), {} already present ({})",
         a.name,
@@ -178,12 +204,13 @@ fn print_ggml_report(r: &zimage::store::import::GgmlReport) {
 
 /// `create NAME --from BASE --lora FILE…`: a model that shares BASE's blobs and carries LoRAs.
 fn create_derived(store: &Store, a: &CreateArgs) -> anyhow::Result<ExitCode> {
-    let base = a.from.to_string_lossy();
+    let from = a.from.as_deref().context("--lora needs --from")?;
+    let base = from.to_string_lossy();
     let derived = zimage::lora::stored::create(store, &a.name, &base, &a.loras, a.lora_lenient);
     let derived = match derived {
         Err(zimage::lora::Error::Store(
             store::StoreError::NotFound(_) | store::StoreError::Name(_),
-        )) if a.from.exists() => bail!(
+        )) if from.exists() => bail!(
             "with --lora, --from names a stored model, and `{}` is not one; import it first (`zimage create BASE --from {}`), then `zimage create {} --from BASE --lora …`",
             base, base, a.name
         ),

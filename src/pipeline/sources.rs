@@ -80,7 +80,8 @@ impl ModelSource for StoreSource {
     }
 
     fn component(&self, component: &str) -> Result<ComponentWeights, SourceError> {
-        let loaded = loader::materialise_component(&self.store, &self.model, component, self.read_path)?;
+        let loaded =
+            loader::materialise_component(&self.store, &self.model, component, self.read_path)?;
         Ok(loaded.into_weights())
     }
 

@@ -1,0 +1,61 @@
+//! `create NAME --transformer FILE --text-encoder FILE --vae FILE [--tokenizer …] [--from DIR]`:
+//! a model composed from component checkpoints in whatever layout they come in.
+use super::store::CreateArgs;
+use anyhow::{bail, Context};
+use std::path::PathBuf;
+use zimage::diffusers_dir::DiffusersDir;
+use zimage::layouts::files::{read_tokenizer, turbo_defaults, Checkpoint, ComposedModel};
+use zimage::layouts::{Component, Layout};
+
+pub fn compose(a: &CreateArgs) -> anyhow::Result<ComposedModel> {
+    let base = match &a.from {
+        Some(dir) if dir.is_dir() => Some(DiffusersDir::open(dir)?),
+        Some(other) => bail!(
+            "with component files, --from names the diffusers directory they replace components of; `{}` is not a directory",
+            other.display()
+        ),
+        None => None,
+    };
+    let given: [(Component, &Vec<PathBuf>); 3] = [
+        (Component::Transformer, &a.transformer),
+        (Component::TextEncoder, &a.text_encoder),
+        (Component::Vae, &a.vae),
+    ];
+    let mut parts = Vec::new();
+    for (component, files) in given {
+        if files.is_empty() {
+            continue;
+        }
+        let checkpoint = Checkpoint::open(files)?;
+        let described = checkpoint.describe();
+        let mapped = checkpoint
+            .map(component)
+            .with_context(|| format!("reading the {} from {described}", component.dir()))?;
+        parts.push((mapped, described));
+    }
+    let tokenizer = a.tokenizer.as_deref().map(read_tokenizer).transpose()?;
+    let model = ComposedModel::compose(
+        base.as_ref(),
+        turbo_defaults(zimage::embedded::DEMO_FILES),
+        parts,
+        tokenizer,
+    )?;
+    for o in &model.origins {
+        let layout = match o.layout {
+            Layout::Diffusers => "diffusers layout",
+            Layout::Original => "original layout",
+        };
+        let dropped = if o.dropped.is_empty() {
+            String::new()
+        } else {
+            format!("; unused, left out: {}", o.dropped.join(", "))
+        };
+        println!(
+            "{}: {} ({layout}, {} tensors{dropped})",
+            o.component.dir(),
+            o.source,
+            o.tensors
+        );
+    }
+    Ok(model)
+}

@@ -1,0 +1,60 @@
+//! `zimage export NAME --format comfy DIR`: a stored model as files other tools load.
+use std::path::PathBuf;
+use std::process::ExitCode;
+use zimage::layouts::export::export_comfy;
+use zimage::store::Store;
+
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    /// The stored model.
+    pub name: String,
+    /// The file layout to write.
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    /// Where to write: ComfyUI's `models/` folder (files go to `diffusion_models/`,
+    /// `text_encoders/` and `vae/` inside it).
+    pub dir: PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// ComfyUI's three files: the original-layout transformer, the Qwen3 text encoder and
+    /// the LDM-layout VAE.
+    Comfy,
+}
+
+pub fn run(store: Option<PathBuf>, a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::locate(store.as_deref())?;
+    let model = store.open(&a.name)?;
+    let stem = file_stem(&model.name.short());
+    match a.format {
+        ExportFormat::Comfy => {
+            for f in export_comfy(&store, &model, &a.dir, &stem)? {
+                println!(
+                    "{}: {} ({} tensors, {} bytes)",
+                    f.component.dir(),
+                    f.path.display(),
+                    f.tensors,
+                    f.bytes
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A file name from a model name: `me/z-image:q8` → `z-image_q8`.
+fn file_stem(short: &str) -> String {
+    let last = short.rsplit('/').next().unwrap_or(short);
+    last.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>()
+        .trim_start_matches('.')
+        .to_string()
+}

@@ -1,0 +1,315 @@
+//! Component checkpoint files (one safetensors file, several shards, or a shard index) opened
+//! as tensors, and a model composed from them: the source `zimage create --transformer FILE
+//! --text-encoder FILE --vae FILE` imports.
+
+use super::{to_diffusers, Component, Layout, LayoutError, Mapped, CONFIG_METADATA_KEY};
+use crate::diffusers_dir::{self, DiffusersDir};
+use crate::formats::FileKind;
+use crate::store::{SafetensorsFile, SourceTensor, StoreError, TensorSource};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Files(#[from] crate::files::FileError),
+    #[error(transparent)]
+    Dir(#[from] diffusers_dir::Error),
+    #[error("`{}`: {reason}", path.display())]
+    Bad { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Compose(String),
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Bad {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// The tensors of one component's checkpoint, with the config its metadata carries (if any).
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The files read, for messages.
+    pub files: Vec<PathBuf>,
+    pub tensors: Vec<SourceTensor>,
+    pub config_hint: Option<serde_json::Value>,
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint given as safetensors files (shards of one component) or as a
+    /// `*.safetensors.index.json` whose shards sit beside it.
+    pub fn open(paths: &[PathBuf]) -> Result<Checkpoint, Error> {
+        let mut files = Vec::new();
+        for p in paths {
+            if p.to_string_lossy().ends_with(".index.json") {
+                files.extend(index_shards(p)?);
+            } else {
+                files.push(p.clone());
+            }
+        }
+        let mut tensors = Vec::new();
+        let mut config_hint = None;
+        let mut seen: HashMap<String, PathBuf> = HashMap::new();
+        for f in &files {
+            let (_, len) = crate::files::open_regular(f)?;
+            match FileKind::of_file(f).map_err(|e| bad(f, e.to_string()))? {
+                FileKind::Safetensors => {}
+                other => {
+                    return Err(bad(
+                        f,
+                        format!(
+                            "is {}; a component file must be safetensors",
+                            other.describe()
+                        ),
+                    ))
+                }
+            }
+            let st = SafetensorsFile::open(f, 0, len, "model")?;
+            if let Some(text) = st
+                .header
+                .metadata
+                .as_ref()
+                .and_then(|m| m.get(CONFIG_METADATA_KEY))
+            {
+                let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                    bad(
+                        f,
+                        format!("metadata `{CONFIG_METADATA_KEY}` is not JSON: {e}"),
+                    )
+                })?;
+                if !v.is_object() {
+                    return Err(bad(
+                        f,
+                        format!("metadata `{CONFIG_METADATA_KEY}` is not a JSON object"),
+                    ));
+                }
+                config_hint = Some(v);
+            }
+            for t in st.tensors() {
+                if let Some(prev) = seen.insert(t.name.clone(), f.clone()) {
+                    return Err(bad(
+                        f,
+                        format!("tensor `{}` is also in `{}`", t.name, prev.display()),
+                    ));
+                }
+                tensors.push(t);
+            }
+        }
+        Ok(Checkpoint {
+            files,
+            tensors,
+            config_hint,
+        })
+    }
+
+    /// What to call the checkpoint in messages.
+    pub fn describe(&self) -> String {
+        match self.files.as_slice() {
+            [one] => format!("`{}`", one.display()),
+            many => format!(
+                "`{}` (+{} shards)",
+                many.first()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                many.len().saturating_sub(1)
+            ),
+        }
+    }
+
+    /// The checkpoint's tensors as `component` under diffusers names.
+    pub fn map(self, component: Component) -> Result<Mapped, LayoutError> {
+        let what = self.describe();
+        to_diffusers(component, self.tensors, &what, self.config_hint.as_ref())
+    }
+}
+
+/// The shard files a `*.safetensors.index.json` names, in order, each once.
+fn index_shards(index: &Path) -> Result<Vec<PathBuf>, Error> {
+    let text = crate::files::read_text_bounded(index, diffusers_dir::CONFIG_LIMIT, "shard index")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(index, format!("invalid JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad(index, "no `weight_map` object"))?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut shards: Vec<String> = Vec::new();
+    for (name, shard) in map {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| bad(index, format!("`weight_map.{name}` is not a file name")))?;
+        // A shard is a file beside the index, never a path elsewhere.
+        if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
+            return Err(bad(
+                index,
+                format!("`weight_map.{name}` names `{shard}`, not a file beside the index"),
+            ));
+        }
+        if !shards.iter().any(|s| s == shard) {
+            shards.push(shard.to_string());
+        }
+    }
+    if shards.is_empty() {
+        return Err(bad(index, "`weight_map` is empty"));
+    }
+    shards.sort();
+    Ok(shards.into_iter().map(|s| dir.join(s)).collect())
+}
+
+/// Tokenizer files from a folder (those of them a diffusers `tokenizer/` holds) or one file
+/// named as such a file, as `(tokenizer/NAME, bytes)`.
+pub fn read_tokenizer(path: &Path) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let names: Vec<&str> = diffusers_dir::CONFIG_FILES
+        .iter()
+        .filter_map(|f| f.strip_prefix("tokenizer/"))
+        .collect();
+    let read = |name: &str, file: &Path| -> Result<(String, Vec<u8>), Error> {
+        let rel = format!("tokenizer/{name}");
+        let (limit, what) = diffusers_dir::config_limit(&rel);
+        let bytes = crate::files::read_bounded(file, limit, what)?;
+        if name.ends_with(".json") {
+            serde_json::from_slice::<serde_json::Value>(&bytes)
+                .map_err(|e| bad(file, format!("is not JSON: {e}")))?;
+        }
+        Ok((rel, bytes))
+    };
+    if path.is_dir() {
+        let found: Vec<_> = names
+            .iter()
+            .filter(|n| path.join(n).is_file())
+            .map(|n| read(n, &path.join(n)))
+            .collect::<Result<_, _>>()?;
+        if found.is_empty() {
+            return Err(bad(
+                path,
+                format!("holds none of the tokenizer files ({})", names.join(", ")),
+            ));
+        }
+        return Ok(found);
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    if !names.contains(&name.as_str()) {
+        return Err(bad(
+            path,
+            format!(
+                "is no tokenizer file: the tokenizer is a folder, or one of {}",
+                names.join(", ")
+            ),
+        ));
+    }
+    Ok(vec![read(&name, path)?])
+}
+
+/// What one component of a composed model came from, for `create`'s report.
+#[derive(Debug, Clone)]
+pub struct ComponentOrigin {
+    pub component: Component,
+    pub source: String,
+    pub layout: Layout,
+    pub tensors: usize,
+    pub dropped: Vec<String>,
+}
+
+/// A model assembled from component checkpoints over a base (a diffusers directory, or
+/// Z-Image-Turbo's tokenizer and scheduler when there is none).
+#[derive(Debug, Clone)]
+pub struct ComposedModel {
+    pub tensors: Vec<SourceTensor>,
+    pub configs: Vec<(String, Vec<u8>)>,
+    pub origins: Vec<ComponentOrigin>,
+}
+
+/// The files a model needs besides its weights that Z-Image-Turbo's are used for when no base
+/// directory gives them: `model_index.json`, the scheduler config and the tokenizer.
+pub fn turbo_defaults(embedded: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+    embedded
+        .iter()
+        .filter(|(p, _)| {
+            *p == "model_index.json" || p.starts_with("scheduler/") || p.starts_with("tokenizer/")
+        })
+        .map(|(p, b)| (p.to_string(), b.to_vec()))
+        .collect()
+}
+
+impl ComposedModel {
+    /// `base`: the directory whose components the given ones replace; without one every
+    /// weight component must be given and `defaults` supply the other files.
+    pub fn compose(
+        base: Option<&DiffusersDir>,
+        defaults: Vec<(String, Vec<u8>)>,
+        components: Vec<(Mapped, String)>,
+        tokenizer: Option<Vec<(String, Vec<u8>)>>,
+    ) -> Result<ComposedModel, Error> {
+        let (mut tensors, mut configs) = match base {
+            Some(dir) => (dir.tensors(), dir.config_files()?),
+            None => {
+                let missing: Vec<&str> = Component::ALL
+                    .iter()
+                    .filter(|c| !components.iter().any(|(m, _)| m.component == **c))
+                    .map(|c| c.dir())
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(Error::Compose(format!(
+                        "without --from, a model needs every component: {} missing (give --transformer, --text-encoder and --vae)",
+                        missing.join(", ")
+                    )));
+                }
+                (Vec::new(), defaults)
+            }
+        };
+        let mut origins = Vec::new();
+        for (mapped, source) in components {
+            let dir = mapped.component.dir();
+            tensors.retain(|t| t.component != dir);
+            configs.retain(|(p, _)| p != &format!("{dir}/config.json"));
+            let config = serde_json::to_vec_pretty(&mapped.config).expect("JSON values serialize");
+            configs.push((format!("{dir}/config.json"), config));
+            origins.push(ComponentOrigin {
+                component: mapped.component,
+                source,
+                layout: mapped.layout,
+                tensors: mapped.tensors.len(),
+                dropped: mapped.dropped,
+            });
+            tensors.extend(mapped.tensors);
+        }
+        if let Some(tok) = tokenizer {
+            configs.retain(|(p, _)| !p.starts_with("tokenizer/"));
+            configs.extend(tok);
+        }
+        configs.sort_by(|a, b| a.0.cmp(&b.0));
+        let order: BTreeMap<&str, usize> = diffusers_dir::WEIGHT_COMPONENTS
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (*c, i))
+            .collect();
+        tensors.sort_by(|a, b| {
+            (order.get(a.component.as_str()), &a.name)
+                .cmp(&(order.get(b.component.as_str()), &b.name))
+        });
+        Ok(ComposedModel {
+            tensors,
+            configs,
+            origins,
+        })
+    }
+}
+
+impl TensorSource for ComposedModel {
+    fn tensors(&self) -> Vec<SourceTensor> {
+        self.tensors.clone()
+    }
+
+    fn config_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(self.configs.clone())
+    }
+}

@@ -1,0 +1,274 @@
+//! Checkpoint layouts other than diffusers', mapped onto the diffusers names the store and the
+//! pipeline use, with each component's config inferred from its tensors' shapes.
+//!
+//! The original Z-Image layout (as ComfyUI and stable-diffusion.cpp ship the transformer), the
+//! Qwen3 text encoder with or without its `model.` prefix, and the LDM/Flux VAE layout are
+//! recognised from their tensor names, as diffusers' single-file loader recognises them
+//! (`diffusers/loaders/single_file_utils.py`, 0.42.1). Every mapping works on byte ranges
+//! ([`SourceTensor`]s): a rename keeps the range, a fused `q|k|v` projection becomes three
+//! row ranges, a 1×1 convolution used as a linear layer drops its trailing unit axes. No
+//! tensor is read, so any source that can say where a tensor's rows are (a safetensors file,
+//! a GGUF file) goes through the same mapping.
+//!
+//! What shapes cannot tell (norm epsilons, RoPE theta, the VAE's group count and latent
+//! scaling) is Z-Image-Turbo's. A config written into a file's metadata by
+//! `zimage export --format comfy` (key [`CONFIG_METADATA_KEY`]) takes precedence over the
+//! inferred one, so a model that differs from Turbo in those values round-trips.
+
+pub mod export;
+pub mod files;
+pub mod text_encoder;
+pub mod transformer;
+pub mod vae;
+
+use crate::store::SourceTensor;
+use std::collections::BTreeMap;
+
+/// The safetensors metadata key under which an exported file carries its component's
+/// diffusers config (JSON text).
+pub const CONFIG_METADATA_KEY: &str = "zimage.config";
+
+/// The pipeline components a single checkpoint file can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Component {
+    Transformer,
+    TextEncoder,
+    Vae,
+}
+
+impl Component {
+    pub const ALL: [Component; 3] = [
+        Component::Transformer,
+        Component::TextEncoder,
+        Component::Vae,
+    ];
+
+    /// The component's folder in a diffusers directory and in the store.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Component::Transformer => "transformer",
+            Component::TextEncoder => "text_encoder",
+            Component::Vae => "vae",
+        }
+    }
+}
+
+/// How a component's tensors were named in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Layout {
+    /// diffusers' (or transformers') own names: stored as they are.
+    Diffusers,
+    /// The original layout: Z-Image's own transformer names, a Qwen3 without its `model.`
+    /// prefix, or the LDM/Flux VAE names.
+    Original,
+}
+
+/// A component's tensors under diffusers names, with the config that goes with them.
+#[derive(Debug, Clone)]
+pub struct Mapped {
+    pub component: Component,
+    pub layout: Layout,
+    /// Under their diffusers names, `component` set to [`Component::dir`].
+    pub tensors: Vec<SourceTensor>,
+    /// `config.json` of the component.
+    pub config: serde_json::Value,
+    /// Tensors of the file that the pipeline has no use for and that were left out (a
+    /// language-model head, an unused final norm).
+    pub dropped: Vec<String>,
+}
+
+/// One tensor of an exported file: the stored (diffusers-named) tensors whose bytes, one after
+/// the other, make it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joined {
+    pub name: String,
+    pub shape: Vec<u64>,
+    /// Diffusers names, concatenated along the first axis.
+    pub parts: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{what}: the tensors are in no layout known for the {component}; expected {expected} (found e.g. {found})")]
+    Unknown {
+        what: String,
+        component: &'static str,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("{what}: tensor `{tensor}` {reason}")]
+    Tensor {
+        what: String,
+        tensor: String,
+        reason: String,
+    },
+    #[error("{what}: no tensor `{tensor}`, which the {component} needs")]
+    Missing {
+        what: String,
+        component: &'static str,
+        tensor: String,
+    },
+    #[error("{what}: tensor `{tensor}` appears twice once renamed (also as `{other}`)")]
+    Duplicate {
+        what: String,
+        tensor: String,
+        other: String,
+    },
+}
+
+/// Maps a component's tensors (any names, from any file) onto diffusers names and infers its
+/// config. `what` names the source in errors (a file path); `hint` is a config carried in
+/// the file's metadata, which wins over the inferred one where it has a key.
+pub fn to_diffusers(
+    component: Component,
+    tensors: Vec<SourceTensor>,
+    what: &str,
+    hint: Option<&serde_json::Value>,
+) -> Result<Mapped, LayoutError> {
+    let mut mapped = match component {
+        Component::Transformer => transformer::to_diffusers(tensors, what)?,
+        Component::TextEncoder => text_encoder::to_diffusers(tensors, what)?,
+        Component::Vae => vae::to_diffusers(tensors, what)?,
+    };
+    check_unique(&mapped.tensors, what)?;
+    for t in &mut mapped.tensors {
+        t.component = component.dir().to_string();
+    }
+    if let (Some(serde_json::Value::Object(hint)), serde_json::Value::Object(config)) =
+        (hint, &mut mapped.config)
+    {
+        for (k, v) in hint {
+            config.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(mapped)
+}
+
+fn check_unique(tensors: &[SourceTensor], what: &str) -> Result<(), LayoutError> {
+    let mut seen = BTreeMap::new();
+    for t in tensors {
+        if let Some(prev) = seen.insert(t.name.as_str(), t) {
+            return Err(LayoutError::Duplicate {
+                what: what.to_string(),
+                tensor: t.name.clone(),
+                other: prev.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The rows `start..end` of a tensor whose first axis is rows, as a byte range of the same
+/// file: rows are contiguous in every layout a [`SourceTensor`] describes.
+pub fn rows(t: &SourceTensor, start: u64, end: u64, name: &str) -> Result<SourceTensor, String> {
+    let bad = || {
+        format!(
+            "cannot be cut into rows {start}..{end} (shape {:?}, {} bytes)",
+            t.shape, t.nbytes
+        )
+    };
+    let total = *t.shape.first().ok_or("has no rows")?;
+    if total == 0 || !t.nbytes.is_multiple_of(total) {
+        return Err(bad());
+    }
+    let mut out = t.rows(start, end).ok_or_else(bad)?;
+    out.name = name.to_string();
+    Ok(out)
+}
+
+/// The same bytes under another name (and optionally another shape of the same size).
+pub(crate) fn renamed(t: &SourceTensor, name: String, shape: Option<Vec<u64>>) -> SourceTensor {
+    SourceTensor {
+        name,
+        shape: shape.unwrap_or_else(|| t.shape.clone()),
+        ..t.clone()
+    }
+}
+
+/// Removes from the names that have it the longest of `prefixes` that some name has (a
+/// checkpoint's `model.diffusion_model.`, say).
+pub(crate) fn strip_prefix(tensors: &mut [SourceTensor], prefixes: &[&str]) {
+    let Some(prefix) = prefixes
+        .iter()
+        .filter(|p| tensors.iter().any(|t| t.name.starts_with(**p)))
+        .max_by_key(|p| p.len())
+    else {
+        return;
+    };
+    for t in tensors {
+        if let Some(rest) = t.name.strip_prefix(*prefix) {
+            t.name = rest.to_string();
+        }
+    }
+}
+
+/// A few names of the file, for an error that says what was found instead.
+pub(crate) fn sample(tensors: &[SourceTensor]) -> String {
+    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort();
+    let shown: Vec<String> = names.iter().take(4).map(|n| format!("`{n}`")).collect();
+    if shown.is_empty() {
+        "no tensors".into()
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// The tensors of a component looked up by name, with errors that name the source.
+pub(crate) struct ByName<'a> {
+    pub what: &'a str,
+    pub component: &'static str,
+    pub map: BTreeMap<&'a str, &'a SourceTensor>,
+}
+
+impl<'a> ByName<'a> {
+    pub fn new(what: &'a str, component: &'static str, tensors: &'a [SourceTensor]) -> Self {
+        ByName {
+            what,
+            component,
+            map: tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Result<&'a SourceTensor, LayoutError> {
+        self.map
+            .get(name)
+            .copied()
+            .ok_or_else(|| LayoutError::Missing {
+                what: self.what.to_string(),
+                component: self.component,
+                tensor: name.to_string(),
+            })
+    }
+
+    /// Axis `axis` of tensor `name`, which must have `rank` axes.
+    pub fn dim(&self, name: &str, rank: usize, axis: usize) -> Result<u64, LayoutError> {
+        let t = self.get(name)?;
+        if t.shape.len() != rank {
+            return Err(LayoutError::Tensor {
+                what: self.what.to_string(),
+                tensor: name.to_string(),
+                reason: format!("has shape {:?}, expected {rank} axes", t.shape),
+            });
+        }
+        Ok(t.shape[axis])
+    }
+
+    /// How many `prefix{i}.` blocks there are, counting from 0 without gaps.
+    pub fn count(&self, prefix: &str) -> u64 {
+        (0..)
+            .take_while(|i| {
+                let p = format!("{prefix}{i}.");
+                self.map.keys().any(|k| k.starts_with(&p))
+            })
+            .count() as u64
+    }
+
+    pub fn bad(&self, tensor: &str, reason: String) -> LayoutError {
+        LayoutError::Tensor {
+            what: self.what.to_string(),
+            tensor: tensor.to_string(),
+            reason,
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The Qwen3 text encoder: transformers' names under `model.` (diffusers' `text_encoder/`,
+//! ComfyUI's `qwen_3_4b.safetensors`), or the same names without the prefix.
+//!
+//! The pipeline reads the hidden states, so a language-model head (`lm_head.weight`) is left out.
+
+use super::{sample, ByName, Joined, Layout, LayoutError, Mapped};
+use crate::store::SourceTensor;
+
+const EXPECTED: &str = "Qwen3 names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, …), with or without the `model.` prefix";
+
+pub fn to_diffusers(tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
+    let prefixed = tensors
+        .iter()
+        .any(|t| t.name == "model.embed_tokens.weight");
+    let bare = tensors.iter().any(|t| t.name == "embed_tokens.weight");
+    let layout = match (prefixed, bare) {
+        (true, false) => Layout::Diffusers,
+        (false, true) => Layout::Original,
+        _ => {
+            return Err(LayoutError::Unknown {
+                what: what.to_string(),
+                component: "text encoder",
+                expected: EXPECTED,
+                found: sample(&tensors),
+            })
+        }
+    };
+    let mut dropped = Vec::new();
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let name = match layout {
+            Layout::Diffusers => t.name.clone(),
+            Layout::Original => format!("model.{}", t.name),
+        };
+        if name == "model.lm_head.weight" || name == "lm_head.weight" {
+            dropped.push(t.name.clone());
+            continue;
+        }
+        out.push(super::renamed(&t, name, None));
+    }
+    let config = infer_config(&out, what)?;
+    Ok(Mapped {
+        component: super::Component::TextEncoder,
+        layout,
+        tensors: out,
+        config,
+        dropped,
+    })
+}
+
+/// `text_encoder/config.json` from the shapes, Qwen3-4B's values for the rest.
+pub fn infer_config(
+    tensors: &[SourceTensor],
+    what: &str,
+) -> Result<serde_json::Value, LayoutError> {
+    let t = ByName::new(what, "text encoder", tensors);
+    let vocab = t.dim("model.embed_tokens.weight", 2, 0)?;
+    let hidden = t.dim("model.embed_tokens.weight", 2, 1)?;
+    let norm = "model.layers.0.self_attn.q_norm.weight";
+    let head_dim = t.dim(norm, 1, 0)?;
+    let q = t.dim("model.layers.0.self_attn.q_proj.weight", 2, 0)?;
+    let kv = t.dim("model.layers.0.self_attn.k_proj.weight", 2, 0)?;
+    if head_dim == 0 || q % head_dim != 0 || kv % head_dim != 0 {
+        return Err(t.bad(
+            norm,
+            format!("gives a head size of {head_dim}, which does not divide the projections ({q}, {kv} rows)"),
+        ));
+    }
+    let layers = t.count("model.layers.");
+    let intermediate = t.dim("model.layers.0.mlp.gate_proj.weight", 2, 0)?;
+    Ok(serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": 40960,
+        "model_type": "qwen3",
+        "num_attention_heads": q / head_dim,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv / head_dim,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "tie_word_embeddings": true,
+        "use_sliding_window": false,
+        "vocab_size": vocab,
+    }))
+}
+
+/// ComfyUI keeps transformers' `model.`-prefixed names: the stored names as they are.
+pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
+    tensors
+        .iter()
+        .map(|(name, shape)| Joined {
+            name: name.clone(),
+            shape: shape.clone(),
+            parts: vec![name.clone()],
+        })
+        .collect()
+}
