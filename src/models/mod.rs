@@ -2,12 +2,16 @@
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
 //! - [`transformer`]: the S3-DiT that predicts the flow velocity (with [`rope`]);
+//! - [`controlnet`]: the Z-Image-Turbo Fun ControlNet Union, whose hints the transformer adds
+//!   into its layers ([`controlnet_config`]: its config, published versions and recognition);
 //! - [`vae`]: the AutoencoderKL decoder (latents → pixels);
 //! - [`weights`]: binding checkpoint tensors to modules, strictly.
 //!
 //! Every dimension comes from the model's own `config.json` files; each component's
 //! `validate()` rejects what the port does not support, up front, with the key at fault.
 
+pub mod controlnet;
+pub mod controlnet_config;
 pub mod qwen3;
 pub mod rope;
 pub mod transformer;
@@ -15,8 +19,10 @@ pub mod vae;
 pub mod vae_tiling;
 pub mod weights;
 
+pub use controlnet::ControlNet;
+pub use controlnet_config::{ControlNetConfig, ControlNetVersion};
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
-pub use transformer::{DitConfig, ZImageTransformer};
+pub use transformer::{DitConfig, Hints, Prepared, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
 pub use weights::{Checkpoint, LoadError, Residency};
 
