@@ -15,6 +15,7 @@
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
 
 pub mod component;
+pub mod controlnet_source;
 pub mod diffusers_dir;
 pub mod dtype;
 pub mod embedded;

@@ -3,6 +3,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use zimage::controlnet_source::{recognise_file, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::loader::{self, ReadPath};
@@ -228,8 +229,32 @@ fn create_derived(store: &Store, a: &CreateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A ControlNet: a directory whose `config.json` is a `ZImageControlNetModel`'s, or (when no
+/// `--component` says where the tensors go) a safetensors file recognised as a published one.
+fn is_controlnet(from: &Path, component: &str) -> anyhow::Result<bool> {
+    if from.is_dir() {
+        let config = from.join("config.json");
+        if !config.is_file() {
+            return Ok(false);
+        }
+        let bytes = zimage::files::read_bounded(&config, 1 << 20, "config")?;
+        let json: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("`{}` is not JSON", config.display()))?;
+        return Ok(json["_class_name"] == "ZImageControlNetModel");
+    }
+    if component != "model" || !from.is_file() {
+        return Ok(false);
+    }
+    let kind =
+        FileKind::of_file(from).with_context(|| format!("cannot read `{}`", from.display()))?;
+    Ok(kind == FileKind::Safetensors && recognise_file(from)?.is_some())
+}
+
 /// What `--from` names: a diffusers directory or a single model file, told by its content.
 fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSourceSync>> {
+    if is_controlnet(from, component)? {
+        return Ok(Box::new(ControlNetSource::open(from)?));
+    }
     if from.is_dir() {
         return Ok(Box::new(DiffusersDir::open(from)?));
     }
@@ -288,6 +313,7 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
         let modified: chrono_free::Ago = m.modified.into();
         let loras = lora_note(&store, &m)
             .map(|n| format!("  + {n}"))
+            .or_else(|| controlnet_note(&store, &m).map(|n| format!("  {n}")))
             .unwrap_or_default();
         println!(
             "{:<40} {:<14} {:>10}  {}{loras}",
@@ -319,6 +345,25 @@ fn lora_note(store: &Store, model: &store::StoredModel) -> Option<String> {
             )
         }
         Err(e) => format!("LoRAs unreadable: {e}"),
+    })
+}
+
+/// `ControlNet 2.1 (…)` for a stored ControlNet; `None` for any other model.
+fn controlnet_note(store: &Store, model: &store::StoredModel) -> Option<String> {
+    let source = zimage::loader::StoreSource {
+        store: store.clone(),
+        model: model.clone(),
+        read_path: zimage::loader::ReadPath::MlxLoader,
+    };
+    Some(match zimage::controlnet_source::stored_config(&source) {
+        Ok(Some(c)) => format!(
+            "ControlNet {} ({} control layers, {} control channels)",
+            c.version().name(),
+            c.control_layers_places.len(),
+            c.control_in_dim
+        ),
+        Ok(None) => return None,
+        Err(e) => format!("ControlNet, config unreadable: {e}"),
     })
 }
 
@@ -402,6 +447,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             "shared_blobs": shared.len(),
             "shared_bytes": shared_bytes,
             "loras": loras.iter().map(|(_, r)| r).collect::<Vec<_>>(),
+            "controlnet": controlnet_note(&store, &model),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
@@ -411,6 +457,9 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     println!("manifest    {}", model.manifest_digest);
     println!("size        {}", human(model.size()));
     println!("quantized   {quant}");
+    if let Some(note) = controlnet_note(&store, &model) {
+        println!("kind        {note}");
+    }
     for (_, r) in &loras {
         println!(
             "lora        {} ({} pairs, {}, hash {}), applied unfused",

@@ -2,6 +2,8 @@
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
 //! - [`transformer`]: the S3-DiT that predicts the flow velocity (with [`rope`]);
+//! - [`controlnet`]: the Z-Image-Turbo Fun ControlNet Union, whose hints the transformer adds
+//!   into its layers ([`controlnet_config`]: its config, published versions and recognition);
 //! - [`vae`]: the AutoencoderKL decoder (latents → pixels);
 //! - [`vae_encoder`]: its encoder (pixels → latent distribution), for image-to-image;
 //! - [`weights`]: binding checkpoint tensors to modules, strictly.
@@ -9,6 +11,8 @@
 //! Every dimension comes from the model's own `config.json` files; each component's
 //! `validate()` rejects what the port does not support, up front, with the key at fault.
 
+pub mod controlnet;
+pub mod controlnet_config;
 pub mod qwen3;
 pub mod rope;
 pub mod transformer;
@@ -17,8 +21,10 @@ pub mod vae_encoder;
 pub mod vae_tiling;
 pub mod weights;
 
+pub use controlnet::ControlNet;
+pub use controlnet_config::{ControlNetConfig, ControlNetVersion};
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
-pub use transformer::{DitConfig, ZImageTransformer};
+pub use transformer::{DitConfig, Hints, Prepared, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
 pub use vae_encoder::{LatentDistribution, VaeEncoder};
 pub use weights::{Checkpoint, LoadError, Residency};

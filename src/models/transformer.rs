@@ -273,7 +273,7 @@ struct Modulation {
 }
 
 /// `ZImageTransformerBlock`: sandwich-normed attention and FFN, optionally adaLN-modulated.
-struct Block {
+pub(crate) struct Block {
     attention: Attention,
     feed_forward: FeedForward,
     attention_norm1: RmsNorm,
@@ -286,7 +286,12 @@ struct Block {
 }
 
 impl Block {
-    fn new(cfg: &DitConfig, w: &Weights, modulated: bool, fused: bool) -> mlx::Result<Block> {
+    pub(crate) fn new(
+        cfg: &DitConfig,
+        w: &Weights,
+        modulated: bool,
+        fused: bool,
+    ) -> mlx::Result<Block> {
         let norm = |name: &str| RmsNorm::new(&w.pp(name), cfg.dim, cfg.norm_eps);
         Ok(Block {
             attention: Attention::new(cfg, &w.pp("attention"), fused)?,
@@ -330,7 +335,12 @@ impl Block {
     }
 
     /// `c`: the timestep conditioning, which only modulated blocks read.
-    fn forward(&self, x: &Array, rope: &(Array, Array), c: Option<&Array>) -> mlx::Result<Array> {
+    pub(crate) fn forward(
+        &self,
+        x: &Array,
+        rope: &(Array, Array),
+        c: Option<&Array>,
+    ) -> mlx::Result<Array> {
         let m = self.modulation(c)?;
         if self.fused {
             return self.forward_fused(x, rope, m.as_ref());
@@ -395,6 +405,23 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// `[C, h, w]` of the latents it was made for.
+    pub fn latent_shape(&self) -> &[i32] {
+        &self.latent_shape
+    }
+    /// The refined caption tokens, `[Lp, dim]`.
+    pub(crate) fn caption(&self) -> &Array {
+        &self.caption
+    }
+    /// RoPE of the image tokens alone (the noise refiner's).
+    pub(crate) fn img_rope(&self) -> &(Array, Array) {
+        &self.img_rope
+    }
+    /// RoPE of the unified sequence `[image, caption]`.
+    pub(crate) fn rope(&self) -> &(Array, Array) {
+        &self.rope
+    }
+
     /// Computes it now, so that steps only read it.
     pub fn eval(&self) -> mlx::Result<()> {
         mlx::eval(&[
@@ -473,7 +500,7 @@ impl ZImageTransformer {
     }
 
     /// The timestep conditioning `c` ([1, adaln_dim]) for `t_model` (0 at pure noise).
-    fn t_embed(&self, t_model: f32) -> mlx::Result<Array> {
+    pub(crate) fn t_embed(&self, t_model: f32) -> mlx::Result<Array> {
         let s = t_model * self.config.t_scale;
         let half = FREQUENCY_EMBEDDING_SIZE / 2;
         let neg_ln = -(10000f64.ln() as f32);
@@ -547,42 +574,41 @@ impl ZImageTransformer {
         t_model: f32,
         prepared: &Prepared,
     ) -> mlx::Result<Array> {
-        if latent.shape() != prepared.latent_shape {
-            return Err(mlx::Error::new(
-                "transformer",
-                format!(
-                    "latents of shape {:?}, prepared for {:?}",
-                    latent.shape(),
-                    prepared.latent_shape
-                ),
-            ));
+        self.forward_prepared_with(latent, t_model, prepared, None)
+    }
+
+    /// [`ZImageTransformer::forward_prepared`] with a ControlNet's `hints` for this step added
+    /// into the main layers (each after the layer it names, as diffusers adds
+    /// `controlnet_block_samples`). `None` is the plain forward.
+    pub fn forward_prepared_with(
+        &self,
+        latent: &Array,
+        t_model: f32,
+        prepared: &Prepared,
+        hints: Option<&Hints>,
+    ) -> mlx::Result<Array> {
+        self.check_prepared(latent, prepared)?;
+        if let Some(hints) = hints {
+            self.check_hints(hints, prepared)?;
         }
         let (c_in, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
         let (ht, wt) = (h / 2, w / 2);
         let n = ht * wt;
-        let np = round_up(n, SEQ_MULTI_OF);
 
         // 1. Conditioning.
         let c = self.t_embed(t_model)?;
 
-        // 2. Patchify: [C, h, w] → [N, 4C], feature (ph·2 + pw)·C + c, token i·Wt + j.
-        let patches = latent
-            .astype(self.dtype)?
-            .reshape(&[c_in, ht, 2, wt, 2])?
-            .transpose(&[1, 3, 2, 4, 0])?
-            .reshape(&[n, 4 * c_in])?;
-
-        // 3. Image tokens: embed, learned pad rows, the noise refiner.
-        let x = self.x_embedder.forward(&patches)?;
-        let mut x = pad_rows(&x, &self.x_pad_token, np - n)?;
-        for block in &self.noise_refiner {
-            x = block.forward(&x, &prepared.img_rope, Some(&c))?;
-        }
+        // 2–3. Image tokens: patchify, embed, learned pad rows, the noise refiner.
+        let x = self.embed_image(latent)?;
+        let x = self.refine_image(x, &c, prepared, &[])?;
 
         // 4. Unified sequence [image, caption] through the main layers.
         let mut u = ops::concatenate(&[&x, &prepared.caption], 0)?;
-        for block in &self.layers {
+        for (i, block) in self.layers.iter().enumerate() {
             u = block.forward(&u, &prepared.rope, Some(&c))?;
+            if let Some(hint) = hints.and_then(|hints| hints.after(i)) {
+                u = (&u + hint)?;
+            }
         }
 
         // 5. Final layer: LayerNorm (no affine) scaled by 1 + SiLU(c)·Wᵀ + b, then project.
@@ -597,14 +623,126 @@ impl ZImageTransformer {
             .reshape(&[c_in, h, w])?
             .astype(Dtype::F32)
     }
+
+    pub(crate) fn check_prepared(&self, latent: &Array, prepared: &Prepared) -> mlx::Result<()> {
+        if latent.shape() != prepared.latent_shape {
+            return Err(mlx::Error::new(
+                "transformer",
+                format!(
+                    "latents of shape {:?}, prepared for {:?}",
+                    latent.shape(),
+                    prepared.latent_shape
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_hints(&self, hints: &Hints, prepared: &Prepared) -> mlx::Result<()> {
+        let rows = prepared.rope.0.dim(0);
+        for (layer, hint) in &hints.after_layer {
+            if *layer >= self.layers.len() || hint.shape() != [rows, self.config.dim] {
+                return Err(mlx::Error::new(
+                    "transformer",
+                    format!(
+                        "a control hint of shape {:?} for layer {layer}; the model has {} layers over [{rows}, {}]",
+                        hint.shape(),
+                        self.layers.len(),
+                        self.config.dim
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The compute dtype.
+    pub(crate) fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The learned row that pads image tokens to the sequence multiple, `[1, dim]`.
+    pub(crate) fn x_pad_token(&self) -> &Array {
+        &self.x_pad_token
+    }
+
+    /// Image tokens `[Np, dim]` of `latent` ([C, h, w]): patchified, embedded, padded with the
+    /// learned pad row.
+    pub(crate) fn embed_image(&self, latent: &Array) -> mlx::Result<Array> {
+        let patches = patchify(&latent.astype(self.dtype)?)?;
+        let n = patches.dim(0);
+        let x = self.x_embedder.forward(&patches)?;
+        pad_rows(&x, &self.x_pad_token, round_up(n, SEQ_MULTI_OF) - n)
+    }
+
+    /// The noise refiner over image tokens `x`, with `added[k] = (i, a)` added after refiner
+    /// layer `i` (a 2.x ControlNet's refiner hints).
+    pub(crate) fn refine_image(
+        &self,
+        x: Array,
+        c: &Array,
+        prepared: &Prepared,
+        added: &[(usize, Array)],
+    ) -> mlx::Result<Array> {
+        let mut x = x;
+        for (i, block) in self.noise_refiner.iter().enumerate() {
+            x = block.forward(&x, &prepared.img_rope, Some(c))?;
+            for (_, a) in added.iter().filter(|(at, _)| *at == i) {
+                x = (&x + a)?;
+            }
+        }
+        Ok(x)
+    }
 }
 
-fn round_up(n: i32, m: i32) -> i32 {
+/// What a ControlNet adds into the transformer's main layers for one step: after layer `i`
+/// runs, its hint (`[Np + Lp, dim]`, already multiplied by the conditioning scale) is added to
+/// the unified sequence. Made by [`super::controlnet::ControlNet::hints`].
+pub struct Hints {
+    after_layer: Vec<(usize, Array)>,
+}
+
+impl Hints {
+    pub(crate) fn new(after_layer: Vec<(usize, Array)>) -> Hints {
+        Hints { after_layer }
+    }
+
+    /// The hint added after main layer `layer`, if any.
+    pub fn after(&self, layer: usize) -> Option<&Array> {
+        self.after_layer
+            .iter()
+            .find(|(at, _)| *at == layer)
+            .map(|(_, h)| h)
+    }
+
+    /// The layers that receive a hint, in order.
+    pub fn layers(&self) -> Vec<usize> {
+        self.after_layer.iter().map(|(at, _)| *at).collect()
+    }
+
+    /// Computes the hints now (before the step that reads them).
+    pub fn eval(&self) -> mlx::Result<()> {
+        let arrays: Vec<&Array> = self.after_layer.iter().map(|(_, h)| h).collect();
+        mlx::eval(&arrays)
+    }
+}
+
+/// `[C, h, w]` → `[N, 4C]` patches of 2×2: feature (ph·2 + pw)·C + c, token i·Wt + j.
+pub(crate) fn patchify(latent: &Array) -> mlx::Result<Array> {
+    let (c, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
+    let (ht, wt) = (h / 2, w / 2);
+    latent
+        .reshape(&[c, ht, 2, wt, 2])?
+        .transpose(&[1, 3, 2, 4, 0])?
+        .reshape(&[ht * wt, 4 * c])
+}
+
+pub(crate) fn round_up(n: i32, m: i32) -> i32 {
     n + (m - n % m) % m
 }
 
 /// Appends `count` copies of the learned `pad` row ([1, dim]) to `x` ([S, dim]).
-fn pad_rows(x: &Array, pad: &Array, count: i32) -> mlx::Result<Array> {
+pub(crate) fn pad_rows(x: &Array, pad: &Array, count: i32) -> mlx::Result<Array> {
     if count == 0 {
         return Ok(x.clone());
     }

@@ -72,3 +72,4 @@ pub fn write_safetensors_with_metadata(
     }
     std::fs::write(path, bytes).unwrap();
 }
+pub mod controlnet;
