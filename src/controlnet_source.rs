@@ -143,6 +143,7 @@ impl TensorSource for ControlNetSource {
                     file: file.clone(),
                     offset: data + t.data_offsets.0,
                     nbytes: t.nbytes(),
+                    encoding: crate::store::Encoding::Plain,
                 })
             })
             .collect()
