@@ -220,6 +220,7 @@ pub async fn delete(
 #[derive(Deserialize, Default)]
 struct GenerateOptions {
     seed: Option<i64>,
+    strength: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -237,6 +238,48 @@ pub struct GenerateBody {
     stream: Option<bool>,
     keep_alive: Option<Value>,
     loras: Option<Vec<super::LoraBody>>,
+    /// Base64 pictures, as Ollama carries them; the first is the img2img input.
+    images: Option<Vec<String>>,
+    strength: Option<f64>,
+}
+
+/// The img2img input of a request: its first picture, decoded under the input limits, with
+/// the strength from `options` (or the top level).
+fn request_input(body: &GenerateBody) -> Result<Option<super::worker::SpecInput>, ApiError> {
+    let strength = body
+        .options
+        .as_ref()
+        .and_then(|o| o.strength)
+        .or(body.strength);
+    let Some(first) = body.images.as_ref().and_then(|i| i.first()) else {
+        if strength.is_some() {
+            return Err(ApiError::bad_request(
+                API,
+                "strength needs a picture in `images`: it says how far the picture is taken back toward noise",
+            ));
+        }
+        return Ok(None);
+    };
+    if let Some(s) = strength {
+        if !(s > 0.0 && s <= 1.0) {
+            return Err(ApiError::bad_request(
+                API,
+                format!("strength is {s}; it must be within (0, 1]"),
+            ));
+        }
+    }
+    // Clients may send a data URL; the picture is what follows the comma.
+    let text = first.rsplit_once(',').map_or(first.as_str(), |(_, b)| b);
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| ApiError::bad_request(API, format!("field `images[0]` is not base64: {e}")))?;
+    let image = crate::image_in::decode(&bytes, "field `images`", "images[0]")
+        .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
+    Ok(Some(super::worker::SpecInput {
+        image,
+        mask: None,
+        strength,
+    }))
 }
 
 /// The numbers of a request checked before it is queued; the sides left to the model are
@@ -319,6 +362,7 @@ pub async fn generate(
         .transpose()
         .map_err(|e| ApiError::bad_request(API, e))?;
     let loras = super::request_loras(&state, API, body.loras.as_deref())?;
+    let input = request_input(&body)?;
     open_model(&state, API, &name, true).await?;
     let seed = match body.options.as_ref().and_then(|o| o.seed) {
         Some(s) if s >= 0 => s as u64,
@@ -337,6 +381,7 @@ pub async fn generate(
             steps: steps as usize,
             guidance,
             seed,
+            input,
         }]
     };
     let label = format!("POST /api/generate {}", body.model.escape_debug());

@@ -128,6 +128,7 @@ pub async fn generate(
             guidance,
             // Each image of a request gets the next seed, so any one can be made again alone.
             seed: seed.wrapping_add(i),
+            input: None,
         })
         .collect();
     let label = format!("POST /v1/images/generations {}", body.model.escape_debug());

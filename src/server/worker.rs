@@ -32,6 +32,19 @@ pub struct Spec {
     pub steps: usize,
     pub guidance: f32,
     pub seed: u64,
+    /// The picture to start from (img2img, or inpaint with a mask), decoded.
+    pub input: Option<SpecInput>,
+}
+
+/// A request's input picture, decoded but not yet sized: the size is settled once the model
+/// is loaded, as `zimage generate` settles it.
+#[derive(Debug, Clone)]
+pub struct SpecInput {
+    pub image: image::DynamicImage,
+    /// White (or, for OpenAI's masks, transparent) repaints.
+    pub mask: Option<image::DynamicImage>,
+    /// `None`: the CLI's default for the task.
+    pub strength: Option<f64>,
 }
 
 /// What a job reports, in order: `Started` once the model is ready, `Step` per denoising
@@ -561,11 +574,25 @@ fn generate_one(
 ) -> Result<Image, JobError> {
     let bad = |e: String| JobError::new(JobErrorKind::BadRequest, e);
     let sample = r.pipeline.configs.vae.sample_size.unwrap_or(1024);
-    let req = Request {
+    // Built as `zimage generate` builds it, so that a seed gives the CLI's pixels: without a
+    // size, an input picture gives it, rounded as diffusers rounds it.
+    let cell = 2 * r.pipeline.configs.vae.scale_factor() as u32;
+    let (default_w, default_h) = match &spec.input {
+        Some(i) => crate::image_in::default_size(i.image.width(), i.image.height(), cell)
+            .ok_or_else(|| {
+                bad(format!(
+                    "the input picture is {}×{}; it needs at least {cell} pixels each way",
+                    i.image.width(),
+                    i.image.height()
+                ))
+            })?,
+        None => (sample, sample),
+    };
+    let mut req = Request {
         prompt: spec.prompt.clone(),
         negative_prompt: spec.negative_prompt.clone(),
-        width: spec.width.unwrap_or(sample),
-        height: spec.height.unwrap_or(sample),
+        width: spec.width.unwrap_or(default_w),
+        height: spec.height.unwrap_or(default_h),
         steps: spec.steps,
         guidance: spec.guidance,
         seed: spec.seed,
@@ -573,6 +600,22 @@ fn generate_one(
         input: None,
     };
     r.pipeline.validate(&req).map_err(|e| bad(e.to_string()))?;
+    if let Some(i) = &spec.input {
+        let strength = i.strength.unwrap_or(if i.mask.is_some() {
+            pipeline::condition::DEFAULT_INPAINT_STRENGTH
+        } else {
+            pipeline::condition::DEFAULT_STRENGTH
+        });
+        req.input = Some(pipeline::ImageInput {
+            rgb: crate::image_in::picture(&i.image, req.width, req.height).into_raw(),
+            mask: i
+                .mask
+                .as_ref()
+                .map(|m| crate::image_in::mask(m, req.width, req.height)),
+            strength,
+        });
+        r.pipeline.validate(&req).map_err(|e| bad(e.to_string()))?;
+    }
     let prompt_tokens = r
         .pipeline
         .token_ids(&req.prompt)
