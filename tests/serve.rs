@@ -1002,3 +1002,68 @@ fn a_request_lora_draws_what_the_cli_lora_flag_draws_and_bad_paths_are_400() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("--lora-dir"), "{body}");
 }
+
+/// Ollama's `images` (base64 pictures) start an image-to-image run: the same pixels as
+/// `zimage generate --image --strength` for the seed, the size taken from the picture; a
+/// payload that is no picture and a strength outside (0, 1] are answered 400.
+#[test]
+fn ollama_images_run_image_to_image_as_the_command_line_does() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let picture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs/picture-96x80.png");
+    let encoded =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&picture).unwrap());
+    let body = |image: &str, strength: &str| {
+        format!(
+            r#"{{"model":"tiny","prompt":"a red fox in the snow","images":["{image}"],"steps":2,"stream":false,"options":{{"seed":7,"strength":{strength}}}}}"#
+        )
+    };
+    let (status, answer) = post(server.port, "/api/generate", &body(&encoded, "0.75"));
+    assert_eq!(status, 200, "{answer}");
+    let served = pixels(&b64(json(&answer)["image"].as_str().unwrap()));
+
+    let png = dir.path().join("cli-img2img.png");
+    let out = common::zimage_in(
+        &store,
+        &[
+            "generate",
+            "a red fox in the snow",
+            "--model",
+            "tiny",
+            "--image",
+            s(&picture),
+            "--strength",
+            "0.75",
+            "--steps",
+            "2",
+            "--seed",
+            "7",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = pixels(&std::fs::read(&png).unwrap());
+    assert_eq!((served.0, served.1), (96, 80));
+    assert!(
+        served == expected,
+        "the served picture differs from `zimage generate`"
+    );
+
+    let not_a_picture = base64::engine::general_purpose::STANDARD.encode(b"hello");
+    let (status, answer) = post(server.port, "/api/generate", &body(&not_a_picture, "0.5"));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("images[0]"), "{answer}");
+    let (status, answer) = post(server.port, "/api/generate", &body(&encoded, "1.5"));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("strength"), "{answer}");
+    let (status, _) = get(server.port, "/api/version");
+    assert_eq!(status, 200, "the server keeps serving");
+}
