@@ -325,6 +325,36 @@ impl MidAttention {
     }
 }
 
+/// `UNetMidBlock2D`: a resnet, attention over all pixels (when the config has it), a resnet.
+pub(super) struct MidBlock {
+    resnets: [ResnetBlock; 2],
+    attention: Option<MidAttention>,
+}
+
+impl MidBlock {
+    pub(super) fn new(w: &Weights, c: i32, groups: i32, attention: bool) -> mlx::Result<MidBlock> {
+        Ok(MidBlock {
+            resnets: [
+                ResnetBlock::new(&w.pp("resnets.0"), c, c, groups)?,
+                ResnetBlock::new(&w.pp("resnets.1"), c, c, groups)?,
+            ],
+            attention: if attention {
+                Some(MidAttention::new(&w.pp("attentions.0"), c, groups)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        let mut x = self.resnets[0].forward(x)?;
+        if let Some(attn) = &self.attention {
+            x = attn.forward(&x)?;
+        }
+        self.resnets[1].forward(&x)
+    }
+}
+
 struct UpBlock {
     resnets: Vec<ResnetBlock>,
     upsample: Option<Conv2d>,
@@ -342,8 +372,7 @@ fn upsample_nearest_2x(x: &Array) -> mlx::Result<Array> {
 /// The decoder: scaled latents → image in [-1, 1], NHWC.
 pub struct VaeDecoder {
     conv_in: Conv2d,
-    mid_resnets: [ResnetBlock; 2],
-    mid_attention: Option<MidAttention>,
+    mid: MidBlock,
     up_blocks: Vec<UpBlock>,
     norm_out: GroupNorm,
     conv_out: Conv2d,
@@ -380,15 +409,7 @@ impl VaeDecoder {
             let last = *chans.last().expect("validated non-empty");
             VaeDecoder {
                 conv_in: Conv2d::new(&w.pp("conv_in"), cfg.latent_channels, top, 3)?,
-                mid_resnets: [
-                    ResnetBlock::new(&mid.pp("resnets.0"), top, top, g)?,
-                    ResnetBlock::new(&mid.pp("resnets.1"), top, top, g)?,
-                ],
-                mid_attention: if cfg.mid_block_add_attention {
-                    Some(MidAttention::new(&mid.pp("attentions.0"), top, g)?)
-                } else {
-                    None
-                },
+                mid: MidBlock::new(&mid, top, g, cfg.mid_block_add_attention)?,
                 up_blocks,
                 norm_out: GroupNorm::new(&w.pp("conv_norm_out"), last, g)?,
                 conv_out: Conv2d::new(&w.pp("conv_out"), last, cfg.out_channels, 3)?,
@@ -413,11 +434,7 @@ impl VaeDecoder {
             None => z,
         };
         let mut x = self.conv_in.forward(&z)?;
-        x = self.mid_resnets[0].forward(&x)?;
-        if let Some(attn) = &self.mid_attention {
-            x = attn.forward(&x)?;
-        }
-        x = self.mid_resnets[1].forward(&x)?;
+        x = self.mid.forward(&x)?;
         for block in &self.up_blocks {
             for r in &block.resnets {
                 x = r.forward(&x)?;

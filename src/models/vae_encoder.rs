@@ -5,7 +5,7 @@
 //! `Downsample2D` and `UNetMidBlock2D`, and `DiagonalGaussianDistribution` for what is drawn
 //! from the moments. The blocks are the decoder's ([`super::vae`]).
 
-use super::vae::{Conv2d, GroupNorm, MidAttention, ResnetBlock, VaeConfig};
+use super::vae::{Conv2d, GroupNorm, MidBlock, ResnetBlock, VaeConfig};
 use super::weights::{Checkpoint, Weights};
 use crate::mlx::{self, ops, Array, Dtype};
 
@@ -90,8 +90,7 @@ struct DownBlock {
 pub struct VaeEncoder {
     conv_in: Conv2d,
     down_blocks: Vec<DownBlock>,
-    mid_resnets: [ResnetBlock; 2],
-    mid_attention: Option<MidAttention>,
+    mid: MidBlock,
     norm_out: GroupNorm,
     conv_out: Conv2d,
     quant_conv: Option<Conv2d>,
@@ -148,15 +147,7 @@ impl VaeEncoder {
             VaeEncoder {
                 conv_in: Conv2d::new(&w.pp("conv_in"), cfg.in_channels, chans[0], 3)?,
                 down_blocks,
-                mid_resnets: [
-                    ResnetBlock::new(&mid.pp("resnets.0"), top, top, g)?,
-                    ResnetBlock::new(&mid.pp("resnets.1"), top, top, g)?,
-                ],
-                mid_attention: if cfg.mid_block_add_attention {
-                    Some(MidAttention::new(&mid.pp("attentions.0"), top, g)?)
-                } else {
-                    None
-                },
+                mid: MidBlock::new(&mid, top, g, cfg.mid_block_add_attention)?,
                 norm_out: GroupNorm::new(&w.pp("conv_norm_out"), top, g)?,
                 conv_out: Conv2d::new(&w.pp("conv_out"), top, moments, 3)?,
                 quant_conv: if cfg.use_quant_conv {
@@ -196,11 +187,7 @@ impl VaeEncoder {
                 x = down.forward(&x)?;
             }
         }
-        x = self.mid_resnets[0].forward(&x)?;
-        if let Some(attn) = &self.mid_attention {
-            x = attn.forward(&x)?;
-        }
-        x = self.mid_resnets[1].forward(&x)?;
+        x = self.mid.forward(&x)?;
         x = self.conv_out.forward(&self.norm_out.forward_silu(&x)?)?;
         if let Some(q) = &self.quant_conv {
             x = q.forward(&x)?;

@@ -212,23 +212,28 @@ impl<S: ModelSource> Pipeline<S> {
             path: path.into(),
             reason,
         };
-        if configs.transformer.cap_feat_dim != configs.text_encoder.hidden_size {
-            return Err(bad(
-                "transformer/config.json",
-                format!(
-                    "`cap_feat_dim` {} differs from the text encoder's `hidden_size` {}",
-                    configs.transformer.cap_feat_dim, configs.text_encoder.hidden_size
-                ),
-            ));
-        }
-        if configs.transformer.in_channels != configs.vae.latent_channels {
-            return Err(bad(
-                "transformer/config.json",
-                format!(
-                    "`in_channels` {} differs from the VAE's `latent_channels` {}",
-                    configs.transformer.in_channels, configs.vae.latent_channels
-                ),
-            ));
+        // The transformer's widths that the other components' outputs must match.
+        let t = &configs.transformer;
+        for (key, ours, theirs, value) in [
+            (
+                "cap_feat_dim",
+                t.cap_feat_dim,
+                "the text encoder's `hidden_size`",
+                configs.text_encoder.hidden_size,
+            ),
+            (
+                "in_channels",
+                t.in_channels,
+                "the VAE's `latent_channels`",
+                configs.vae.latent_channels,
+            ),
+        ] {
+            if ours != value {
+                return Err(bad(
+                    "transformer/config.json",
+                    format!("`{key}` {ours} differs from {theirs} {value}"),
+                ));
+            }
         }
         let tokenizer = PromptTokenizer::from_files(|name| {
             read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
