@@ -122,6 +122,21 @@ fn controlnet_1_0_forward_matches_diffusers() {
     check_forward("1.0", 1e-4);
 }
 
+/// The transformer's output on the 2.1 reference's inputs, steered by `cn` at the reference's
+/// scale.
+fn output_with(tr: &ZImageTransformer, cn: &ControlNet) -> Vec<f32> {
+    let r = reference("2.1");
+    let (latents, caption, control) = (&r.t["latents"], &r.t["caption"], &r.t["control"]);
+    let prepared = tr.prepare(&latents.shape(), caption).unwrap();
+    let hints = cn
+        .hints(tr, &prepared, latents, control, r.t_model, r.scale)
+        .unwrap();
+    values(
+        &tr.forward_prepared_with(latents, r.t_model, &prepared, Some(&hints))
+            .unwrap(),
+    )
+}
+
 #[test]
 fn scale_zero_gives_the_plain_output_exactly() {
     let r = reference("2.1");
@@ -153,16 +168,10 @@ fn a_diffusers_directory_loads_and_matches_diffusers() {
     let cn = source
         .load(&tr.config, Dtype::F32, zimage::models::Residency::Compute)
         .unwrap();
-    let r = reference("2.1");
-    let (latents, caption, control) = (&r.t["latents"], &r.t["caption"], &r.t["control"]);
-    let prepared = tr.prepare(&latents.shape(), caption).unwrap();
-    let hints = cn
-        .hints(&tr, &prepared, latents, control, r.t_model, r.scale)
-        .unwrap();
-    let out = tr
-        .forward_prepared_with(latents, r.t_model, &prepared, Some(&hints))
-        .unwrap();
-    let diff = max_abs(&values(&out), &values(&r.t["output"]));
+    let diff = max_abs(
+        &output_with(&tr, &cn),
+        &values(&reference("2.1").t["output"]),
+    );
     assert!(diff <= 1e-4, "output off by {diff}");
 }
 
@@ -294,16 +303,10 @@ fn a_controlnet_stored_by_name_says_what_it_is_and_matches_diffusers() {
         zimage::models::Residency::Compute,
     )
     .unwrap();
-    let r = reference("2.1");
-    let (latents, caption, control) = (&r.t["latents"], &r.t["caption"], &r.t["control"]);
-    let prepared = tr.prepare(&latents.shape(), caption).unwrap();
-    let hints = cn
-        .hints(&tr, &prepared, latents, control, r.t_model, r.scale)
-        .unwrap();
-    let out = tr
-        .forward_prepared_with(latents, r.t_model, &prepared, Some(&hints))
-        .unwrap();
-    let diff = max_abs(&values(&out), &values(&r.t["output"]));
+    let diff = max_abs(
+        &output_with(&tr, &cn),
+        &values(&reference("2.1").t["output"]),
+    );
     assert!(diff <= 1e-4, "output off by {diff}");
 }
 
@@ -337,15 +340,7 @@ fn a_quantized_controlnet_stays_packed_and_still_steers() {
     )
     .unwrap();
     let r = reference("2.1");
-    let (latents, caption, control) = (&r.t["latents"], &r.t["caption"], &r.t["control"]);
-    let prepared = tr.prepare(&latents.shape(), caption).unwrap();
-    let hints = cn
-        .hints(&tr, &prepared, latents, control, r.t_model, r.scale)
-        .unwrap();
-    let out = values(
-        &tr.forward_prepared_with(latents, r.t_model, &prepared, Some(&hints))
-            .unwrap(),
-    );
+    let out = output_with(&tr, &cn);
     // int8 rounding moves the output a little; the control moves it far more.
     let off = max_abs(&out, &values(&r.t["output"]));
     let moved = max_abs(&values(&r.t["output"]), &values(&r.t["plain"]));
