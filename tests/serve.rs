@@ -211,25 +211,26 @@ fn cli_pixels_with(
     steps: u32,
     extra: &[&str],
 ) -> (u32, u32, Vec<u8>) {
-    let png = dir.join(format!("cli-{seed}-{steps}-{}.png", extra.len()));
     let (steps, seed) = (steps.to_string(), seed.to_string());
+    let mut args = vec![
+        "--width", "64", "--height", "64", "--steps", &steps, "--seed", &seed,
+    ];
+    args.extend(extra);
+    cli_generate(store, dir, &args)
+}
+
+/// The pixels `zimage generate "a red fox in the snow" --model tiny` makes with `flags`.
+fn cli_generate(store: &Path, dir: &Path, flags: &[&str]) -> (u32, u32, Vec<u8>) {
+    let png = dir.join("cli.png");
     let mut args = vec![
         "generate",
         "a red fox in the snow",
         "--model",
         "tiny",
-        "--width",
-        "64",
-        "--height",
-        "64",
-        "--steps",
-        &steps,
-        "--seed",
-        &seed,
         "-o",
         s(&png),
     ];
-    args.extend(extra);
+    args.extend(flags);
     let out = common::zimage_in(store, &args);
     assert!(
         out.status.success(),
@@ -279,10 +280,21 @@ fn official_clients_get_the_pixels_zimage_generate_makes() {
     let store = demo_store(dir.path());
     let server = Server::start(&store, &[], &[]);
     let python = client_python();
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let picture = inputs.join("picture-96x80.png");
+    let mask = inputs.join("mask-96x80.png");
+    let rgba_mask = dir.path().join("mask-rgba.png");
+    write_alpha_mask(&mask, &rgba_mask);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_clients.py");
     let out = Command::new(python)
         .arg(script)
-        .args([&server.url(), "tiny", s(dir.path())])
+        .args([
+            &server.url(),
+            "tiny",
+            s(dir.path()),
+            s(&picture),
+            s(&rgba_mask),
+        ])
         .output()
         .unwrap();
     assert!(
@@ -308,6 +320,37 @@ fn official_clients_get_the_pixels_zimage_generate_makes() {
             "{name} differs from `zimage generate`"
         );
     }
+    assert_eq!(report["edit_strength"][0], 400);
+
+    let img2img = cli_pixels_from(
+        &store,
+        dir.path(),
+        &["--image", s(&picture), "--strength", "0.75"],
+    );
+    let png = std::fs::read(dir.path().join("ollama-img2img.png")).unwrap();
+    assert!(
+        pixels(&png) == img2img,
+        "Ollama's images differ from `zimage generate --image`"
+    );
+    let inpaint = cli_pixels_from(
+        &store,
+        dir.path(),
+        &[
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&mask),
+            "--strength",
+            "0.7",
+        ],
+    );
+    let png = std::fs::read(dir.path().join("openai-edit.png")).unwrap();
+    assert!(
+        pixels(&png) == inpaint,
+        "OpenAI's edit differs from `zimage generate --image --mask`"
+    );
+    assert!(img2img != inpaint && img2img != expected);
+
     let text = zimage::image_out::read_png_text(&dir.path().join("ollama.png")).unwrap();
     let params = &text.iter().find(|(k, _)| k == "parameters").unwrap().1;
     assert!(
@@ -318,6 +361,80 @@ fn official_clients_get_the_pixels_zimage_generate_makes() {
         .log()
         .iter()
         .any(|l| l.starts_with("POST /api/generate tiny 200")));
+}
+
+/// The pixels `zimage generate` makes for the clients' prompt, seed 7 and 2 steps, with `extra`
+/// flags.
+fn cli_pixels_from(store: &Path, dir: &Path, extra: &[&str]) -> (u32, u32, Vec<u8>) {
+    let mut args = vec!["--steps", "2", "--seed", "7"];
+    args.extend_from_slice(extra);
+    cli_generate(store, dir, &args)
+}
+
+/// `mask` (white repaints) in OpenAI's convention: an RGBA picture, transparent where the
+/// picture is repainted, with colours that say nothing.
+fn write_alpha_mask(mask: &Path, out: &Path) {
+    let grey = image::open(mask).unwrap().to_luma8();
+    let rgba = image::RgbaImage::from_fn(grey.width(), grey.height(), |x, y| {
+        let alpha = if grey.get_pixel(x, y).0[0] >= 128 {
+            0
+        } else {
+            255
+        };
+        image::Rgba([(x * 7) as u8, (y * 13) as u8, 200, alpha])
+    });
+    rgba.save(out).unwrap();
+}
+
+/// Checks an error answer: its status, its API's shape, and a one-line message with `needle`.
+fn assert_api_error(
+    path: &str,
+    (got, answer): (u16, String),
+    status: u16,
+    needle: &str,
+    shown: &str,
+) {
+    assert_eq!(got, status, "{shown}: {answer}");
+    let v = json(&answer);
+    let message = if path.starts_with("/v1/") {
+        assert!(v["error"]["type"].is_string(), "{answer}");
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    } else {
+        v["error"].as_str().unwrap_or_default().to_string()
+    };
+    assert!(message.contains(needle), "{shown}: {message}");
+    assert!(!message.contains('\n'), "{message}");
+}
+
+/// A form field: its name, a file name for files, and its bytes.
+type FormPart = (&'static str, Option<&'static str>, Vec<u8>);
+
+/// A `multipart/form-data` POST of `parts`, as HTTP clients send one.
+fn form_request(path: &str, parts: &[FormPart]) -> Vec<u8> {
+    let boundary = "zimage-test-boundary-7MA4YWxkTrZu0gW";
+    let mut body = Vec::new();
+    for (name, file, bytes) in parts {
+        body.extend(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"").bytes(),
+        );
+        if let Some(f) = file {
+            body.extend(format!("; filename=\"{f}\"\r\nContent-Type: image/png").bytes());
+        }
+        body.extend(b"\r\n\r\n");
+        body.extend(bytes);
+        body.extend(b"\r\n");
+    }
+    body.extend(format!("--{boundary}--\r\n").bytes());
+    let mut out = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend(body);
+    out
 }
 
 /// Plants an Ollama text model (a GGUF layer) in the store.
@@ -484,7 +601,6 @@ fn malformed_requests_get_4xx_in_each_apis_shape_and_the_server_keeps_serving() 
             400,
             "not the JSON object",
         ),
-        ("POST", gen, huge.clone(), 413, "larger than"),
         (
             "POST",
             "/api/show",
@@ -568,28 +684,107 @@ fn malformed_requests_get_4xx_in_each_apis_shape_and_the_server_keeps_serving() 
         ("GET", "/v1/nothing", "".into(), 404, "no route"),
     ];
     for (method, path, body, status, needle) in &cases {
-        let (got, answer) = raw(
+        let answer = raw(
             port,
             &request(method, path, "Content-Type: application/json\r\n", body),
         );
-        let shown = &body.chars().take(80).collect::<String>();
-        assert_eq!(got, *status, "{method} {path} {shown}: {answer}");
-        let v = json(&answer);
-        let message = if path.starts_with("/v1/") {
-            assert!(v["error"]["type"].is_string(), "{answer}");
-            v["error"]["message"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        } else {
-            v["error"].as_str().unwrap_or_default().to_string()
-        };
-        assert!(
-            message.contains(needle),
-            "{method} {path} {shown}: {message}"
+        let shown = format!(
+            "{method} {path} {}",
+            body.chars().take(80).collect::<String>()
         );
-        assert!(!message.contains('\n'), "{message}");
+        assert_api_error(path, answer, *status, needle, &shown);
     }
+    // Pictures make bodies larger than other requests, but not without end: the declared
+    // length alone gets the answer.
+    let declared = format!(
+        "POST {gen} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
+        70 << 20
+    );
+    let answer = raw(port, declared.as_bytes());
+    assert_api_error(gen, answer, 413, "larger than", "a 70 MiB body");
+
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let picture = std::fs::read(inputs.join("picture-96x80.png")).unwrap();
+    let small_mask = std::fs::read(inputs.join("mask-128x128.png")).unwrap();
+    let edits = "/v1/images/edits";
+    let text = |k: &'static str, v: &'static str| (k, None, v.as_bytes().to_vec());
+    let file = |k: &'static str, bytes: &[u8]| (k, Some("in.png"), bytes.to_vec());
+    let form_cases: Vec<(Vec<FormPart>, u16, &str)> = vec![
+        (
+            vec![text("model", "tiny"), text("prompt", "x")],
+            400,
+            "field `image` is required",
+        ),
+        (
+            vec![text("prompt", "x"), file("image", &picture)],
+            400,
+            "field `model` is required",
+        ),
+        (
+            vec![
+                text("model", "tiny"),
+                text("prompt", "x"),
+                file("image", b"hello"),
+            ],
+            400,
+            "`image`: not a PNG",
+        ),
+        (
+            vec![
+                text("model", "tiny"),
+                text("prompt", "x"),
+                file("image", &picture),
+                file("mask", &small_mask),
+            ],
+            400,
+            "field `mask` is 128×128",
+        ),
+        (
+            vec![
+                text("model", "tiny"),
+                text("prompt", "x"),
+                file("image", &picture),
+                file("image", &picture),
+            ],
+            400,
+            "given twice",
+        ),
+        (
+            vec![
+                text("model", "tiny"),
+                text("prompt", "x"),
+                text("n", "two"),
+                file("image", &picture),
+            ],
+            400,
+            "field `n`",
+        ),
+        (
+            vec![
+                text("model", "tiny"),
+                text("prompt", "x"),
+                text("strength", "0"),
+                file("image", &picture),
+            ],
+            400,
+            "strength is 0",
+        ),
+    ];
+    for (parts, status, needle) in &form_cases {
+        let names: Vec<&str> = parts.iter().map(|p| p.0).collect();
+        let answer = raw(port, &form_request(edits, parts));
+        assert_api_error(edits, answer, *status, needle, &format!("{names:?}"));
+    }
+    let answer = post(port, edits, r#"{"model":"tiny","prompt":"x"}"#);
+    assert_api_error(edits, answer, 400, "multipart", "a JSON edit");
+    let answer = post(port, oai, r#"{"model":"tiny","prompt":"x","strength":0.5}"#);
+    assert_api_error(
+        oai,
+        answer,
+        400,
+        "strength needs a picture",
+        "strength alone",
+    );
     // A request the server cannot even parse as HTTP, then a good one: still serving.
     let (status, _) = raw(port, b"GARBAGE\r\n\r\n");
     assert!((400..500).contains(&status), "{status}");
@@ -1025,32 +1220,11 @@ fn ollama_images_run_image_to_image_as_the_command_line_does() {
     assert_eq!(status, 200, "{answer}");
     let served = pixels(&b64(json(&answer)["image"].as_str().unwrap()));
 
-    let png = dir.path().join("cli-img2img.png");
-    let out = common::zimage_in(
+    let expected = cli_pixels_from(
         &store,
-        &[
-            "generate",
-            "a red fox in the snow",
-            "--model",
-            "tiny",
-            "--image",
-            s(&picture),
-            "--strength",
-            "0.75",
-            "--steps",
-            "2",
-            "--seed",
-            "7",
-            "-o",
-            s(&png),
-        ],
+        dir.path(),
+        &["--image", s(&picture), "--strength", "0.75"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected = pixels(&std::fs::read(&png).unwrap());
     assert_eq!((served.0, served.1), (96, 80));
     assert!(
         served == expected,

@@ -1,7 +1,8 @@
 """Drives a running `zimage serve` with the official `ollama` and `openai` clients.
 
-Usage: serve_clients.py HOST MODEL OUT_DIR. Writes the PNGs it receives into OUT_DIR and
-prints one JSON object describing what the clients read.
+Usage: serve_clients.py HOST MODEL OUT_DIR PICTURE RGBA_MASK. Writes the PNGs it receives into
+OUT_DIR and prints one JSON object describing what the clients read. PICTURE goes to Ollama's
+`images` (image to image) and to OpenAI's `images.edit` with RGBA_MASK (transparent repaints).
 """
 import base64
 import json
@@ -10,7 +11,7 @@ import sys
 import ollama
 import openai
 
-host, model, out = sys.argv[1], sys.argv[2], sys.argv[3]
+host, model, out, picture, rgba_mask = sys.argv[1:6]
 report = {}
 
 client = ollama.Client(host=host)
@@ -39,12 +40,31 @@ report["progress"] = progress
 
 report["ps"] = [m.model for m in client.ps().models]
 
+r = client.generate(model=model, prompt="a red fox in the snow", images=[picture], steps=2,
+                    options={"seed": 7, "strength": 0.75}, stream=False)
+assert r.done and r.image, r
+open(f"{out}/ollama-img2img.png", "wb").write(base64.b64decode(r.image))
+
 oa = openai.OpenAI(base_url=f"{host}/v1", api_key="unused")
 img = oa.images.generate(model=model, prompt="a red fox in the snow", size="64x64",
                          response_format="b64_json", n=1,
                          extra_body={"seed": 7, "steps": 2})
 open(f"{out}/openai.png", "wb").write(base64.b64decode(img.data[0].b64_json))
 report["openai_models"] = [m.id for m in oa.models.list().data]
+
+with open(picture, "rb") as image, open(rgba_mask, "rb") as mask:
+    edited = oa.images.edit(model=model, image=image, mask=mask, prompt="a red fox in the snow",
+                            response_format="b64_json",
+                            extra_body={"seed": 7, "steps": 2, "strength": 0.7})
+open(f"{out}/openai-edit.png", "wb").write(base64.b64decode(edited.data[0].b64_json))
+
+try:
+    with open(picture, "rb") as image:
+        oa.images.edit(model=model, image=image, prompt="x", response_format="b64_json",
+                       extra_body={"strength": 2})
+    report["edit_strength"] = None
+except openai.BadRequestError as e:
+    report["edit_strength"] = [e.status_code, e.body.get("message") if isinstance(e.body, dict) else str(e.body)]
 
 try:
     client.generate(model="no-such-model", prompt="x", width=64, height=64, steps=1)

@@ -1,5 +1,5 @@
 //! `zimage serve`: Ollama's image API (`/api/generate`, `/api/tags`, …) and OpenAI's
-//! (`/v1/images/generations`, `/v1/models`) over HTTP, on the models of the store, so the
+//! (`/v1/images/generations`, `/v1/images/edits`, `/v1/models`) over HTTP, on the models of the store, so the
 //! clients that called Ollama for images work unchanged.
 //!
 //! Requests are parsed and bounded here; generation runs on one worker thread
@@ -30,6 +30,9 @@ pub const DEFAULT_PORT: u16 = 11434;
 /// The largest request body read. A prompt is a few kilobytes; nothing a client sends for an
 /// image needs more.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// The largest body of a request that carries pictures (Ollama's base64 `images`, OpenAI's
+/// edit form): a few full-size PNGs.
+pub const MAX_PICTURE_BODY_BYTES: usize = 64 << 20;
 /// The most images one OpenAI request may ask for (OpenAI's own limit).
 pub const MAX_IMAGES_PER_REQUEST: u64 = 10;
 /// Models stay loaded this long after their last request unless told otherwise.
@@ -281,10 +284,28 @@ pub fn unix_seconds(t: SystemTime) -> u64 {
 /// A request body that names the model it is for, in the dialect of `API`.
 pub trait NamesModel {
     const API: Api;
+    /// The most bytes such a body may have.
+    const MAX_BODY: usize = MAX_BODY_BYTES;
     fn model(&self) -> &str;
 }
 
-/// A request that names one model: its JSON body, read within [`MAX_BODY_BYTES`], and the
+/// A request's `strength`: only with a picture, and within (0, 1] as `--strength` takes it.
+pub fn check_strength(api: Api, strength: Option<f64>, has_picture: bool) -> Result<(), ApiError> {
+    match strength {
+        None => Ok(()),
+        Some(_) if !has_picture => Err(ApiError::bad_request(
+            api,
+            "strength needs a picture to start from: it says how far the picture is taken back toward noise",
+        )),
+        Some(s) if !(s > 0.0 && s <= 1.0) => Err(ApiError::bad_request(
+            api,
+            format!("strength is {s}; it must be within (0, 1]"),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// A request that names one model: its JSON body, read within its `MAX_BODY`, and the
 /// name, checked; a handler's argument.
 pub struct Named<T> {
     pub body: T,
@@ -300,33 +321,34 @@ where
 
     async fn from_request(req: Request, _: &S) -> Result<Self, ApiError> {
         let (parts, body) = req.into_parts();
-        let body: T = read_json(T::API, &parts.headers, body).await?;
+        let body: T = read_json(T::API, &parts.headers, body, T::MAX_BODY).await?;
         let name = model_name(T::API, body.model())?;
         Ok(Named { body, name })
     }
 }
 
-/// Reads a JSON body within [`MAX_BODY_BYTES`]; errors name the field at fault.
+/// Reads a JSON body of at most `limit` bytes; errors name the field at fault.
 pub async fn read_json<T: serde::de::DeserializeOwned>(
     api: Api,
     headers: &HeaderMap,
     body: Body,
+    limit: usize,
 ) -> Result<T, ApiError> {
     let too_large = || {
         ApiError::new(
             api,
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than {MAX_BODY_BYTES} bytes, the most this server reads"),
+            format!("the request body is larger than {limit} bytes, the most this server reads"),
         )
     };
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+    let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| too_large())?;
     if bytes.is_empty() {
@@ -482,6 +504,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/generate", post(ollama::generate))
         .route("/v1/models", get(openai::models))
         .route("/v1/images/generations", post(openai::generate))
+        .route(
+            "/v1/images/edits",
+            post(openai::edit).layer(axum::extract::DefaultBodyLimit::max(MAX_PICTURE_BODY_BYTES)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

@@ -251,23 +251,11 @@ fn request_input(body: &GenerateBody) -> Result<Option<super::worker::SpecInput>
         .as_ref()
         .and_then(|o| o.strength)
         .or(body.strength);
-    let Some(first) = body.images.as_ref().and_then(|i| i.first()) else {
-        if strength.is_some() {
-            return Err(ApiError::bad_request(
-                API,
-                "strength needs a picture in `images`: it says how far the picture is taken back toward noise",
-            ));
-        }
+    let first = body.images.as_ref().and_then(|i| i.first());
+    super::check_strength(API, strength, first.is_some())?;
+    let Some(first) = first else {
         return Ok(None);
     };
-    if let Some(s) = strength {
-        if !(s > 0.0 && s <= 1.0) {
-            return Err(ApiError::bad_request(
-                API,
-                format!("strength is {s}; it must be within (0, 1]"),
-            ));
-        }
-    }
     // Clients may send a data URL; the picture is what follows the comma.
     let text = first.rsplit_once(',').map_or(first.as_str(), |(_, b)| b);
     let bytes = base64::engine::general_purpose::STANDARD
@@ -488,6 +476,8 @@ impl super::NamesModel for ModelBody {
 
 impl super::NamesModel for GenerateBody {
     const API: Api = API;
+    // Its `images` carry pictures in base64.
+    const MAX_BODY: usize = super::MAX_PICTURE_BODY_BYTES;
 
     fn model(&self) -> &str {
         &self.model

@@ -1,11 +1,13 @@
-//! OpenAI's image API as the `openai` client sends it: `POST /v1/images/generations` answered
-//! with base64 PNGs (there is no file host for `url`), and `GET /v1/models`.
+//! OpenAI's image API as the `openai` client sends it: `POST /v1/images/generations` (JSON)
+//! and `POST /v1/images/edits` (a multipart form with the picture and an optional mask),
+//! answered with base64 PNGs (there is no file host for `url`), and `GET /v1/models`.
 
 use super::errors::{Api, ApiError};
 use super::ollama::{check_ranges, display_name, wait_done};
-use super::worker::{Job, Spec};
+use super::worker::{Job, Spec, SpecInput};
 use super::{open_model, unix_seconds, with_model, AppState, MAX_IMAGES_PER_REQUEST};
-use axum::extract::State;
+use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
@@ -30,7 +32,7 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, A
     Ok(Json(json!({ "object": "list", "data": data })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 pub struct ImagesBody {
     #[serde(default)]
     model: String,
@@ -43,6 +45,8 @@ pub struct ImagesBody {
     steps: Option<u64>,
     negative_prompt: Option<String>,
     guidance: Option<f32>,
+    /// Only with a picture (`/v1/images/edits`).
+    strength: Option<f64>,
     loras: Option<Vec<super::LoraBody>>,
 }
 
@@ -74,6 +78,18 @@ fn parse_size(size: &str) -> Result<(Option<u32>, Option<u32>), ApiError> {
 pub async fn generate(
     State(state): State<Arc<AppState>>,
     super::Named { body, name }: super::Named<ImagesBody>,
+) -> Result<Response, ApiError> {
+    super::check_strength(API, body.strength, false)?;
+    run(state, name, body, None, "POST /v1/images/generations").await
+}
+
+/// The images a request asks for, made from `input` when it has one, as OpenAI answers them.
+async fn run(
+    state: Arc<AppState>,
+    name: crate::store::ModelName,
+    body: ImagesBody,
+    input: Option<SpecInput>,
+    route: &str,
 ) -> Result<Response, ApiError> {
     if body.prompt.is_empty() {
         return Err(ApiError::bad_request(API, "field `prompt` is required").with_param("prompt"));
@@ -128,10 +144,10 @@ pub async fn generate(
             guidance,
             // Each image of a request gets the next seed, so any one can be made again alone.
             seed: seed.wrapping_add(i),
-            input: None,
+            input: input.clone(),
         })
         .collect();
-    let label = format!("POST /v1/images/generations {}", body.model.escape_debug());
+    let label = format!("{route} {}", body.model.escape_debug());
     let (mut guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
         model: name,
         specs,
@@ -157,6 +173,163 @@ pub async fn generate(
         .collect();
     let answer = json!({ "created": unix_seconds(SystemTime::now()), "data": data });
     Ok(with_model(Json(answer).into_response(), &body.model))
+}
+
+/// `POST /v1/images/edits`: a multipart form as OpenAI takes it. `image` is the picture (one;
+/// `image[]` as the client sends a list is taken too), `mask` the optional mask, transparent
+/// where the picture is repainted (a mask without alpha is read as white = repaint); without a
+/// mask the whole picture is reworked (img2img). The other fields are those of
+/// `/v1/images/generations`, as text, with `strength`.
+pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    let form = Multipart::from_request(req, &())
+        .await
+        .map_err(|e| ApiError::new(API, e.status(), e.body_text()))?;
+    let EditForm { body, image, mask } = read_edit_form(form).await?;
+    let name = super::model_name(API, &body.model)?;
+    let Some(image) = image else {
+        return Err(
+            ApiError::bad_request(API, "field `image` is required: the picture to edit")
+                .with_param("image"),
+        );
+    };
+    super::check_strength(API, body.strength, true)?;
+    let strength = body.strength;
+    let input = tokio::task::spawn_blocking(move || decode_edit(&image, mask.as_deref(), strength))
+        .await
+        .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    run(state, name, body, Some(input), "POST /v1/images/edits").await
+}
+
+/// The fields of an edit request, read; the pictures not yet decoded.
+struct EditForm {
+    body: ImagesBody,
+    image: Option<Vec<u8>>,
+    mask: Option<Vec<u8>>,
+}
+
+async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
+    let broken = |e: axum::extract::multipart::MultipartError| {
+        ApiError::new(
+            API,
+            e.status(),
+            format!("the multipart form cannot be read: {}", e.body_text()),
+        )
+    };
+    let mut out = EditForm {
+        body: ImagesBody::default(),
+        image: None,
+        mask: None,
+    };
+    while let Some(field) = form.next_field().await.map_err(broken)? {
+        let key = field.name().unwrap_or_default().to_string();
+        match key.as_str() {
+            "image" | "image[]" | "mask" => {
+                let bytes = field.bytes().await.map_err(broken)?.to_vec();
+                let slot = if key == "mask" {
+                    &mut out.mask
+                } else {
+                    &mut out.image
+                };
+                if slot.replace(bytes).is_some() {
+                    return Err(ApiError::bad_request(
+                        API,
+                        format!("field `{key}` is given twice; this server edits one picture with one mask"),
+                    ));
+                }
+            }
+            _ => {
+                let text = field.text().await.map_err(broken)?;
+                set_form_field(&mut out.body, &key, text)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One text field of the form into `body`. Fields this server does not use (`quality`,
+/// `background`, `user`, …) are accepted and ignored, as in the JSON endpoint.
+fn set_form_field(body: &mut ImagesBody, key: &str, text: String) -> Result<(), ApiError> {
+    fn number<T: std::str::FromStr>(key: &str, text: &str) -> Result<T, ApiError> {
+        text.trim().parse().map_err(|_| {
+            ApiError::bad_request(
+                API,
+                format!(
+                    "field `{key}` is `{}`, not a number",
+                    text.chars().take(40).collect::<String>().escape_debug()
+                ),
+            )
+        })
+    }
+    if text.len() > super::MAX_BODY_BYTES {
+        return Err(ApiError::new(
+            API,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "field `{}` is larger than {} bytes, the most this server reads for a text field",
+                key.escape_debug(),
+                super::MAX_BODY_BYTES
+            ),
+        ));
+    }
+    match key {
+        "model" => body.model = text,
+        "prompt" => body.prompt = text,
+        "negative_prompt" => body.negative_prompt = Some(text),
+        "size" => body.size = Some(text),
+        "response_format" => body.response_format = Some(text),
+        "n" => body.n = Some(number(key, &text)?),
+        "seed" => body.seed = Some(number(key, &text)?),
+        "steps" => body.steps = Some(number(key, &text)?),
+        "guidance" => body.guidance = Some(number(key, &text)?),
+        "strength" => body.strength = Some(number(key, &text)?),
+        "loras" => {
+            body.loras = Some(serde_json::from_str(&text).map_err(|e| {
+                ApiError::bad_request(
+                    API,
+                    format!("field `loras` is not a JSON list of {{path, scale}}: {e}"),
+                )
+                .with_param("loras")
+            })?)
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The picture and mask of an edit, decoded under the input limits; the mask in OpenAI's
+/// convention (transparent repaints) turned into the pipeline's (white repaints).
+fn decode_edit(
+    image: &[u8],
+    mask: Option<&[u8]>,
+    strength: Option<f64>,
+) -> Result<SpecInput, ApiError> {
+    let bad = |e: crate::image_in::Error| ApiError::bad_request(API, e.to_string());
+    let picture = crate::image_in::decode(image, "field", "image").map_err(bad)?;
+    let mask = match mask {
+        None => None,
+        Some(bytes) => {
+            let mask = crate::image_in::decode(bytes, "field", "mask").map_err(bad)?;
+            if (mask.width(), mask.height()) != (picture.width(), picture.height()) {
+                return Err(ApiError::bad_request(
+                    API,
+                    format!(
+                        "field `mask` is {}×{}, but `image` is {}×{}; give a mask of the picture's size",
+                        mask.width(),
+                        mask.height(),
+                        picture.width(),
+                        picture.height()
+                    ),
+                )
+                .with_param("mask"));
+            }
+            Some(crate::image_in::mask_from_alpha(&mask))
+        }
+    };
+    Ok(SpecInput {
+        image: picture,
+        mask,
+        strength,
+    })
 }
 
 impl super::NamesModel for ImagesBody {
