@@ -177,6 +177,7 @@ impl RealModel {
             text_config: &self.text_config,
             dit_config: &self.dit_config,
             vae_config: &self.vae_config,
+            controlnet: &[],
         }
     }
 }
