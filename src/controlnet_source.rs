@@ -61,6 +61,12 @@ impl ControlNetSource {
 
     fn open_dir(dir: &Path) -> Result<ControlNetSource, Error> {
         let config_path = dir.join("config.json");
+        if !config_path.exists() {
+            return Err(Error::Invalid {
+                path: dir.to_path_buf(),
+                reason: "is a directory without a ControlNet's `config.json`".into(),
+            });
+        }
         let bytes = read_bounded(&config_path, CONFIG_LIMIT, "controlnet config")?;
         let config: ControlNetConfig =
             serde_json::from_slice(&bytes).map_err(|e| Error::Invalid {

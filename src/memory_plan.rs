@@ -252,7 +252,7 @@ impl ModelSizes<'_> {
         let cell = 16;
         let image = (req.width as u64 / cell) * (req.height as u64 / cell);
         let s = round_up(image, 32) + round_up(req.prompt_tokens as u64, 32);
-        (hints + 2) * s * self.dit_config.dim as u64 * 4
+        (hints + 2) * s * self.dit_config.dim as u64 * req.compute_bytes
     }
 
     pub fn vae_weights(&self, compute_bytes: u64) -> u64 {
