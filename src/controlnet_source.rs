@@ -3,6 +3,7 @@
 //! whose configuration zimage carries ([`ControlNetVersion::published_config`]).
 
 use crate::files::{open_regular, read_bounded, FileError};
+use crate::loader::{ReadPath, StoreSource};
 use crate::memory_plan::TensorSize;
 use crate::mlx::{self, Dtype};
 use crate::models::controlnet_config::{ControlNetConfig, ControlNetVersion};
@@ -10,7 +11,7 @@ use crate::models::{Checkpoint, ControlNet, DitConfig, ModelError, Residency};
 use crate::pipeline::{ControlNetLoader, ModelSource, SourceError};
 use crate::safetensors::{read_header_file, Header, TensorInfo};
 use crate::store::import::{SourceTensor, TensorSource};
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -27,6 +28,8 @@ pub enum Error {
     Model { path: PathBuf, cause: ModelError },
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// The component a stored ControlNet's tensors go under, its config at `controlnet/config.json`.
@@ -192,6 +195,16 @@ impl<S: ModelSource> StoredControlNet<S> {
         })?;
         Ok(StoredControlNet { model, config })
     }
+}
+
+/// The ControlNet stored as `name` in `store`, read with MLX's loader.
+pub fn open_stored(store: Store, name: &str) -> Result<StoredControlNet<StoreSource>, Error> {
+    let model = store.open(name)?;
+    StoredControlNet::open(StoreSource {
+        store,
+        model,
+        read_path: ReadPath::MlxLoader,
+    })
 }
 
 impl<S: ModelSource + Send> ControlNetLoader for StoredControlNet<S> {

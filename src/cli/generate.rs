@@ -5,7 +5,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zimage::controlnet_source::{ControlNetSource, StoredControlNet};
+use zimage::controlnet_source::{self, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::files;
 use zimage::generation;
@@ -16,7 +16,7 @@ use zimage::memory_plan::{self, gb, MemoryPlan};
 use zimage::mlx::Dtype;
 use zimage::models::Residency;
 use zimage::pipeline::{
-    self, ControlInput, ControlNetLoader, ModelSource, Pipeline, Progress, Request,
+    self, ControlNetLoader, ControlSpec, ModelSource, Pipeline, Progress, Request,
 };
 use zimage::safetensors;
 use zimage::store::{ImportOptions, Store};
@@ -332,19 +332,14 @@ fn open_controlnet(store: Option<&Path>, arg: &str) -> anyhow::Result<Box<dyn Co
         return Ok(Box::new(source));
     }
     let store = Store::locate(store)?;
-    let model = store.open(arg).map_err(|e| {
-        anyhow!(
+    match controlnet_source::open_stored(store, arg) {
+        Ok(stored) => Ok(Box::new(stored)),
+        Err(e @ controlnet_source::Error::Store(_)) => Err(anyhow!(
             "--controlnet `{}` is neither a file, a directory nor a stored model: {e}",
             arg.escape_debug()
-        )
-    })?;
-    let source = StoreSource {
-        store,
-        model,
-        read_path: ReadPath::MlxLoader,
-    };
-    let stored = StoredControlNet::open(source).map_err(|e| anyhow!("--controlnet: {e}"))?;
-    Ok(Box::new(stored))
+        )),
+        Err(e) => Err(anyhow!("--controlnet: {e}")),
+    }
 }
 
 /// The pictures `--image` and `--mask` name, decoded (before any model loads).
@@ -432,8 +427,12 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     let inputs = read_inputs(&a)?;
     let control = match (read_control(&a)?, &a.controlnet) {
         (Some(image), Some(net)) => Some(Control {
-            image,
             net: open_controlnet(store.as_deref(), net)?,
+            spec: ControlSpec {
+                controlnet: net.clone(),
+                image,
+                scale: a.control_scale.unwrap_or(pipeline::control::DEFAULT_SCALE),
+            },
         }),
         _ => None,
     };
@@ -453,9 +452,10 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     generate(source, dtype, a, inputs, control)
 }
 
-/// `--control`'s picture, decoded, and the ControlNet `--controlnet` names, opened.
+/// `--control`'s picture, decoded, with the scale, and the ControlNet `--controlnet` names,
+/// opened.
 struct Control {
-    image: image::DynamicImage,
+    spec: ControlSpec,
     net: Box<dyn ControlNetLoader>,
 }
 
@@ -504,10 +504,10 @@ fn generate<S: ModelSource>(
     let model_name = source.name();
     let identity = source.identity();
     let mut pipeline = Pipeline::new(source, dtype, a.runs > 1)?;
-    let control_image = match control {
+    let control_spec = match control {
         Some(c) => {
             pipeline.set_controlnet(Some(c.net))?;
-            Some(c.image)
+            Some(c.spec)
         }
         None => None,
     };
@@ -524,7 +524,7 @@ fn generate<S: ModelSource>(
                 )
             })?
         }
-        None => match &control_image {
+        None => match control_spec.as_ref().map(|c| &c.image) {
             Some(c) => image_in::default_size(c.width(), c.height(), cell).ok_or_else(|| {
                 anyhow!(
                     "--control is {}×{}; a control image needs at least {cell} pixels each way",
@@ -567,10 +567,7 @@ fn generate<S: ModelSource>(
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
         pipeline.validate(&req)?;
     }
-    let control = control_image.map(|img| ControlInput {
-        rgb: image_in::picture(&img, req.width, req.height).into_raw(),
-        scale: a.control_scale.unwrap_or(pipeline::control::DEFAULT_SCALE),
-    });
+    let control = control_spec.map(|c| c.input(req.width, req.height));
     if let Some(c) = &control {
         pipeline.validate_control(&req, c)?;
     }

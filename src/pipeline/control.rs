@@ -36,6 +36,27 @@ pub struct ControlInput {
     pub scale: f32,
 }
 
+/// A control request as it arrives (from flags or a server's fields), before the model is
+/// loaded and the output's size settled: which ControlNet, the decoded control image, the scale.
+#[derive(Debug, Clone)]
+pub struct ControlSpec {
+    /// The ControlNet: a stored name, or a path where the caller allows paths.
+    pub controlnet: String,
+    /// The control image, decoded, at its own size.
+    pub image: image::DynamicImage,
+    pub scale: f32,
+}
+
+impl ControlSpec {
+    /// The control input for a `width`×`height` request (the image resized as `--image` is).
+    pub fn input(&self, width: u32, height: u32) -> ControlInput {
+        ControlInput {
+            rgb: crate::image_in::picture(&self.image, width, height).into_raw(),
+            scale: self.scale,
+        }
+    }
+}
+
 /// What is wrong with a conditioning scale, if anything (named as the command line's flag).
 pub fn scale_error(scale: f32) -> Option<String> {
     (!(0.0..=MAX_SCALE).contains(&scale))

@@ -13,7 +13,7 @@ pub mod denoise;
 mod sources;
 
 pub use condition::ImageInput;
-pub use control::{ControlInput, ControlNetLoader};
+pub use control::{ControlInput, ControlNetLoader, ControlSpec};
 
 use crate::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use crate::mlx::{self, Array, Dtype};
