@@ -359,8 +359,9 @@ fn heldout_controlnet_inpaint_stored_by_name_matches_diffusers_from_the_command_
     check_stored("controlnet-inpaint-heldout-2.1");
 }
 
-/// A ControlNet directory on the command line, with `--verbose`: diffusers' picture, and the
-/// hints' cost and the ControlNet's weights in the report.
+/// A ControlNet directory on the command line, with `--verbose` and two runs (the ControlNet
+/// kept loaded with the transformer): diffusers' picture, and the hints' cost and the
+/// ControlNet's weights in the report.
 #[test]
 fn heldout_controlnet_1_0_from_a_directory_on_the_command_line() {
     let tmp = tempfile::tempdir().unwrap();
@@ -374,7 +375,14 @@ fn heldout_controlnet_1_0_from_a_directory_on_the_command_line() {
     let files = write_inputs(&r, tmp.path());
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_zimage"))
         .env("ZIMAGE_CACHE_DIR", tmp.path().join("cache"))
-        .args(["--store", common::s(&store), "generate", "-v"])
+        .args([
+            "--store",
+            common::s(&store),
+            "generate",
+            "-v",
+            "--runs",
+            "2",
+        ])
         .arg(m["prompt"].as_str().unwrap())
         .args(["--model", common::s(&model), "--controlnet", common::s(&cn)])
         .args(["--control", common::s(&files.control)])
@@ -394,9 +402,10 @@ fn heldout_controlnet_1_0_from_a_directory_on_the_command_line() {
     // Without --width/--height the output takes the control image's size.
     let png = image::open(&out).unwrap().to_rgb8();
     r.check_pixels(png.as_raw(), "command line, directory, size from --control");
-    assert!(stderr.contains("control "), "{stderr}");
-    assert!(
-        stderr.contains("per step, the ControlNet's hints"),
+    assert!(stderr.contains("run 2 of 2:"), "{stderr}");
+    assert_eq!(
+        stderr.matches("per step, the ControlNet's hints").count(),
+        2,
         "{stderr}"
     );
     assert!(
