@@ -593,3 +593,54 @@ fn the_command_line_refuses_bad_control_requests_with_one_line() {
         }
     }
 }
+
+fn mean_off(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y) as f64)
+        .sum::<f64>()
+        / a.len() as f64
+}
+
+/// An int8 ControlNet stored by name stays packed through generation and steers as the f32 one
+/// does, up to its rounding.
+#[test]
+fn an_int8_controlnet_stored_by_name_steers_close_to_diffusers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = load("controlnet-heldout-2.1");
+    let (cn, store) = (tmp.path().join("cn"), tmp.path().join("store"));
+    common::controlnet::write_tiny_dir(&r.layout(), &cn);
+    let args = [
+        "create",
+        "cn8",
+        "--from",
+        common::s(&cn),
+        "--quantize",
+        "int8",
+    ];
+    let created = common::zimage_in(&store, &args);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let model = r.model_dir(tmp.path());
+    let out = tmp.path().join("out.png");
+    let run = generate(&r, &model, "cn8", &store, &out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let png = image::open(&out).unwrap().to_rgb8();
+    let want: Vec<u8> = r.tensors["image_u8"].to_vec::<u8>().unwrap();
+    let mut p = Pipeline::new(DiffusersDir::open(&model).unwrap(), Dtype::F32, false).unwrap();
+    let plain = p.generate(&r.request(), &mut |_| {}).unwrap();
+    let (off, moved) = (mean_off(png.as_raw(), &want), mean_off(&plain.rgb, &want));
+    println!("int8 ControlNet: mean |Δ| {off:.3} from diffusers' f32 picture; the control moves it {moved:.3}");
+    assert!(
+        off < moved / 4.0,
+        "int8 off by {off}, control moves {moved}"
+    );
+}
