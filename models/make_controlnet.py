@@ -299,7 +299,8 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     root = args.write or tempfile.mkdtemp(prefix="zimage-controlnet-")
-    write_heldout_references(root)
+    if args.pipelines or args.heldout:
+        write_heldout_references(root)
     if args.heldout:
         return
     transformer = ZImageTransformer2DModel.from_pretrained(
