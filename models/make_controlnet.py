@@ -12,10 +12,16 @@ Layouts (at the demo model's widths, dim 256, 2 layers, 2 refiner layers):
 - `2.0`: the same, the main control blocks also serving as the refiner (`"control_layers"`);
 - `1.0`: control_in_dim 16, control blocks at [0, 1], a plain noise refiner for the control tokens.
 
+The held-out model (models/z-image-heldout: dim 128, 4 heads, 3 layers, 1 refiner layer, a VAE
+that halves twice) gets its own tiny ControlNets (`heldout-2.1`, `heldout-1.0`: control blocks at
+layers [0, 2], so one layer between them takes no hint) and full-pipeline references at 96×80,
+one with guidance, so a layout unlike the demo's is checked end to end.
+
 Run from the repository root with the reference environment (torch 2.15, diffusers 0.42.1):
 
     python models/make_controlnet.py                 # forward references
     python models/make_controlnet.py --pipelines     # and the full-pipeline references
+    python models/make_controlnet.py --heldout       # only the held-out model's references
     python models/make_controlnet.py --write DIR     # also keep the ControlNet directories in DIR
 """
 
@@ -54,6 +60,15 @@ LAYOUTS = {
 }
 SCALE = 0.75
 
+# The held-out model's widths: one refiner layer, so one refiner hint for 2.1.
+HELDOUT_BASE = dict(BASE, dim=128, n_heads=4, n_kv_heads=4, n_refiner_layers=1)
+HELDOUT_LAYOUTS = {
+    "2.1": dict(HELDOUT_BASE, control_layers_places=[0, 2], control_refiner_layers_places=[0],
+                control_in_dim=33, add_control_noise_refiner="control_noise_refiner"),
+    "1.0": dict(HELDOUT_BASE, control_layers_places=[0, 2], control_refiner_layers_places=None,
+                control_in_dim=16, add_control_noise_refiner=None),
+}
+
 M64 = (1 << 64) - 1
 
 
@@ -89,17 +104,18 @@ def fill(name, shape):
     return torch.from_numpy(v.astype(np.float32).reshape(shape))
 
 
-def build_controlnet(layout, out_dir):
+def build_controlnet(layout, out_dir, cfg=None, config_name=None):
     from diffusers.models.controlnets.controlnet_z_image import ZImageControlNetModel
 
-    cfg = LAYOUTS[layout]
+    cfg = cfg or LAYOUTS[layout]
+    config_name = config_name or layout
     model = ZImageControlNetModel(**cfg)
     state = {k: fill(k, tuple(v.shape)) for k, v in model.state_dict().items()}
     model.load_state_dict(state, strict=True)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    os.makedirs(os.path.join(CONFIG_DIR, layout), exist_ok=True)
-    shutil.copy(os.path.join(out_dir, "config.json"), os.path.join(CONFIG_DIR, layout, "config.json"))
+    os.makedirs(os.path.join(CONFIG_DIR, config_name), exist_ok=True)
+    shutil.copy(os.path.join(out_dir, "config.json"), os.path.join(CONFIG_DIR, config_name, "config.json"))
     return model
 
 
@@ -168,6 +184,14 @@ PIPELINE_CASES = {
     "controlnet-inpaint": {"prompt": "a red fox in the snow", "width": 128, "height": 128, "steps": 8,
                            "guidance": 0.0, "seed": 42, "scale": SCALE, "strength": 1.0},
 }
+# Non-square, few steps, guidance on in one (both branches steered), scales off the default.
+HELDOUT_CASES = {
+    "controlnet-heldout": {"prompt": "an old stone bridge", "negative_prompt": "", "width": 96,
+                           "height": 80, "steps": 4, "guidance": 3.0, "seed": 7, "scale": 0.6},
+    "controlnet-inpaint-heldout": {"prompt": "an old stone bridge", "width": 96, "height": 80,
+                                   "steps": 4, "guidance": 0.0, "seed": 19, "scale": 1.3,
+                                   "strength": 1.0},
+}
 
 
 def run_pipeline(pipe, case, inpaint):
@@ -210,11 +234,12 @@ def run_pipeline(pipe, case, inpaint):
     pipe.controlnet.forward, pipe.transformer.forward = cn_hook, tr_hook
     pipe.scheduler.step, pipe.vae.decode = step_hook, decode_hook
     w, h, seed = case["width"], case["height"], case["seed"]
-    dump["latents_init"] = randn_tensor((1, 16, 2 * (h // 16), 2 * (w // 16)),
+    cell = 2 * pipe.vae_scale_factor
+    dump["latents_init"] = randn_tensor((1, 16, 2 * (h // cell), 2 * (w // cell)),
                                         generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
     kwargs = dict(prompt=case["prompt"], width=w, height=h, num_inference_steps=case["steps"],
                   guidance_scale=case["guidance"], control_image=control_image(w, h),
-                  controlnet_conditioning_scale=case["scale"],
+                  controlnet_conditioning_scale=case["scale"], negative_prompt=case.get("negative_prompt"),
                   generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
     if inpaint:
         # The image to repaint is the control image mirrored, so the two differ.
@@ -231,18 +256,18 @@ def run_pipeline(pipe, case, inpaint):
     return dump
 
 
-def write_pipeline_references(layout, controlnet_dir):
+def write_pipeline_references(layout, controlnet_dir, cases=None, model_dir=MODEL_DIR, model="demo"):
     from diffusers import ZImageControlNetInpaintPipeline, ZImageControlNetModel, ZImageControlNetPipeline
 
-    for name, case in PIPELINE_CASES.items():
+    for name, case in (cases or PIPELINE_CASES).items():
         inpaint = "inpaint" in name
-        if inpaint and LAYOUTS[layout]["control_in_dim"] != 33:
-            continue  # the inpaint pipeline needs the 33-channel control input of 2.x
         controlnet = ZImageControlNetModel.from_pretrained(controlnet_dir, torch_dtype=torch.float32)
+        if inpaint and controlnet.config.control_in_dim != 33:
+            continue  # the inpaint pipeline needs the 33-channel control input of 2.x
         cls = ZImageControlNetInpaintPipeline if inpaint else ZImageControlNetPipeline
-        pipe = cls.from_pretrained(MODEL_DIR, controlnet=controlnet, torch_dtype=torch.float32)
+        pipe = cls.from_pretrained(model_dir, controlnet=controlnet, torch_dtype=torch.float32)
         dump = run_pipeline(pipe, case, inpaint)
-        meta = {"case": json.dumps(dict(case, layout=layout, control_image="gradient+checks",
+        meta = {"case": json.dumps(dict(case, layout=layout, model=model, control_image="gradient+checks",
                                         image="gradient+checks mirrored" if inpaint else None,
                                         mask="centre half" if inpaint else None))}
         path = os.path.join(REF_DIR, f"{name}-{layout}.safetensors")
@@ -250,17 +275,36 @@ def write_pipeline_references(layout, controlnet_dir):
         print(f"{name} {layout}: {path} ({len(dump)} tensors)")
 
 
+def write_heldout_references(root):
+    import sys
+
+    sys.path.insert(0, HERE)
+    from make_image_reference import HELDOUT_DIR, assemble
+
+    model_dir = os.path.join(root, "z-image-heldout")
+    assemble(HELDOUT_DIR, model_dir)
+    for layout, cfg in HELDOUT_LAYOUTS.items():
+        out_dir = os.path.join(root, f"controlnet-heldout-{layout}")
+        build_controlnet(layout, out_dir, cfg=cfg, config_name=f"heldout-{layout}")
+        write_pipeline_references(layout, out_dir, HELDOUT_CASES, model_dir, "heldout")
+
+
 def main():
     from diffusers import ZImageTransformer2DModel
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipelines", action="store_true", help="also the full-pipeline references")
+    ap.add_argument("--heldout", action="store_true", help="only the held-out model's references")
     ap.add_argument("--write", help="keep the ControlNet directories under this folder")
     args = ap.parse_args()
     torch.manual_seed(0)
+    root = args.write or tempfile.mkdtemp(prefix="zimage-controlnet-")
+    if args.pipelines or args.heldout:
+        write_heldout_references(root)
+    if args.heldout:
+        return
     transformer = ZImageTransformer2DModel.from_pretrained(
         os.path.join(MODEL_DIR, "transformer"), torch_dtype=torch.float32)
-    root = args.write or tempfile.mkdtemp(prefix="zimage-controlnet-")
     for layout in LAYOUTS:
         out_dir = os.path.join(root, f"controlnet-{layout}")
         controlnet = build_controlnet(layout, out_dir)

@@ -3,13 +3,15 @@
 //! whose configuration zimage carries ([`ControlNetVersion::published_config`]).
 
 use crate::files::{open_regular, read_bounded, FileError};
+use crate::loader::{ReadPath, StoreSource};
+use crate::memory_plan::TensorSize;
 use crate::mlx::{self, Dtype};
 use crate::models::controlnet_config::{ControlNetConfig, ControlNetVersion};
 use crate::models::{Checkpoint, ControlNet, DitConfig, ModelError, Residency};
-use crate::pipeline::ModelSource;
+use crate::pipeline::{ControlNetLoader, ModelSource, SourceError};
 use crate::safetensors::{read_header_file, Header, TensorInfo};
 use crate::store::import::{SourceTensor, TensorSource};
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -26,6 +28,8 @@ pub enum Error {
     Model { path: PathBuf, cause: ModelError },
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// The component a stored ControlNet's tensors go under, its config at `controlnet/config.json`.
@@ -60,6 +64,12 @@ impl ControlNetSource {
 
     fn open_dir(dir: &Path) -> Result<ControlNetSource, Error> {
         let config_path = dir.join("config.json");
+        if !config_path.exists() {
+            return Err(Error::Invalid {
+                path: dir.to_path_buf(),
+                reason: "is a directory without a ControlNet's `config.json`".into(),
+            });
+        }
         let bytes = read_bounded(&config_path, CONFIG_LIMIT, "controlnet config")?;
         let config: ControlNetConfig =
             serde_json::from_slice(&bytes).map_err(|e| Error::Invalid {
@@ -125,6 +135,102 @@ impl ControlNetSource {
             path: self.path.clone(),
             cause,
         })
+    }
+}
+
+/// A ControlNet on disk as the pipeline loads it.
+impl ControlNetLoader for ControlNetSource {
+    fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn version(&self) -> &'static str {
+        ControlNetSource::version(self).name()
+    }
+
+    fn config(&self) -> &ControlNetConfig {
+        &self.config
+    }
+
+    fn tensor_sizes(&self) -> Vec<TensorSize> {
+        (self.files.iter())
+            .flat_map(|(_, header)| header.tensors.iter())
+            .map(|t| TensorSize {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                stored_bytes: t.nbytes(),
+                packed: false,
+            })
+            .collect()
+    }
+
+    fn load(
+        &self,
+        dit: &DitConfig,
+        dtype: Dtype,
+        residency: Residency,
+    ) -> Result<ControlNet, SourceError> {
+        Ok(ControlNetSource::load(self, dit, dtype, residency)?)
+    }
+}
+
+/// A ControlNet in the store (any model source holding a `controlnet` component and its
+/// config), its configuration read when it is opened.
+pub struct StoredControlNet<S: ModelSource> {
+    pub model: S,
+    pub config: ControlNetConfig,
+}
+
+impl<S: ModelSource> StoredControlNet<S> {
+    /// Opens `model` as a ControlNet; an error names it when it is no ControlNet.
+    pub fn open(model: S) -> Result<StoredControlNet<S>, Error> {
+        let invalid = |reason: String| Error::Invalid {
+            path: PathBuf::from(model.name()),
+            reason,
+        };
+        let config = stored_config(&model).map_err(invalid)?.ok_or_else(|| {
+            invalid(format!(
+                "is not a ControlNet: it has no `{CONFIG_PATH}` (a Z-Image model goes to --model)"
+            ))
+        })?;
+        Ok(StoredControlNet { model, config })
+    }
+}
+
+/// The ControlNet stored as `name` in `store`, read with MLX's loader.
+pub fn open_stored(store: Store, name: &str) -> Result<StoredControlNet<StoreSource>, Error> {
+    let model = store.open(name)?;
+    StoredControlNet::open(StoreSource {
+        store,
+        model,
+        read_path: ReadPath::MlxLoader,
+    })
+}
+
+impl<S: ModelSource + Send> ControlNetLoader for StoredControlNet<S> {
+    fn name(&self) -> String {
+        self.model.name()
+    }
+
+    fn version(&self) -> &'static str {
+        self.config.version().name()
+    }
+
+    fn config(&self) -> &ControlNetConfig {
+        &self.config
+    }
+
+    fn tensor_sizes(&self) -> Vec<TensorSize> {
+        self.model.tensor_sizes(COMPONENT).unwrap_or_default()
+    }
+
+    fn load(
+        &self,
+        dit: &DitConfig,
+        dtype: Dtype,
+        residency: Residency,
+    ) -> Result<ControlNet, SourceError> {
+        Ok(load_stored(&self.model, dit, dtype, residency)?)
     }
 }
 

@@ -61,8 +61,42 @@ pub struct Provenance<'a> {
     pub shift: f32,
 }
 
+/// The ControlNet an image was steered with, for its metadata.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ControlProvenance {
+    /// The stored name or the path it was loaded from.
+    pub controlnet: String,
+    /// Its published version (`1.0`, `2.0`, `2.1`).
+    pub version: String,
+    pub scale: f32,
+}
+
+impl ControlProvenance {
+    /// What `pipeline`'s ControlNet and `control` say of the steering; `None` without either.
+    pub fn of<S: ModelSource>(
+        pipeline: &Pipeline<S>,
+        control: Option<&pipeline::ControlInput>,
+    ) -> Option<ControlProvenance> {
+        let (net, c) = pipeline.controlnet().zip(control)?;
+        Some(ControlProvenance {
+            controlnet: net.name(),
+            version: net.version().to_string(),
+            scale: c.scale,
+        })
+    }
+}
+
 /// The two text chunks of a generated PNG: (`parameters` infotext, `zimage` request JSON).
 pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
+    png_text_controlled(req, from, None)
+}
+
+/// [`png_text`] for an image steered by a ControlNet (`None`: not steered).
+pub fn png_text_controlled(
+    req: &Request,
+    from: &Provenance,
+    control: Option<&ControlProvenance>,
+) -> (String, String) {
     let hash10 = from.identity.get(..10).unwrap_or("").to_string();
     let mut fields = vec![
         ("Steps", req.steps.to_string()),
@@ -87,6 +121,11 @@ pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
     if let Some(input) = &req.input {
         fields.push(("Denoising strength", input.strength.to_string()));
     }
+    if let Some(c) = control {
+        fields.push(("ControlNet", c.controlnet.clone()));
+        fields.push(("ControlNet version", c.version.clone()));
+        fields.push(("ControlNet scale", c.scale.to_string()));
+    }
     if !from.loras.is_empty() {
         let hashes: Vec<String> = from
             .loras
@@ -105,7 +144,7 @@ pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
             .unwrap_or(""),
         &fields,
     );
-    let request_json = serde_json::json!({
+    let mut request_json = serde_json::json!({
         "request": req,
         "noise_file": from.noise_file,
         "model": from.model_name,
@@ -115,12 +154,25 @@ pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
         "zimage_version": env!("CARGO_PKG_VERSION"),
         "mlx_version": mlx::version(),
     });
+    if let Some(c) = control {
+        request_json["control"] = serde_json::json!(c);
+    }
     (parameters, request_json.to_string())
 }
 
 /// The generated image as PNG bytes, with its metadata.
 pub fn encode_png(out: &Generated, req: &Request, from: &Provenance) -> Result<Vec<u8>, Error> {
-    let (parameters, json) = png_text(req, from);
+    encode_png_controlled(out, req, from, None)
+}
+
+/// [`encode_png`] for an image steered by a ControlNet (`None`: not steered).
+pub fn encode_png_controlled(
+    out: &Generated,
+    req: &Request,
+    from: &Provenance,
+    control: Option<&ControlProvenance>,
+) -> Result<Vec<u8>, Error> {
+    let (parameters, json) = png_text_controlled(req, from, control);
     crate::image_out::encode_png(
         &out.rgb,
         out.width,

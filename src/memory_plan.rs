@@ -6,8 +6,9 @@
 //!
 //! - text: the text encoder's layers but the last, the embedding table as stored, activations
 //!   over the prompt's tokens;
-//! - denoise: the transformer, one block's activations over image + caption tokens (attention
-//!   scores in head chunks of at most 256 MiB), the caption features;
+//! - denoise: the transformer (and a ControlNet's blocks), one block's activations over image +
+//!   caption tokens (attention scores in head chunks of at most 256 MiB), the caption features,
+//!   and a ControlNet's hints for one step;
 //! - decode: the VAE decoder in the compute dtype and its activations, per tile when tiled.
 //!
 //! Weights are counted from the tensor sizes of the stored model, so the same figures serve
@@ -41,6 +42,8 @@ pub struct ModelSizes<'a> {
     pub text_encoder: &'a [TensorSize],
     pub transformer: &'a [TensorSize],
     pub vae: &'a [TensorSize],
+    /// A ControlNet loaded beside the transformer (empty: none).
+    pub controlnet: &'a [TensorSize],
     pub text_config: &'a Qwen3Config,
     pub dit_config: &'a DitConfig,
     pub vae_config: &'a VaeConfig,
@@ -200,6 +203,7 @@ impl ModelSizes<'_> {
                 self.denoise_weights(residency, cb),
                 self.denoise_activations(req),
                 widen_scratch(self.transformer, residency, cb),
+                self.control_hints(req),
             ]),
             // The encoder's activations are the decoder's mirror image (the same channels at
             // the same resolutions), so the untiled decode's count stands in for them.
@@ -225,8 +229,30 @@ impl ModelSizes<'_> {
         )
     }
 
+    /// The transformer's weights and a ControlNet's, as they will be held.
     pub fn denoise_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
         weight_bytes(self.transformer, |_| true, residency, compute_bytes)
+            .saturating_add(self.controlnet_weights(residency, compute_bytes))
+    }
+
+    /// A ControlNet's weights as they will be held (0 without one).
+    pub fn controlnet_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
+        weight_bytes(self.controlnet, |_| true, residency, compute_bytes)
+    }
+
+    /// A ControlNet's hints for one caption's pass, all held until the transformer has read
+    /// them (one per `after_proj`), and its control stream beside the image tokens.
+    fn control_hints(&self, req: &RequestShape) -> u64 {
+        let hints = (self.controlnet.iter())
+            .filter(|t| t.name.ends_with("after_proj.weight"))
+            .count() as u64;
+        if hints == 0 {
+            return 0;
+        }
+        let cell = 16;
+        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
+        let s = round_up(image, 32) + round_up(req.prompt_tokens as u64, 32);
+        (hints + 2) * s * self.dit_config.dim as u64 * req.compute_bytes
     }
 
     pub fn vae_weights(&self, compute_bytes: u64) -> u64 {

@@ -2,6 +2,8 @@
 //! the estimate per phase and residency, the choices it makes under a budget, and the
 //! refusal's advice.
 
+mod common;
+
 use zimage::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use zimage::models::vae_tiling::{decoder_tensor_shapes, flux_vae_config};
 use zimage::models::{DitConfig, Qwen3Config, Residency};
@@ -177,6 +179,7 @@ impl RealModel {
             text_config: &self.text_config,
             dit_config: &self.dit_config,
             vae_config: &self.vae_config,
+            controlnet: &[],
         }
     }
 }
@@ -249,4 +252,40 @@ fn the_plan_takes_the_fastest_mode_that_fits_and_refuses_what_cannot() {
         "{text}"
     );
     assert!(text.contains("--quantize int"), "{text}");
+}
+
+/// A real-size 2.1 ControlNet (bf16, as published) is counted in the denoise phase: its weights
+/// as held, and its hints for one pass.
+#[test]
+fn a_controlnet_adds_its_weights_and_hints_to_the_denoise_phase() {
+    let real = RealModel::new();
+    let m = real.sizes();
+    let cfg = zimage::models::ControlNetVersion::V2_1.published_config();
+    let cn: Vec<TensorSize> = common::controlnet::tensor_shapes(&cfg)
+        .into_iter()
+        .map(|(n, s)| tensor(n, &s.iter().map(|&d| d as u64).collect::<Vec<_>>(), 2))
+        .collect();
+    let steered = ModelSizes {
+        controlnet: &cn,
+        ..m
+    };
+    let weights = steered.controlnet_weights(Residency::Stored, 4);
+    let params: u64 = cn.iter().map(|t| t.shape.iter().product::<u64>()).sum();
+    // Linear weights as stored (bf16), norms and biases widened to f32.
+    assert!(
+        (params * 2..params * 2 + params / 50).contains(&weights),
+        "{weights}"
+    );
+    let req = request(1024);
+    let plain = m.estimate(&req, Residency::Stored, None, BASE);
+    let with = steered.estimate(&req, Residency::Stored, None, BASE);
+    let hints = with.denoise - plain.denoise - weights;
+    println!(
+        "2.1 ControlNet at 1024²: {params} parameters, weights {weights} B as stored, hints {hints} B"
+    );
+    assert!(with.denoise > plain.denoise + weights);
+    // 17 hints (15 control layers, 2 refiner layers) and the control stream beside the image
+    // tokens, [4096 + 64, 3840] each in the compute dtype.
+    assert_eq!(hints, 19 * 4160 * 3840 * 4);
+    assert_eq!((with.text, with.decode), (plain.text, plain.decode));
 }

@@ -2,8 +2,10 @@
 use anyhow::{anyhow, bail, Context};
 use image::GenericImageView;
 use indicatif::{ProgressBar, ProgressStyle};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use zimage::controlnet_source::{self, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::files;
 use zimage::generation;
@@ -13,7 +15,9 @@ use zimage::loader::{ReadPath, StoreSource};
 use zimage::memory_plan::{self, gb, MemoryPlan};
 use zimage::mlx::Dtype;
 use zimage::models::Residency;
-use zimage::pipeline::{self, ModelSource, Pipeline, Progress, Request};
+use zimage::pipeline::{
+    self, ControlNetLoader, ControlSpec, ModelSource, Pipeline, Progress, Request,
+};
 use zimage::safetensors;
 use zimage::store::{ImportOptions, Store};
 
@@ -81,6 +85,20 @@ pub struct GenerateArgs {
     /// image-to-image, 1.0 for inpainting): the schedule's first steps are skipped accordingly.
     #[arg(long, allow_negative_numbers = true)]
     pub strength: Option<f64>,
+    /// A control image (PNG, JPEG or WebP: a pose, an edge or depth map, a line drawing) whose
+    /// layout --controlnet holds while the prompt paints. It is encoded by the VAE; without
+    /// --width/--height (or --image) the output takes its size, each side rounded down to a
+    /// multiple of 16. With --image and --mask: ControlNet inpainting (a 2.x ControlNet).
+    #[arg(long, value_name = "CONTROL.png")]
+    pub control: Option<PathBuf>,
+    /// The Z-Image ControlNet Union that reads --control: a stored name, a diffusers directory,
+    /// or a published single .safetensors file (1.0, 2.0 and 2.1 are recognised).
+    #[arg(long, value_name = "PATH|NAME")]
+    pub controlnet: Option<String>,
+    /// How strongly the control image steers, within [0, 2] (default 0.75); 0 gives the
+    /// unsteered picture.
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub control_scale: Option<f32>,
     /// Report time and peak memory of each phase, and the memory estimate.
     #[arg(long, short)]
     pub verbose: bool,
@@ -271,7 +289,57 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
             bail!("--strength is {s}; it must be within (0, 1]");
         }
     }
+    match (&a.control, &a.controlnet) {
+        (Some(c), None) => bail!(
+            "--control `{}` needs --controlnet: a control image steers a ControlNet (a stored name, a directory or a .safetensors file)",
+            c.display()
+        ),
+        (None, Some(n)) => bail!(
+            "--controlnet `{}` needs --control: the control image it follows",
+            n.escape_debug()
+        ),
+        (None, None) if a.control_scale.is_some() => {
+            bail!("--control-scale needs --control and --controlnet")
+        }
+        _ => {}
+    }
+    if let Some(e) = a.control_scale.and_then(pipeline::control::scale_error) {
+        bail!("{e}");
+    }
+    if a.control.is_some() && a.image.is_some() && a.mask.is_none() {
+        bail!("--control with --image needs --mask: a ControlNet repaints the masked part of a picture; it does not rework a whole one");
+    }
     Ok(())
+}
+
+/// The picture `--control` names, decoded (before any model loads).
+fn read_control(a: &GenerateArgs) -> anyhow::Result<Option<image::DynamicImage>> {
+    let Some(path) = &a.control else {
+        return Ok(None);
+    };
+    match image_in::read(path, "--control") {
+        Ok(img) => Ok(Some(img)),
+        Err(e @ image_in::Error::Decode { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow!("--control: {e}")),
+    }
+}
+
+/// `--controlnet`: a directory or file when one is there, else a name in the store.
+fn open_controlnet(store: Option<&Path>, arg: &str) -> anyhow::Result<Box<dyn ControlNetLoader>> {
+    let path = Path::new(arg);
+    if std::fs::symlink_metadata(path).is_ok() {
+        let source = ControlNetSource::open(path).map_err(|e| anyhow!("--controlnet: {e}"))?;
+        return Ok(Box::new(source));
+    }
+    let store = Store::locate(store)?;
+    match controlnet_source::open_stored(store, arg) {
+        Ok(stored) => Ok(Box::new(stored)),
+        Err(e @ controlnet_source::Error::Store(_)) => Err(anyhow!(
+            "--controlnet `{}` is neither a file, a directory nor a stored model: {e}",
+            arg.escape_debug()
+        )),
+        Err(e) => Err(anyhow!("--controlnet: {e}")),
+    }
 }
 
 /// The pictures `--image` and `--mask` name, decoded (before any model loads).
@@ -357,6 +425,17 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     check_flags(&a)?;
     check_output(&a.output)?;
     let inputs = read_inputs(&a)?;
+    let control = match (read_control(&a)?, &a.controlnet) {
+        (Some(image), Some(net)) => Some(Control {
+            net: open_controlnet(store.as_deref(), net)?,
+            spec: ControlSpec {
+                controlnet: net.clone(),
+                image,
+                scale: a.control_scale.unwrap_or(pipeline::control::DEFAULT_SCALE),
+            },
+        }),
+        _ => None,
+    };
     zimage::platform::use_default_device()?;
     let dtype = match a.dtype {
         Some(ComputeDtype::Bf16) => Dtype::BF16,
@@ -364,17 +443,29 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         None => zimage::platform::default_compute_dtype(),
     };
     if let Some(dir) = model_dir(a.model.as_deref()) {
-        return generate(open_model_dir(dir)?, dtype, a, inputs);
+        return generate(open_model_dir(dir)?, dtype, a, inputs, control);
     }
     let (source, demo) = resolve_model(store, a.model.as_deref())?;
     if demo {
         eprintln!("note: no Z-Image in the store; running the embedded demo model, whose weights are random");
     }
-    generate(source, dtype, a, inputs)
+    generate(source, dtype, a, inputs, control)
 }
 
-/// Each phase's time and peak memory, then the mean step and the total.
-fn print_phases(phases: &[zimage::pipeline::PhaseReport], steps: usize) {
+/// `--control`'s picture, decoded, with the scale, and the ControlNet `--controlnet` names,
+/// opened.
+struct Control {
+    spec: ControlSpec,
+    net: Box<dyn ControlNetLoader>,
+}
+
+/// Each phase's time and peak memory, then the mean step and the total, and the part of a step
+/// the ControlNet's hints took.
+fn print_phases(
+    phases: &[zimage::pipeline::PhaseReport],
+    steps: usize,
+    control_seconds: Option<f64>,
+) {
     for p in phases {
         let rss = p
             .peak_resident_bytes
@@ -394,6 +485,12 @@ fn print_phases(phases: &[zimage::pipeline::PhaseReport], steps: usize) {
         .unwrap_or(0.0);
     let total: f64 = phases.iter().map(|p| p.seconds).sum();
     eprintln!("step     {step:>8.3} s   total {total:.3} s");
+    if let Some(s) = control_seconds {
+        eprintln!(
+            "control  {:>8.3} s   per step, the ControlNet's hints (part of the step above)",
+            s / steps as f64
+        );
+    }
 }
 
 /// Runs one request on `source` (`--runs` times) and writes the PNG.
@@ -402,10 +499,18 @@ fn generate<S: ModelSource>(
     dtype: Dtype,
     a: GenerateArgs,
     inputs: Option<Inputs>,
+    control: Option<Control>,
 ) -> anyhow::Result<ExitCode> {
     let model_name = source.name();
     let identity = source.identity();
     let mut pipeline = Pipeline::new(source, dtype, a.runs > 1)?;
+    let control_spec = match control {
+        Some(c) => {
+            pipeline.set_controlnet(Some(c.net))?;
+            Some(c.spec)
+        }
+        None => None,
+    };
     let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
     // Without --width/--height an input picture gives the size, rounded as diffusers rounds it.
     let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
@@ -419,7 +524,16 @@ fn generate<S: ModelSource>(
                 )
             })?
         }
-        None => (sample, sample),
+        None => match control_spec.as_ref().map(|c| &c.image) {
+            Some(c) => image_in::default_size(c.width(), c.height(), cell).ok_or_else(|| {
+                anyhow!(
+                    "--control is {}×{}; a control image needs at least {cell} pixels each way",
+                    c.width(),
+                    c.height()
+                )
+            })?,
+            None => (sample, sample),
+        },
     };
     let mut req = Request {
         prompt: a.prompt.clone(),
@@ -453,6 +567,10 @@ fn generate<S: ModelSource>(
         req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
         pipeline.validate(&req)?;
     }
+    let control = control_spec.map(|c| c.input(req.width, req.height));
+    if let Some(c) = &control {
+        pipeline.validate_control(&req, c)?;
+    }
     let adapters = pipeline.load_adapters(&a.loras, a.lora_lenient)?;
     for applied in &adapters.applied {
         if !applied.skipped.is_empty() {
@@ -480,9 +598,12 @@ fn generate<S: ModelSource>(
     let mut run = 1;
     let out = loop {
         bar.reset();
-        let out = pipeline.generate(&req, &mut |p| match p {
-            Progress::Phase(name) => bar.set_message(name),
-            Progress::Step { index, .. } => bar.set_position(index as u64),
+        let out = pipeline.generate_controlled(&req, control.as_ref(), &mut |p| {
+            match p {
+                Progress::Phase(name) => bar.set_message(name),
+                Progress::Step { index, .. } => bar.set_position(index as u64),
+            }
+            ControlFlow::Continue(())
         });
         bar.finish_and_clear();
         let out = out?;
@@ -491,12 +612,13 @@ fn generate<S: ModelSource>(
         }
         if verbose {
             eprintln!("run {run} of {}:", a.runs);
-            print_phases(&out.phases, req.steps);
+            print_phases(&out.phases, req.steps, out.control_seconds);
         }
         run += 1;
     };
 
-    let (parameters, request_json) = generation::png_text(
+    let steered = generation::ControlProvenance::of(&pipeline, control.as_ref());
+    let (parameters, request_json) = generation::png_text_controlled(
         &req,
         &generation::Provenance {
             model_name: &model_name,
@@ -506,6 +628,7 @@ fn generate<S: ModelSource>(
             loras: &pipeline.adapters().applied,
             shift: pipeline.configs.scheduler.shift,
         },
+        steered.as_ref(),
     );
     image_out::write_png(
         &a.output,
@@ -521,7 +644,7 @@ fn generate<S: ModelSource>(
         if a.runs > 1 {
             eprintln!("run {run} of {}:", a.runs);
         }
-        print_phases(&out.phases, req.steps);
+        print_phases(&out.phases, req.steps, out.control_seconds);
         let e = &plan.estimate;
         eprintln!(
             "memory   weights {}, decode {}; estimate: text {}, encode {}, denoise {}, decode {}, process {}",
@@ -539,6 +662,16 @@ fn generate<S: ModelSource>(
             gb(e.decode),
             gb(e.base)
         );
+        if pipeline.controlnet().is_some() {
+            let sizes = pipeline.tensor_sizes()?;
+            let held = pipeline
+                .model_sizes(&sizes)
+                .controlnet_weights(plan.residency, dtype.size_bytes() as u64);
+            eprintln!(
+                "memory   the denoise estimate holds the ControlNet's weights, {}",
+                gb(held)
+            );
+        }
         let measured = zimage::platform::peak_resident_bytes().unwrap_or(0);
         eprintln!(
             "peak RSS {} measured, {} estimated ({:+.1}%), budget {}",

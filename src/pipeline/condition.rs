@@ -105,7 +105,7 @@ pub fn image_latents(
 }
 
 /// `(z − shift) · scale`, the inverse of what decoding undoes.
-fn scaled(z: &Array, cfg: &VaeConfig) -> mlx::Result<Array> {
+pub(super) fn scaled(z: &Array, cfg: &VaeConfig) -> mlx::Result<Array> {
     let z = match cfg.shift_factor {
         Some(shift) => (z - shift)?,
         None => z.clone(),
@@ -119,6 +119,23 @@ pub fn scale_noise(sample: &Array, sigma: f32, noise: &Array) -> mlx::Result<Arr
     (noise * sigma)? + (sample * (1.0 - sigma))?
 }
 
+/// `mask` (one value per pixel of `width`×`height`, non-zero repaints) on an `h`×`w` latent
+/// grid, row-major, as `F.interpolate(mode="nearest")` samples it: latent `(y, x)` takes pixel
+/// `(⌊y·s⌋, ⌊x·s⌋)` with `s` the image-to-latent ratio.
+pub fn mask_on_grid(mask: &[u8], width: u32, height: u32, h: i32, w: i32) -> Vec<bool> {
+    let (h, w) = (h as usize, w as usize);
+    let (sy, sx) = (height as f32 / h as f32, width as f32 / w as f32);
+    let mut grid = Vec::with_capacity(h * w);
+    for y in 0..h {
+        let py = ((y as f32 * sy) as usize).min(height as usize - 1);
+        for x in 0..w {
+            let px = ((x as f32 * sx) as usize).min(width as usize - 1);
+            grid.push(mask[py * width as usize + px] != 0);
+        }
+    }
+    grid
+}
+
 /// Inpaint's state between steps: the clean picture latents, the noise they are re-noised
 /// with, and the mask at latent size.
 pub struct Inpaint {
@@ -130,8 +147,7 @@ pub struct Inpaint {
 
 impl Inpaint {
     /// `mask`: one value per image pixel (`width`×`height`), sampled to the latent grid by
-    /// nearest neighbour as `F.interpolate(mode="nearest")` samples it (pixel `(⌊y·s⌋, ⌊x·s⌋)`
-    /// with `s` the image-to-latent ratio).
+    /// [`mask_on_grid`].
     pub fn new(
         image_latents: Array,
         noise: Array,
@@ -140,20 +156,11 @@ impl Inpaint {
         height: u32,
     ) -> mlx::Result<Inpaint> {
         let s = image_latents.shape();
-        let (h, w) = (s[1] as usize, s[2] as usize);
-        let (sy, sx) = (height as f32 / h as f32, width as f32 / w as f32);
-        let mut grid = Vec::with_capacity(h * w);
-        for y in 0..h {
-            let py = ((y as f32 * sy) as usize).min(height as usize - 1);
-            for x in 0..w {
-                let px = ((x as f32 * sx) as usize).min(width as usize - 1);
-                grid.push(mask[py * width as usize + px] != 0);
-            }
-        }
+        let grid = mask_on_grid(mask, width, height, s[1], s[2]);
         Ok(Inpaint {
             image_latents,
             noise,
-            repaint: Array::from_slice(&grid, &[1, h as i32, w as i32])?,
+            repaint: Array::from_slice(&grid, &[1, s[1], s[2]])?,
         })
     }
 

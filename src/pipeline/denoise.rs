@@ -1,8 +1,10 @@
 //! The one denoising loop every task runs: flow-match Euler steps from a schedule's
 //! `first` step to its end, with classifier-free guidance when a negative caption is given,
-//! and inpaint's blend after each step.
+//! a ControlNet's hints added into every forward pass (each caption its own), and inpaint's
+//! blend after each step.
 
 use super::condition::Inpaint;
+use super::control::Control;
 use super::{Error, Progress};
 use crate::mlx::Array;
 use crate::models::transformer::Prepared;
@@ -19,12 +21,14 @@ pub struct Guidance<'a> {
 
 /// Runs steps `first..` of `schedule` on `latents`. `progress` hears of each step as
 /// `index` of the steps run; answering `Break` stops with [`Error::Stopped`].
+#[allow(clippy::too_many_arguments)]
 pub fn denoise(
     transformer: &ZImageTransformer,
     mut latents: Array,
     schedule: &Schedule,
     first: usize,
     guidance: &Guidance,
+    mut control: Option<&mut Control>,
     inpaint: Option<&Inpaint>,
     progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
 ) -> Result<Array, Error> {
@@ -32,10 +36,10 @@ pub fn denoise(
     let _reuse = crate::platform::ReuseFreedMemory::start();
     for i in first..schedule.steps() {
         let t = schedule.t_model(i);
-        let pos = transformer.forward_prepared(&latents, t, guidance.positive)?;
+        let pos = model_output(transformer, &latents, t, guidance.positive, &mut control)?;
         let v = match guidance.negative {
             Some((neg, scale)) => {
-                let neg = transformer.forward_prepared(&latents, t, neg)?;
+                let neg = model_output(transformer, &latents, t, neg, &mut control)?;
                 (&pos + ((&pos - &neg)? * scale)?)?
             }
             None => pos,
@@ -59,4 +63,19 @@ pub fn denoise(
         }
     }
     Ok(latents)
+}
+
+/// The transformer's output for one caption, steered by the control's hints for that caption.
+fn model_output(
+    transformer: &ZImageTransformer,
+    latents: &Array,
+    t: f32,
+    caption: &Prepared,
+    control: &mut Option<&mut Control>,
+) -> Result<Array, Error> {
+    let hints = match control {
+        Some(c) => Some(c.hints(transformer, caption, latents, t)?),
+        None => None,
+    };
+    Ok(transformer.forward_prepared_with(latents, t, caption, hints.as_ref())?)
 }

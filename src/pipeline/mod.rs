@@ -8,17 +8,19 @@
 //! images.
 
 pub mod condition;
+pub mod control;
 pub mod denoise;
 mod sources;
 
 pub use condition::ImageInput;
+pub use control::{ControlInput, ControlNetLoader, ControlSpec};
 
 use crate::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use crate::mlx::{self, Array, Dtype};
 use crate::models::vae_tiling::Tiling;
 use crate::models::{
-    self, Checkpoint, DitConfig, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder,
-    VaeEncoder, ZImageTransformer,
+    self, Checkpoint, ControlNet, DitConfig, Qwen3Config, Qwen3Encoder, Residency, VaeConfig,
+    VaeDecoder, VaeEncoder, ZImageTransformer,
 };
 use crate::scheduler::{Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
@@ -123,6 +125,8 @@ pub struct Generated {
     pub phases: Vec<PhaseReport>,
     /// Final latents `[16, H/8, W/8]` (f32).
     pub latents: Array,
+    /// Seconds the ControlNet's hints took over the whole denoise (`None` without control).
+    pub control_seconds: Option<f64>,
 }
 
 /// The model's configuration, read once from its json files.
@@ -149,6 +153,11 @@ pub struct Pipeline<S: ModelSource> {
     vae: Option<VaeDecoder>,
     /// LoRA pairs added, unfused, to the linear layers they target.
     adapters: crate::lora::Adapters,
+    /// The ControlNet requests with a control image are steered by, loaded with the
+    /// transformer (and kept with it).
+    controlnet: Option<Box<dyn ControlNetLoader>>,
+    controlnet_sizes: Vec<TensorSize>,
+    controlnet_model: Option<ControlNet>,
 }
 
 pub use crate::models::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
@@ -267,6 +276,9 @@ impl<S: ModelSource> Pipeline<S> {
             transformer: None,
             vae: None,
             adapters: Default::default(),
+            controlnet: None,
+            controlnet_sizes: Vec::new(),
+            controlnet_model: None,
         })
     }
 
@@ -305,6 +317,38 @@ impl<S: ModelSource> Pipeline<S> {
         Ok(crate::lora::Adapters::bind(&inputs, &targets, self.dtype)?)
     }
 
+    /// Steers requests that carry a control image with this ControlNet from the next image on
+    /// (`None`: none), after checking that it fits the model's transformer.
+    pub fn set_controlnet(
+        &mut self,
+        loader: Option<Box<dyn ControlNetLoader>>,
+    ) -> Result<(), Error> {
+        if let Some(l) = &loader {
+            l.config()
+                .validate()
+                .and_then(|()| l.config().check_fits(&self.configs.transformer))
+                .map_err(|reason| {
+                    Error::Request(format!(
+                        "--controlnet `{}` does not fit model `{}`: {reason}",
+                        l.name(),
+                        self.source.name()
+                    ))
+                })?;
+        }
+        self.controlnet_sizes = loader
+            .as_ref()
+            .map(|l| l.tensor_sizes())
+            .unwrap_or_default();
+        self.controlnet = loader;
+        self.controlnet_model = None;
+        Ok(())
+    }
+
+    /// The ControlNet set, for metadata.
+    pub fn controlnet(&self) -> Option<&dyn ControlNetLoader> {
+        self.controlnet.as_deref()
+    }
+
     /// The LoRAs applied, for metadata.
     pub fn adapters(&self) -> &crate::lora::Adapters {
         &self.adapters
@@ -339,6 +383,7 @@ impl<S: ModelSource> Pipeline<S> {
             text_config: &self.configs.text_encoder,
             dit_config: &self.configs.transformer,
             vae_config: &self.configs.vae,
+            controlnet: &self.controlnet_sizes,
         }
     }
 
@@ -354,7 +399,8 @@ impl<S: ModelSource> Pipeline<S> {
             height: req.height,
             prompt_tokens: tokens as u32,
             compute_bytes: self.dtype.size_bytes() as u64,
-            encodes: req.input.is_some(),
+            // A ControlNet's control image is encoded too.
+            encodes: req.input.is_some() || self.controlnet.is_some(),
         })
     }
 
@@ -392,6 +438,20 @@ impl<S: ModelSource> Pipeline<S> {
 
     pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
         Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    /// The ControlNet set with [`Pipeline::set_controlnet`], loaded for the model's transformer.
+    pub fn load_controlnet(&self) -> Result<ControlNet, Error> {
+        let loader = self
+            .controlnet
+            .as_ref()
+            .ok_or_else(|| Error::Request("no ControlNet is set".into()))?;
+        loader
+            .load(&self.configs.transformer, self.dtype, self.residency)
+            .map_err(|cause| Error::Source {
+                model: loader.name(),
+                cause,
+            })
     }
 
     pub fn load_vae_encoder(&self) -> Result<VaeEncoder, Error> {
@@ -457,6 +517,43 @@ impl<S: ModelSource> Pipeline<S> {
         Ok(())
     }
 
+    /// Checks a request's control input against the request and the ControlNet set, before any
+    /// weights load.
+    pub fn validate_control(&self, req: &Request, control: &ControlInput) -> Result<(), Error> {
+        control
+            .check(req.width, req.height)
+            .map_err(Error::Request)?;
+        let net = self.controlnet.as_ref().ok_or_else(|| {
+            Error::Request(
+                "--control needs --controlnet: a control image steers a ControlNet".into(),
+            )
+        })?;
+        let Some(input) = &req.input else {
+            return Ok(());
+        };
+        if input.mask.is_none() {
+            return Err(Error::Request(
+                "--control with --image needs --mask: a ControlNet repaints the masked part of a picture; it does not rework a whole one".into(),
+            ));
+        }
+        if input.strength != 1.0 {
+            return Err(Error::Request(format!(
+                "--strength is {}; with --control the masked part is painted from pure noise (strength 1)",
+                input.strength
+            )));
+        }
+        let needs = 2 * self.configs.transformer.in_channels + 1;
+        let reads = net.config().control_in_dim;
+        if reads < needs {
+            return Err(Error::Request(format!(
+                "--controlnet `{}` is version {}, reading {reads} control channels; inpainting with --mask needs {needs} (a 2.x ControlNet)",
+                net.name(),
+                net.version()
+            )));
+        }
+        Ok(())
+    }
+
     /// `[C, H/8, W/8]`.
     pub fn latent_shape(&self, req: &Request) -> [i32; 3] {
         let f = self.configs.vae.scale_factor() as u32;
@@ -487,7 +584,21 @@ impl<S: ModelSource> Pipeline<S> {
         req: &Request,
         progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
     ) -> Result<Generated, Error> {
+        self.generate_controlled(req, None, progress)
+    }
+
+    /// [`Pipeline::generate_or_stop`] steered by `control` through the ControlNet set with
+    /// [`Pipeline::set_controlnet`] (`None`: unsteered).
+    pub fn generate_controlled(
+        &mut self,
+        req: &Request,
+        control: Option<&ControlInput>,
+        progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    ) -> Result<Generated, Error> {
         self.validate(req)?;
+        if let Some(c) = control {
+            self.validate_control(req, c)?;
+        }
         let mut phases = Vec::new();
         let cfg_on = req.guidance > 0.0;
         let stopped = |step: usize| Error::Stopped {
@@ -517,38 +628,58 @@ impl<S: ModelSource> Pipeline<S> {
         })?;
         release_freed_memory();
 
-        // 2. Encode the picture an image task starts from, then release the encoder. The
-        //    generator's first draw samples its latent; the noise is the next draw.
+        // 2. Encode the picture an image task starts from, or the control image (with a
+        //    picture to repaint, that picture too), then release the encoder. An image task's
+        //    latent is the generator's first draw and the noise the next; control images are
+        //    encoded by their mode, drawing nothing.
         let mut generator = crate::torch_rng::Generator::new(req.seed);
-        let image_latents = match &req.input {
-            Some(input) => {
-                if progress(Progress::Phase("encode")).is_break() {
-                    return Err(stopped(0));
-                }
-                let latents = measure(&mut phases, "encode", || {
-                    let encoder = self.load_vae_encoder()?;
-                    condition::image_latents(
-                        &encoder,
-                        input,
-                        (req.width, req.height),
-                        self.tiling.as_ref(),
-                        &mut generator,
-                    )
-                })?;
-                release_freed_memory();
-                Some(latents)
+        let (image_latents, control_latents) = if req.input.is_some() || control.is_some() {
+            if progress(Progress::Phase("encode")).is_break() {
+                return Err(stopped(0));
             }
-            None => None,
+            let encoded = measure(&mut phases, "encode", || {
+                let encoder = self.load_vae_encoder()?;
+                let size = (req.width, req.height);
+                let tiling = self.tiling.as_ref();
+                match (control, &req.input) {
+                    (Some(c), input) => {
+                        let latents =
+                            control::control_latents(&encoder, c, input.as_ref(), size, tiling)?;
+                        Ok::<_, Error>((None, Some(latents)))
+                    }
+                    (None, Some(input)) => {
+                        let latents = condition::image_latents(
+                            &encoder,
+                            input,
+                            size,
+                            tiling,
+                            &mut generator,
+                        )?;
+                        Ok((Some(latents), None))
+                    }
+                    (None, None) => Ok((None, None)),
+                }
+            })?;
+            release_freed_memory();
+            encoded
+        } else {
+            (None, None)
         };
 
         // 3. Denoise.
         if progress(Progress::Phase("denoise")).is_break() {
             return Err(stopped(0));
         }
+        let mut control_seconds = None;
         let latents = measure(&mut phases, "denoise", || {
             let transformer = match self.transformer.take() {
                 Some(t) => t,
                 None => self.load_transformer()?,
+            };
+            let controlnet = match (&control_latents, self.controlnet_model.take()) {
+                (None, kept) => kept,
+                (Some(_), Some(net)) => Some(net),
+                (Some(_), None) => Some(self.load_controlnet()?),
             };
             let shape = self.latent_shape(req);
             let noise = match &req.noise {
@@ -559,7 +690,11 @@ impl<S: ModelSource> Pipeline<S> {
             };
             let noise = Array::from_slice(&noise, &shape)?;
             let schedule = Schedule::new(req.steps, self.configs.scheduler.shift);
-            let first = req.input.as_ref().map_or(0, |i| i.first_step(req.steps));
+            // The ControlNet inpaint pipeline paints from pure noise (its picture is an input).
+            let first = match (&req.input, control) {
+                (Some(i), None) => i.first_step(req.steps),
+                _ => 0,
+            };
             let (latents, inpaint) = match (&image_latents, &req.input) {
                 (Some(image), Some(input)) => {
                     let start = condition::scale_noise(image, schedule.sigmas[first], &noise)?;
@@ -591,23 +726,36 @@ impl<S: ModelSource> Pipeline<S> {
                 positive: &positive,
                 negative: negative_prepared.as_ref().map(|n| (n, req.guidance)),
             };
+            let mut steering = match (&controlnet, &control_latents, control) {
+                (Some(net), Some(latents), Some(c)) => Some(control::Control {
+                    net,
+                    latents: latents.clone(),
+                    scale: c.scale,
+                    seconds: 0.0,
+                }),
+                _ => None,
+            };
             let out = denoise::denoise(
                 &transformer,
                 latents,
                 &schedule,
                 first,
                 &guidance,
+                steering.as_mut(),
                 inpaint.as_ref(),
                 progress,
             );
+            control_seconds = steering.map(|s| s.seconds);
             if self.keep_models {
                 self.transformer = Some(transformer);
+                self.controlnet_model = controlnet;
             }
             out
         })?;
         drop(caption);
         drop(negative);
         drop(image_latents);
+        drop(control_latents);
         release_freed_memory();
 
         // 4. Decode and quantise.
@@ -636,6 +784,7 @@ impl<S: ModelSource> Pipeline<S> {
             height: req.height,
             phases,
             latents,
+            control_seconds,
         })
     }
 }
