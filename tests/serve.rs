@@ -1241,3 +1241,145 @@ fn ollama_images_run_image_to_image_as_the_command_line_does() {
     let (status, _) = get(server.port, "/api/version");
     assert_eq!(status, 200, "the server keeps serving");
 }
+
+#[test]
+fn a_stored_controlnet_steers_served_images_as_the_command_line_flags_do() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let cn = dir.path().join("cn");
+    common::controlnet::write_tiny_dir("2.1", &cn);
+    let created = common::zimage_in(&store, &["create", "cn", "--from", s(&cn)]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let server = Server::start(&store, &[], &[]);
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let (control, picture, mask) = (
+        inputs.join("picture-128x128.png"),
+        inputs.join("picture-96x80.png"),
+        inputs.join("mask-96x80.png"),
+    );
+    let control_bytes = std::fs::read(&control).unwrap();
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&control_bytes);
+    let fields = |extra: &str| {
+        format!(
+            r#"{{"model":"tiny","prompt":"a red fox in the snow","steps":2,"stream":false,"options":{{"seed":7}},"seed":7,"response_format":"b64_json","controlnet":"cn","control_image":"{encoded}"{extra}}}"#
+        )
+    };
+
+    let expected = cli_pixels_from(
+        &store,
+        dir.path(),
+        &[
+            "--control",
+            s(&control),
+            "--controlnet",
+            "cn",
+            "--control-scale",
+            "0.9",
+        ],
+    );
+    let (status, answer) = post(
+        server.port,
+        "/api/generate",
+        &fields(r#","control_scale":0.9"#),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let served = b64(json(&answer)["image"].as_str().unwrap());
+    assert!(
+        pixels(&served) == expected,
+        "Ollama's ControlNet image differs from the CLI's"
+    );
+    let png = dir.path().join("served.png");
+    std::fs::write(&png, &served).unwrap();
+    let text = zimage::image_out::read_png_text(&png).unwrap();
+    let params = &text.iter().find(|(k, _)| k == "parameters").unwrap().1;
+    assert!(params.contains("ControlNet scale: 0.9"), "{params}");
+
+    let (status, answer) = post(
+        server.port,
+        "/v1/images/generations",
+        &fields(r#","control_scale":0.9"#),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let served = b64(json(&answer)["data"][0]["b64_json"].as_str().unwrap());
+    assert!(
+        pixels(&served) == expected,
+        "OpenAI's ControlNet image differs from the CLI's"
+    );
+    assert!(
+        expected != cli_pixels_from(&store, dir.path(), &["--width", "128", "--height", "128"])
+    );
+
+    // ControlNet inpaint through the edit form, the mask in OpenAI's convention.
+    let rgba_mask = dir.path().join("mask-rgba.png");
+    write_alpha_mask(&mask, &rgba_mask);
+    let form: Vec<FormPart> = vec![
+        ("model", None, b"tiny".to_vec()),
+        ("prompt", None, b"a red fox in the snow".to_vec()),
+        ("steps", None, b"2".to_vec()),
+        ("seed", None, b"7".to_vec()),
+        ("controlnet", None, b"cn".to_vec()),
+        ("image", Some("in.png"), std::fs::read(&picture).unwrap()),
+        ("mask", Some("mask.png"), std::fs::read(&rgba_mask).unwrap()),
+        ("control_image", Some("c.png"), control_bytes.clone()),
+    ];
+    let (status, answer) = raw(server.port, &form_request("/v1/images/edits", &form));
+    assert_eq!(status, 200, "{answer}");
+    let served = b64(json(&answer)["data"][0]["b64_json"].as_str().unwrap());
+    let inpaint = cli_pixels_from(
+        &store,
+        dir.path(),
+        &[
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&mask),
+            "--control",
+            s(&control),
+            "--controlnet",
+            "cn",
+        ],
+    );
+    assert!(
+        pixels(&served) == inpaint,
+        "the ControlNet edit differs from the CLI's inpaint"
+    );
+
+    let refused = [
+        (
+            format!(r#"{{"model":"tiny","prompt":"x","control_image":"{encoded}"}}"#),
+            400,
+            "needs `controlnet`",
+        ),
+        (
+            r#"{"model":"tiny","prompt":"x","controlnet":"cn"}"#.to_string(),
+            400,
+            "needs `control_image`",
+        ),
+        (
+            fields(r#","control_scale":2.5"#),
+            400,
+            "control_scale is 2.5",
+        ),
+        (
+            fields("").replace(r#""controlnet":"cn""#, r#""controlnet":"nope""#),
+            404,
+            "nope",
+        ),
+        (
+            fields("").replace(r#""controlnet":"cn""#, r#""controlnet":"tiny""#),
+            400,
+            "tiny",
+        ),
+    ];
+    for (body, status, needle) in &refused {
+        let answer = post(server.port, "/api/generate", body);
+        assert_api_error("/api/generate", answer, *status, needle, needle);
+    }
+    let (status, _) = get(server.port, "/api/version");
+    assert_eq!(status, 200, "the server keeps serving");
+}

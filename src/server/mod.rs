@@ -289,6 +289,58 @@ pub trait NamesModel {
     fn model(&self) -> &str;
 }
 
+/// The bytes of a base64 field (`field` names it in messages); a data URL's prefix is skipped.
+pub fn base64_field(api: Api, field: &str, text: &str) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine;
+    let text = text.rsplit_once(',').map_or(text, |(_, b)| b);
+    base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| ApiError::bad_request(api, format!("field `{field}` is not base64: {e}")))
+}
+
+/// A request's ControlNet fields: `controlnet` (a stored name), `control_image` (its bytes) and
+/// `control_scale`, checked as `--controlnet/--control/--control-scale` are and the image decoded.
+pub fn request_control(
+    api: Api,
+    controlnet: Option<&str>,
+    control_image: Option<&[u8]>,
+    scale: Option<f32>,
+) -> Result<Option<crate::pipeline::control::ControlSpec>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(api, m);
+    let (controlnet, bytes) = match (controlnet, control_image) {
+        (None, None) if scale.is_some() => {
+            return Err(bad("control_scale needs `controlnet` and `control_image`".into()))
+        }
+        (None, None) => return Ok(None),
+        (None, Some(_)) => {
+            return Err(bad(
+                "control_image needs `controlnet`: a control image steers a ControlNet (the name of one in the store)".into(),
+            )
+            .with_param("controlnet"))
+        }
+        (Some(_), None) => {
+            return Err(bad(
+                "controlnet needs `control_image`: the image (pose, edges, depth) it follows".into(),
+            )
+            .with_param("control_image"))
+        }
+        (Some(n), Some(b)) => (n, b),
+    };
+    let name = crate::store::ModelName::parse(controlnet)
+        .map_err(|e| bad(format!("controlnet: {e}")).with_param("controlnet"))?;
+    let scale = scale.unwrap_or(crate::pipeline::control::DEFAULT_SCALE);
+    if let Some(e) = crate::pipeline::control::scale_error(scale) {
+        return Err(bad(e.replace("--control-scale", "control_scale")).with_param("control_scale"));
+    }
+    let image = crate::image_in::decode(bytes, "field", "control_image")
+        .map_err(|e| bad(e.to_string()).with_param("control_image"))?;
+    Ok(Some(crate::pipeline::control::ControlSpec {
+        controlnet: name.to_string(),
+        image,
+        scale,
+    }))
+}
+
 /// A request's `strength`: only with a picture, and within (0, 1] as `--strength` takes it.
 pub fn check_strength(api: Api, strength: Option<f64>, has_picture: bool) -> Result<(), ApiError> {
     match strength {

@@ -241,6 +241,10 @@ pub struct GenerateBody {
     /// Base64 pictures, as Ollama carries them; the first is the img2img input.
     images: Option<Vec<String>>,
     strength: Option<f64>,
+    /// A stored ControlNet, the control image it follows (base64) and its scale.
+    controlnet: Option<String>,
+    control_image: Option<String>,
+    control_scale: Option<f32>,
 }
 
 /// The img2img input of a request: its first picture, decoded under the input limits, with
@@ -256,11 +260,7 @@ fn request_input(body: &GenerateBody) -> Result<Option<super::worker::SpecInput>
     let Some(first) = first else {
         return Ok(None);
     };
-    // Clients may send a data URL; the picture is what follows the comma.
-    let text = first.rsplit_once(',').map_or(first.as_str(), |(_, b)| b);
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(text.trim())
-        .map_err(|e| ApiError::bad_request(API, format!("field `images[0]` is not base64: {e}")))?;
+    let bytes = super::base64_field(API, "images[0]", first)?;
     let image = crate::image_in::decode(&bytes, "field `images`", "images[0]")
         .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
     Ok(Some(super::worker::SpecInput {
@@ -351,6 +351,15 @@ pub async fn generate(
         .map_err(|e| ApiError::bad_request(API, e))?;
     let loras = super::request_loras(&state, API, body.loras.as_deref())?;
     let input = request_input(&body)?;
+    let control_image = (body.control_image.as_deref())
+        .map(|t| super::base64_field(API, "control_image", t))
+        .transpose()?;
+    let control = super::request_control(
+        API,
+        body.controlnet.as_deref(),
+        control_image.as_deref(),
+        body.control_scale,
+    )?;
     open_model(&state, API, &name, true).await?;
     let seed = match body.options.as_ref().and_then(|o| o.seed) {
         Some(s) if s >= 0 => s as u64,
@@ -370,6 +379,7 @@ pub async fn generate(
             guidance,
             seed,
             input,
+            control,
         }]
     };
     let label = format!("POST /api/generate {}", body.model.escape_debug());

@@ -6,6 +6,7 @@ use super::errors::{Api, ApiError};
 use super::ollama::{check_ranges, display_name, wait_done};
 use super::worker::{Job, Spec, SpecInput};
 use super::{open_model, unix_seconds, with_model, AppState, MAX_IMAGES_PER_REQUEST};
+use crate::pipeline::control::ControlSpec;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -47,6 +48,11 @@ pub struct ImagesBody {
     guidance: Option<f32>,
     /// Only with a picture (`/v1/images/edits`).
     strength: Option<f64>,
+    /// A stored ControlNet, the control image it follows (base64 in JSON, a file in a form) and
+    /// its scale.
+    controlnet: Option<String>,
+    control_image: Option<String>,
+    control_scale: Option<f32>,
     loras: Option<Vec<super::LoraBody>>,
 }
 
@@ -80,7 +86,24 @@ pub async fn generate(
     super::Named { body, name }: super::Named<ImagesBody>,
 ) -> Result<Response, ApiError> {
     super::check_strength(API, body.strength, false)?;
-    run(state, name, body, None, "POST /v1/images/generations").await
+    let control_image = (body.control_image.as_deref())
+        .map(|t| super::base64_field(API, "control_image", t))
+        .transpose()?;
+    let control = super::request_control(
+        API,
+        body.controlnet.as_deref(),
+        control_image.as_deref(),
+        body.control_scale,
+    )?;
+    run(
+        state,
+        name,
+        body,
+        None,
+        control,
+        "POST /v1/images/generations",
+    )
+    .await
 }
 
 /// The images a request asks for, made from `input` when it has one, as OpenAI answers them.
@@ -89,6 +112,7 @@ async fn run(
     name: crate::store::ModelName,
     body: ImagesBody,
     input: Option<SpecInput>,
+    control: Option<ControlSpec>,
     route: &str,
 ) -> Result<Response, ApiError> {
     if body.prompt.is_empty() {
@@ -145,6 +169,7 @@ async fn run(
             // Each image of a request gets the next seed, so any one can be made again alone.
             seed: seed.wrapping_add(i),
             input: input.clone(),
+            control: control.clone(),
         })
         .collect();
     let label = format!("{route} {}", body.model.escape_debug());
@@ -184,7 +209,12 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     let form = Multipart::from_request(req, &())
         .await
         .map_err(|e| ApiError::new(API, e.status(), e.body_text()))?;
-    let EditForm { body, image, mask } = read_edit_form(form).await?;
+    let EditForm {
+        body,
+        image,
+        mask,
+        control_image,
+    } = read_edit_form(form).await?;
     let name = super::model_name(API, &body.model)?;
     let Some(image) = image else {
         return Err(
@@ -194,10 +224,24 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     };
     super::check_strength(API, body.strength, true)?;
     let strength = body.strength;
-    let input = tokio::task::spawn_blocking(move || decode_edit(&image, mask.as_deref(), strength))
-        .await
-        .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    run(state, name, body, Some(input), "POST /v1/images/edits").await
+    let (controlnet, scale) = (body.controlnet.clone(), body.control_scale);
+    let (input, control) = tokio::task::spawn_blocking(move || {
+        let input = decode_edit(&image, mask.as_deref(), strength)?;
+        let control =
+            super::request_control(API, controlnet.as_deref(), control_image.as_deref(), scale)?;
+        Ok::<_, ApiError>((input, control))
+    })
+    .await
+    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    run(
+        state,
+        name,
+        body,
+        Some(input),
+        control,
+        "POST /v1/images/edits",
+    )
+    .await
 }
 
 /// The fields of an edit request, read; the pictures not yet decoded.
@@ -205,6 +249,8 @@ struct EditForm {
     body: ImagesBody,
     image: Option<Vec<u8>>,
     mask: Option<Vec<u8>>,
+    /// A file, or base64 text.
+    control_image: Option<Vec<u8>>,
 }
 
 async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
@@ -219,16 +265,24 @@ async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
         body: ImagesBody::default(),
         image: None,
         mask: None,
+        control_image: None,
     };
     while let Some(field) = form.next_field().await.map_err(broken)? {
         let key = field.name().unwrap_or_default().to_string();
         match key.as_str() {
-            "image" | "image[]" | "mask" => {
-                let bytes = field.bytes().await.map_err(broken)?.to_vec();
-                let slot = if key == "mask" {
-                    &mut out.mask
-                } else {
-                    &mut out.image
+            "image" | "image[]" | "mask" | "control_image" => {
+                let is_file = field.file_name().is_some();
+                let mut bytes = field.bytes().await.map_err(broken)?.to_vec();
+                let slot = match key.as_str() {
+                    "mask" => &mut out.mask,
+                    "control_image" => {
+                        if !is_file {
+                            let text = String::from_utf8_lossy(&bytes).into_owned();
+                            bytes = super::base64_field(API, "control_image", &text)?;
+                        }
+                        &mut out.control_image
+                    }
+                    _ => &mut out.image,
                 };
                 if slot.replace(bytes).is_some() {
                     return Err(ApiError::bad_request(
@@ -282,6 +336,8 @@ fn set_form_field(body: &mut ImagesBody, key: &str, text: String) -> Result<(), 
         "steps" => body.steps = Some(number(key, &text)?),
         "guidance" => body.guidance = Some(number(key, &text)?),
         "strength" => body.strength = Some(number(key, &text)?),
+        "controlnet" => body.controlnet = Some(text),
+        "control_scale" => body.control_scale = Some(number(key, &text)?),
         "loras" => {
             body.loras = Some(serde_json::from_str(&text).map_err(|e| {
                 ApiError::bad_request(

@@ -34,6 +34,8 @@ pub struct Spec {
     pub seed: u64,
     /// The picture to start from (img2img, or inpaint with a mask), decoded.
     pub input: Option<SpecInput>,
+    /// The ControlNet (a stored name) and the control image that steers it.
+    pub control: Option<pipeline::control::ControlSpec>,
 }
 
 /// A request's input picture, decoded but not yet sized: the size is settled once the model
@@ -324,6 +326,9 @@ struct Resident {
     /// The request LoRAs the pipeline's adapters were bound for (`None`: none bound yet, not
     /// even the model's own).
     loras: Option<Vec<LoraStamp>>,
+    /// The stored ControlNet set on the pipeline; it stays loaded with the model until a
+    /// request names another.
+    controlnet: Option<String>,
 }
 
 /// A request LoRA as bound: its file's size and time of change tell an edited file from the
@@ -408,6 +413,30 @@ pub fn open_error(e: StoreError) -> JobError {
         StoreError::Name(_) => JobError::new(JobErrorKind::BadRequest, e.to_string()),
         other => JobError::new(JobErrorKind::Internal, other.to_string()),
     }
+}
+
+/// Sets the stored ControlNet `name` on the resident pipeline, unless it is set already.
+fn set_controlnet(r: &mut Resident, settings: &Settings, name: &str) -> Result<(), JobError> {
+    if r.controlnet.as_deref() == Some(name) {
+        return Ok(());
+    }
+    let net =
+        crate::controlnet_source::open_stored(settings.store.clone(), name).map_err(
+            |e| match e {
+                crate::controlnet_source::Error::Store(e) => {
+                    let mut e = open_error(e);
+                    e.message = format!("controlnet: {}", e.message);
+                    e
+                }
+                other => JobError::new(JobErrorKind::BadRequest, format!("controlnet: {other}")),
+            },
+        )?;
+    r.controlnet = None;
+    r.pipeline
+        .set_controlnet(Some(Box::new(net)))
+        .map_err(|e| JobError::new(JobErrorKind::BadRequest, e.to_string().replace("--", "")))?;
+    r.controlnet = Some(name.to_string());
+    Ok(())
 }
 
 fn release_memory() {
@@ -498,6 +527,7 @@ fn ensure_resident<'a>(
             pipeline,
             expires: None,
             loras: None,
+            controlnet: None,
         });
     }
     Ok(resident.as_mut().expect("set above"))
@@ -577,15 +607,17 @@ fn generate_one(
     // Built as `zimage generate` builds it, so that a seed gives the CLI's pixels: without a
     // size, an input picture gives it, rounded as diffusers rounds it.
     let cell = 2 * r.pipeline.configs.vae.scale_factor() as u32;
-    let (default_w, default_h) = match &spec.input {
-        Some(i) => crate::image_in::default_size(i.image.width(), i.image.height(), cell)
+    let given = (spec.input.as_ref().map(|i| ("input picture", &i.image)))
+        .or_else(|| spec.control.as_ref().map(|c| ("control image", &c.image)));
+    let (default_w, default_h) = match given {
+        Some((what, image)) => crate::image_in::default_size(image.width(), image.height(), cell)
             .ok_or_else(|| {
-                bad(format!(
-                    "the input picture is {}×{}; it needs at least {cell} pixels each way",
-                    i.image.width(),
-                    i.image.height()
-                ))
-            })?,
+            bad(format!(
+                "the {what} is {}×{}; it needs at least {cell} pixels each way",
+                image.width(),
+                image.height()
+            ))
+        })?,
         None => (sample, sample),
     };
     let mut req = Request {
@@ -616,6 +648,17 @@ fn generate_one(
         });
         r.pipeline.validate(&req).map_err(|e| bad(e.to_string()))?;
     }
+    let control = match &spec.control {
+        Some(c) => {
+            set_controlnet(r, settings, &c.controlnet)?;
+            let input = c.input(req.width, req.height);
+            r.pipeline
+                .validate_control(&req, &input)
+                .map_err(|e| bad(e.to_string().replace("--", "")))?;
+            Some(input)
+        }
+        None => None,
+    };
     let prompt_tokens = r
         .pipeline
         .token_ids(&req.prompt)
@@ -629,23 +672,25 @@ fn generate_one(
     r.pipeline.set_residency(plan.residency);
     r.pipeline.set_tiling(plan.tiling);
     let done_before = job.cancel.steps_done.load(Ordering::SeqCst);
-    let out = r.pipeline.generate_or_stop(&req, &mut |p| {
-        if let Progress::Step { index: step, total } = p {
-            job.cancel
-                .steps_done
-                .store(done_before + step, Ordering::SeqCst);
-            let _ = job.events.send(Event::Step {
-                image: index,
-                completed: step,
-                total,
-            });
-        }
-        if job.cancel.is_cancelled() {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
+    let out = r
+        .pipeline
+        .generate_controlled(&req, control.as_ref(), &mut |p| {
+            if let Progress::Step { index: step, total } = p {
+                job.cancel
+                    .steps_done
+                    .store(done_before + step, Ordering::SeqCst);
+                let _ = job.events.send(Event::Step {
+                    image: index,
+                    completed: step,
+                    total,
+                });
+            }
+            if job.cancel.is_cancelled() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
     let out = out.map_err(|e| match e {
         pipeline::Error::Stopped { step, total } => JobError::new(
             JobErrorKind::Stopped,
@@ -668,7 +713,8 @@ fn generate_one(
     };
     let name = r.model.name.short();
     let identity = r.model.manifest.model_identity();
-    let png = generation::encode_png(
+    let steered = generation::ControlProvenance::of(&r.pipeline, control.as_ref());
+    let png = generation::encode_png_controlled(
         &out,
         &req,
         &Provenance {
@@ -679,6 +725,7 @@ fn generate_one(
             loras: &r.pipeline.adapters().applied,
             shift: r.pipeline.configs.scheduler.shift,
         },
+        steered.as_ref(),
     )
     .map_err(|e| JobError::new(JobErrorKind::Internal, e.to_string()))?;
     Ok(Image {
