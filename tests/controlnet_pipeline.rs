@@ -19,18 +19,6 @@ fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
 }
 
-/// The held-out model: the demo's text encoder, tokenizer and scheduler with the held-out
-/// transformer and VAE.
-fn heldout_dir(tmp: &Path) -> PathBuf {
-    let dir = tmp.join("heldout");
-    common::copy_model(&models().join("z-image-tiny"), &dir);
-    for c in ["transformer", "vae"] {
-        std::fs::remove_dir_all(dir.join(c)).unwrap();
-        common::copy_model(&models().join("z-image-heldout").join(c), &dir.join(c));
-    }
-    dir
-}
-
 /// `control_image` of make_controlnet.py: red and green ramps, a 16-pixel checkerboard in blue.
 fn control_image(width: u32, height: u32) -> RgbImage {
     RgbImage::from_fn(width, height, |x, y| {
@@ -99,7 +87,7 @@ impl Case {
 
     fn model_dir(&self, tmp: &Path) -> PathBuf {
         match self.heldout() {
-            true => heldout_dir(tmp),
+            true => common::heldout_dir(tmp),
             false => models().join("z-image-tiny"),
         }
     }

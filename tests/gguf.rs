@@ -382,3 +382,115 @@ fn walk_files(dir: &Path) -> usize {
         })
         .sum()
 }
+
+/// The pixels of a PNG, as RGB.
+fn rgb(path: &Path) -> Vec<u8> {
+    image::open(path).unwrap().to_rgb8().into_raw()
+}
+
+#[test]
+fn transformer_ggufs_in_sd_cpp_naming_give_diffusers_image_on_their_dequantized_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let model = common::heldout_dir(tmp.path());
+    // The original key layout, as ComfyUI and stable-diffusion.cpp read it.
+    let comfy = tmp.path().join("comfy");
+    for args in [
+        vec!["create", "heldout", "--from", common::s(&model)],
+        vec!["export", "heldout", "--format", "comfy", common::s(&comfy)],
+    ] {
+        let out = zimage_in(&root, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let original = std::fs::read_dir(tmp.path().join("comfy/diffusion_models"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    // The GGUF files, quantized as the reference's were (the `gguf` package is deterministic).
+    let made = std::process::Command::new(common::test_python())
+        .arg(fixture("make_model_fixtures.py"))
+        .args(["--gguf", common::s(&original), common::s(tmp.path())])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+
+    let st = mlx::io::load_safetensors(&fixture("heldout.reference.safetensors")).unwrap();
+    let settings: serde_json::Value = serde_json::from_str(&st.metadata["settings"]).unwrap();
+    let setting = |k: &str| settings[k].to_string().trim_matches('"').to_string();
+    for key in ["q8_0", "q4_0"] {
+        let file = tmp.path().join(format!("heldout-{key}.gguf"));
+        let name = format!("held-{}", key.replace('_', ""));
+        let args = [
+            "create",
+            &name,
+            "--from",
+            common::s(&model),
+            "--transformer",
+            common::s(&file),
+        ];
+        let out = zimage_in(&root, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed = String::from_utf8_lossy(&out.stdout);
+        let ty = key.to_uppercase();
+        assert!(printed.contains(&format!("{ty} → ")), "{printed}");
+
+        let png = tmp.path().join(format!("{key}.png"));
+        let (prompt, w, h, steps, seed) = (
+            setting("prompt"),
+            setting("width"),
+            setting("height"),
+            setting("steps"),
+            setting("seed"),
+        );
+        let args = [
+            "generate",
+            &prompt,
+            "--model",
+            &name,
+            "--width",
+            &w,
+            "--height",
+            &h,
+            "--steps",
+            &steps,
+            "--seed",
+            &seed,
+            "-o",
+            common::s(&png),
+        ];
+        let out = zimage_in(&root, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expected = st.tensors[key].to_vec::<u8>().unwrap();
+        let got = rgb(&png);
+        assert_eq!(got.len(), expected.len());
+        let off: Vec<u8> = (got.iter().zip(&expected))
+            .map(|(a, b)| a.abs_diff(*b))
+            .collect();
+        let same = off.iter().filter(|d| **d == 0).count() as f64 / off.len() as f64;
+        let worst = off.iter().max().copied().unwrap_or(0);
+        eprintln!("{key}: {:.4}% identical, max off {worst}", same * 100.0);
+        assert!(
+            same >= 0.999 && worst <= 1,
+            "{key}: {:.4}% identical, max off {worst}",
+            same * 100.0
+        );
+    }
+}

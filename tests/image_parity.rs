@@ -15,18 +15,6 @@ fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
 }
 
-/// The held-out model: the demo's text encoder, tokenizer and scheduler with the held-out
-/// transformer and VAE.
-fn heldout_dir(tmp: &Path) -> PathBuf {
-    let dir = tmp.join("heldout");
-    common::copy_model(&models().join("z-image-tiny"), &dir);
-    for c in ["transformer", "vae"] {
-        std::fs::remove_dir_all(dir.join(c)).unwrap();
-        common::copy_model(&models().join("z-image-heldout").join(c), &dir.join(c));
-    }
-    dir
-}
-
 struct Case {
     tensors: std::collections::HashMap<String, Array>,
     meta: serde_json::Value,
@@ -96,7 +84,7 @@ fn check(case: &str) {
     let r = load(case);
     let dir = match r.meta["model"].as_str().unwrap() {
         "demo" => models().join("z-image-tiny"),
-        _ => heldout_dir(tmp.path()),
+        _ => common::heldout_dir(tmp.path()),
     };
     let mut p = Pipeline::new(DiffusersDir::open(&dir).unwrap(), Dtype::F32, false).unwrap();
     let req = r.request();

@@ -240,46 +240,12 @@ fn cli_generate(store: &Path, dir: &Path, flags: &[&str]) -> (u32, u32, Vec<u8>)
     pixels(&std::fs::read(&png).unwrap())
 }
 
-/// A venv with the official clients, made once and reused.
-fn client_python() -> PathBuf {
-    let cache = std::env::var_os("ZIMAGE_TEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME or ZIMAGE_TEST_CACHE"))
-                .join(".cache/zimage-tests")
-        });
-    let venv = cache.join("venv");
-    let python = venv.join("bin/python");
-    let ready = Command::new(&python)
-        .args(["-c", "import ollama, openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ready {
-        std::fs::create_dir_all(&cache).unwrap();
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 is needed to run the client tests");
-        assert!(made.success(), "cannot create a venv at {}", venv.display());
-        let installed = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "ollama==0.6.*", "openai"])
-            .status()
-            .unwrap();
-        assert!(
-            installed.success(),
-            "pip could not install ollama and openai"
-        );
-    }
-    python
-}
-
 #[test]
 fn official_clients_get_the_pixels_zimage_generate_makes() {
     let dir = tempfile::tempdir().unwrap();
     let store = demo_store(dir.path());
     let server = Server::start(&store, &[], &[]);
-    let python = client_python();
+    let python = common::test_python();
     let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
     let picture = inputs.join("picture-96x80.png");
     let mask = inputs.join("mask-96x80.png");

@@ -42,7 +42,7 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens a checkpoint given as safetensors files (shards of one component) or as a
+    /// Opens a checkpoint given as safetensors or GGUF files (shards of one component) or as a
     /// `*.safetensors.index.json` whose shards sit beside it.
     pub fn open(paths: &[PathBuf]) -> Result<Checkpoint, Error> {
         let mut files = Vec::new();
@@ -58,13 +58,32 @@ impl Checkpoint {
         let mut seen: HashMap<String, PathBuf> = HashMap::new();
         for f in &files {
             let (_, len) = crate::files::open_regular(f)?;
+            let mut add = |tensors: &mut Vec<SourceTensor>, t: SourceTensor| {
+                if let Some(prev) = seen.insert(t.name.clone(), f.clone()) {
+                    return Err(bad(
+                        f,
+                        format!("tensor `{}` is also in `{}`", t.name, prev.display()),
+                    ));
+                }
+                tensors.push(t);
+                Ok(())
+            };
             match FileKind::of_file(f).map_err(|e| bad(f, e.to_string()))? {
                 FileKind::Safetensors => {}
+                // Quantized GGUF tensors keep their blocks; the import maps them per type.
+                FileKind::Gguf => {
+                    let gguf = crate::formats::gguf::GgufSource::open(f, "model")
+                        .map_err(|e| bad(f, e.to_string()))?;
+                    for t in gguf.tensors() {
+                        add(&mut tensors, t)?;
+                    }
+                    continue;
+                }
                 other => {
                     return Err(bad(
                         f,
                         format!(
-                            "is {}; a component file must be safetensors",
+                            "is {}; a component file must be safetensors or GGUF",
                             other.describe()
                         ),
                     ))
@@ -92,13 +111,7 @@ impl Checkpoint {
                 config_hint = Some(v);
             }
             for t in st.tensors() {
-                if let Some(prev) = seen.insert(t.name.clone(), f.clone()) {
-                    return Err(bad(
-                        f,
-                        format!("tensor `{}` is also in `{}`", t.name, prev.display()),
-                    ));
-                }
-                tensors.push(t);
+                add(&mut tensors, t)?;
             }
         }
         Ok(Checkpoint {

@@ -42,6 +42,63 @@ pub fn copy_model(from: &Path, to: &Path) {
     }
 }
 
+/// The held-out model in `tmp`: the demo's text encoder, tokenizer and scheduler with the
+/// held-out transformer and VAE (`models/z-image-heldout`).
+pub fn heldout_dir(tmp: &Path) -> std::path::PathBuf {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let dir = tmp.join("heldout");
+    copy_model(&models.join("z-image-tiny"), &dir);
+    for c in ["transformer", "vae"] {
+        std::fs::remove_dir_all(dir.join(c)).unwrap();
+        copy_model(&models.join("z-image-heldout").join(c), &dir.join(c));
+    }
+    dir
+}
+
+/// A Python with the packages the tests drive (the official `ollama` and `openai` clients,
+/// `gguf` and numpy), in a venv made once under the test cache and reused.
+pub fn test_python() -> std::path::PathBuf {
+    let cache = std::env::var_os("ZIMAGE_TEST_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME or ZIMAGE_TEST_CACHE"))
+                .join(".cache/zimage-tests")
+        });
+    let venv = cache.join("venv");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import ollama, openai, gguf, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        std::fs::create_dir_all(&cache).unwrap();
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed to run these tests");
+        assert!(made.success(), "cannot create a venv at {}", venv.display());
+        let installed = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "ollama==0.6.*",
+                "openai",
+                "gguf==0.19.0",
+                "numpy",
+            ])
+            .status()
+            .unwrap();
+        assert!(
+            installed.success(),
+            "pip could not install ollama, openai, gguf and numpy"
+        );
+    }
+    python
+}
+
 /// A path as an argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
