@@ -461,6 +461,12 @@ struct Control {
 
 /// Each phase's time and peak memory, then the mean step and the total, and the part of a step
 /// the ControlNet's hints took.
+/// The denoising steps a request runs: image input skips the schedule's first ones.
+fn steps_run(req: &pipeline::Request) -> usize {
+    let skipped = req.input.as_ref().map_or(0, |i| i.first_step(req.steps));
+    (req.steps - skipped).max(1)
+}
+
 fn print_phases(
     phases: &[zimage::pipeline::PhaseReport],
     steps: usize,
@@ -612,7 +618,7 @@ fn generate<S: ModelSource>(
         }
         if verbose {
             eprintln!("run {run} of {}:", a.runs);
-            print_phases(&out.phases, req.steps, out.control_seconds);
+            print_phases(&out.phases, steps_run(&req), out.control_seconds);
         }
         run += 1;
     };
@@ -644,7 +650,7 @@ fn generate<S: ModelSource>(
         if a.runs > 1 {
             eprintln!("run {run} of {}:", a.runs);
         }
-        print_phases(&out.phases, req.steps, out.control_seconds);
+        print_phases(&out.phases, steps_run(&req), out.control_seconds);
         let e = &plan.estimate;
         eprintln!(
             "memory   weights {}, decode {}; estimate: text {}, encode {}, denoise {}, decode {}, process {}",
