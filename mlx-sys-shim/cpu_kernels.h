@@ -35,8 +35,21 @@ mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& w
 mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
                              int k);
 
+// The modes MLX quantizes in, plus "symmetric": packed unsigned q with per-group scales and no
+// biases, value = scale · (q − 2^(bits−1)) computed in float32 (GGUF's Q4_0, Q5_0 and Q8_0 as
+// they come, their f16 scales kept as they are).
+//
+// A symmetric weight's scales, as dtype, with the affine biases that give the same values.
+std::pair<mlx::core::array, mlx::core::array> symmetric_as_affine(const mlx::core::array& scales, int bits,
+                                                                   mlx::core::Dtype dtype);
+
+// MLX's dequantize for its modes; a symmetric weight in float32, exactly.
+mlx::core::array dequantize(const mlx::core::array& w, const mlx::core::array& scales,
+                            const std::optional<mlx::core::array>& biases, int group_size, int bits,
+                            const std::string& mode);
+
 // y = x · Wᵀ (+ bias) for x [..., K] and W [N, K] kept as stored: dense in any float dtype, or
-// affine-quantized (packed uint32 weight with scales and biases, group_size, bits). On the CPU
+// quantized (packed uint32 weight with scales and biases, group_size, bits, mode). On the CPU
 // with float32 x, a bf16/f16 or 2/4/8-bit weight is widened a tile of rows at a time into a
 // reused buffer and multiplied by sgemm, so no float32 copy of the layer is ever made;
 // elsewhere quantized_matmul (GPU) or MLX's dequantize and matmul.

@@ -110,10 +110,36 @@ MLXS_NO_FMA_CONTRACTION MLXS_VECTOR_CLONES void dequantize_row(const uint32_t* _
   }
 }
 
+// One row of a symmetric-quantized weight (GGUF's Q4_0, Q5_0 and Q8_0 kept as they come):
+// element i is scale · (q − 2^(Bits−1)) of its group, in float32 whatever the scales are stored
+// in. The scales hold ggml's f16 `d` exactly and |q − 2^(Bits−1)| ≤ 2^(Bits−1), so the one
+// product is exact, as ggml's own dequantization computes it.
+template <int Bits, typename Scale>
+MLXS_VECTOR_CLONES void dequantize_row_symmetric(const uint32_t* __restrict packed, const Scale* __restrict scales,
+                                                 float* __restrict dst, size_t k, size_t group) {
+  constexpr int per_byte = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1u;
+  constexpr int zero = 1 << (Bits - 1);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(packed);
+  const size_t bytes_per_group = group / per_byte;
+  for (size_t g = 0; g < k / group; ++g) {
+    const float s = static_cast<float>(scales[g]);
+    const uint8_t* in = bytes + g * bytes_per_group;
+    float* out = dst + g * group;
+    for (size_t c = 0; c < bytes_per_group; ++c) {
+      const uint32_t byte = in[c];
+      for (int j = 0; j < per_byte; ++j) {
+        out[c * per_byte + j] = s * static_cast<float>(static_cast<int>((byte >> (j * Bits)) & mask) - zero);
+      }
+    }
+  }
+}
+
 // How a linear layer's weight is kept.
 struct WeightForm {
   mx::Dtype dtype;  // of the dense weight, or of the scales when quantized
   bool quantized;
+  bool symmetric;  // quantized without biases: scale · (q − 2^(bits−1))
   int bits;
   int group;
 };
@@ -135,6 +161,13 @@ void widen_rows(const WeightForm& form, const mx::array& w, const mx::array* sca
     using Scale = decltype(scale_tag);
     constexpr int Bits = decltype(bits_tag)::value;
     const Scale* s = scales->data<Scale>();
+    if (form.symmetric) {
+      for (size_t r = r0; r < r1; ++r) {
+        dequantize_row_symmetric<Bits, Scale>(w.data<uint32_t>() + r * words, s + r * groups, dst + (r - r0) * k,
+                                              k, form.group);
+      }
+      return;
+    }
     const Scale* b = biases->data<Scale>();
     for (size_t r = r0; r < r1; ++r) {
       dequantize_row<Bits, Scale>(w.data<uint32_t>() + r * words, s + r * groups, b + r * groups,
@@ -178,7 +211,7 @@ class CpuNarrowLinear : public CpuOnlyPrimitive {
       const mx::array& x = inputs[0];
       const mx::array& w = inputs[1];
       const mx::array* scales = form.quantized ? &inputs[2] : nullptr;
-      const mx::array* biases = form.quantized ? &inputs[3] : nullptr;
+      const mx::array* biases = form.quantized && !form.symmetric ? &inputs[3] : nullptr;
       const float* bias = has_bias ? inputs.back().data<float>() : nullptr;
       float* rows = scratch->data();
       for (size_t n0 = 0; n0 < n; n0 += tile) {
@@ -202,7 +235,7 @@ class CpuNarrowLinear : public CpuOnlyPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuNarrowLinear*>(&other);
     return o != nullptr && o->form_.dtype == form_.dtype && o->form_.quantized == form_.quantized &&
-           o->form_.bits == form_.bits && o->form_.group == form_.group && o->has_bias_ == has_bias_;
+           o->form_.symmetric == form_.symmetric && o->form_.bits == form_.bits && o->form_.group == form_.group && o->has_bias_ == has_bias_;
   }
 
  private:
@@ -215,18 +248,33 @@ class CpuNarrowLinear : public CpuOnlyPrimitive {
 
 namespace mlxs {
 
+std::pair<mx::array, mx::array> symmetric_as_affine(const mx::array& scales, int bits, mx::Dtype dtype) {
+  auto s = mx::astype(scales, dtype);
+  return {s, mx::multiply(s, mx::array(-static_cast<float>(1 << (bits - 1)), dtype))};
+}
+
+mx::array dequantize(const mx::array& w, const mx::array& scales, const std::optional<mx::array>& biases,
+                     int group_size, int bits, const std::string& mode) {
+  if (mode != "symmetric") return mx::dequantize(w, scales, biases, group_size, bits, mode);
+  if (biases) throw std::invalid_argument("[dequantize] symmetric quantization has no biases");
+  // In float32, where every value scale · (q − 2^(bits−1)) of an f16 scale is exact.
+  auto [s, b] = symmetric_as_affine(scales, bits, mx::float32);
+  return mx::dequantize(w, s, b, group_size, bits, "affine");
+}
 
 mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx::array>& scales,
                  const std::optional<mx::array>& biases, const std::optional<mx::array>& bias, int group_size,
                  int bits, const std::string& mode) {
   const bool quantized = scales.has_value();
-  const bool affine = mode == "affine";
+  const bool symmetric = mode == "symmetric";
+  const bool affine = mode == "affine" || symmetric;
   if (x.ndim() < 1 || w.ndim() != 2) throw std::invalid_argument("[linear] expects x [..., K] and a 2-D weight");
   const int k = x.shape(-1), n = w.shape(0);
   if (quantized && affine) {
-    if (!biases) throw std::invalid_argument("[linear] an affine-quantized weight needs its biases");
-    if (bits <= 0 || group_size <= 0 || k % group_size != 0 || w.shape(1) * 32 != k * bits ||
-        scales->shape() != mx::Shape{n, k / group_size} || biases->shape() != scales->shape()) {
+    if (symmetric && biases) throw std::invalid_argument("[linear] a symmetric-quantized weight has no biases");
+    if (!symmetric && !biases) throw std::invalid_argument("[linear] an affine-quantized weight needs its biases");
+    if (bits <= 0 || bits > 8 || group_size <= 0 || k % group_size != 0 || w.shape(1) * 32 != k * bits ||
+        scales->shape() != mx::Shape{n, k / group_size} || (biases && biases->shape() != scales->shape())) {
       throw std::invalid_argument("[linear] the packed weight, scales and biases do not fit K = " +
                                   std::to_string(k) + " at " + std::to_string(bits) + " bits, group " +
                                   std::to_string(group_size));
@@ -250,27 +298,37 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
   if (sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 && kernel_fits &&
       (!bias || bias->dtype() == mx::float32)) {
     std::vector<mx::array> inputs{mx::contiguous(mx::reshape(x, {-1, k})), mx::contiguous(w)};
-    if (quantized) inputs.push_back(mx::contiguous(*scales)), inputs.push_back(mx::contiguous(*biases));
+    if (quantized) {
+      inputs.push_back(mx::contiguous(*scales));
+      if (!symmetric) inputs.push_back(mx::contiguous(*biases));
+    }
     if (bias) inputs.push_back(mx::contiguous(mx::reshape(*bias, {n})));
     const int rows = static_cast<int>(x.size() / std::max(k, 1));
-    auto y = mx::array({rows, n}, mx::float32,
-                       std::make_shared<CpuNarrowLinear>(stream, WeightForm{form_dtype, quantized, bits, group_size},
-                                                         bias.has_value(), sgemm),
-                       std::move(inputs));
+    auto y = mx::array(
+        {rows, n}, mx::float32,
+        std::make_shared<CpuNarrowLinear>(stream, WeightForm{form_dtype, quantized, symmetric, bits, group_size},
+                                          bias.has_value(), sgemm),
+        std::move(inputs));
     return mx::reshape(y, out_shape);
   }
   // Elsewhere MLX's ops: quantized_matmul for a quantized weight (a GPU kernel that never
   // expands it), else a product with the weight in x's dtype. On the CPU this expands one layer
   // at a time, as the graph reaches it.
-  // Affine scales and biases take x's dtype; the float modes' scales are bytes (E8M0, E4M3).
-  auto like_x = [&](const mx::array& a) { return affine ? mx::astype(a, x.dtype()) : a; };
-  std::optional<mx::array> qbiases = biases ? std::optional<mx::array>(like_x(*biases)) : std::nullopt;
-  mx::array y = quantized ? (stream.device == mx::Device::cpu
-                                 ? mx::matmul(x, mx::transpose(mx::astype(
-                                                     mx::dequantize(w, *scales, biases, group_size, bits, mode),
-                                                     x.dtype())))
-                                 : mx::quantized_matmul(x, w, like_x(*scales), qbiases, true, group_size, bits, mode))
-                          : mx::matmul(x, mx::transpose(w.dtype() == x.dtype() ? w : mx::astype(w, x.dtype())));
+  mx::array y = [&] {
+    if (!quantized) return mx::matmul(x, mx::transpose(w.dtype() == x.dtype() ? w : mx::astype(w, x.dtype())));
+    if (stream.device == mx::Device::cpu) {
+      return mx::matmul(x, mx::transpose(mx::astype(dequantize(w, *scales, biases, group_size, bits, mode), x.dtype())));
+    }
+    // Affine scales and biases take x's dtype (a symmetric weight's biases made from its
+    // scales); the float modes' scales are bytes (E8M0, E4M3).
+    if (symmetric) {
+      auto [s, b] = symmetric_as_affine(*scales, bits, x.dtype());
+      return mx::quantized_matmul(x, w, s, b, true, group_size, bits, "affine");
+    }
+    auto like_x = [&](const mx::array& a) { return affine ? mx::astype(a, x.dtype()) : a; };
+    std::optional<mx::array> qbiases = biases ? std::optional<mx::array>(like_x(*biases)) : std::nullopt;
+    return mx::quantized_matmul(x, w, like_x(*scales), qbiases, true, group_size, bits, mode);
+  }();
   return bias ? mx::add(y, mx::astype(*bias, x.dtype())) : y;
 }
 

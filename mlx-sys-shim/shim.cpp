@@ -387,7 +387,9 @@ int mlxs_quantized_matmul(mlxs_array** out, const mlxs_array* x, const mlxs_arra
 int mlxs_quantize_mode(mlxs_array** wq, mlxs_array** scales, mlxs_array** biases, const mlxs_array* w,
                        int group_size, int bits, const char* mode) {
   return guard([&] {
-    auto parts = mx::quantize(w->a, group_size, bits, mode ? mode : "affine");
+    const std::string m = mode ? mode : "affine";
+    if (m == "symmetric") throw std::invalid_argument("[quantize] symmetric weights come from GGUF files, MLX makes none");
+    auto parts = mx::quantize(w->a, group_size, bits, m);
     put(wq, parts.at(0));
     put(scales, parts.at(1));
     if (parts.size() > 2) {
@@ -401,7 +403,7 @@ int mlxs_quantize_mode(mlxs_array** wq, mlxs_array** scales, mlxs_array** biases
 int mlxs_dequantize_mode(mlxs_array** out, const mlxs_array* wq, const mlxs_array* scales,
                          const mlxs_array* biases, int group_size, int bits, const char* mode) {
   return guard([&] {
-    put(out, mx::dequantize(wq->a, scales->a, opt(biases), group_size, bits, mode ? mode : "affine"));
+    put(out, mlxs::dequantize(wq->a, scales->a, opt(biases), group_size, bits, mode ? mode : "affine"));
   });
 }
 

@@ -9,10 +9,13 @@
 //! way. Q2_K, Q3_K and Q6_K scale 16-value sub-blocks, which no 32-value group reproduces: they
 //! are re-quantized.
 //!
-//! Scales and biases are kept in f32: `d·q` has at most 21 significant bits, so every product
-//! and the sum of MLX's `scale·q + bias` round exactly as the reference dequantizer's f32
-//! arithmetic does (`d·(q − 8)` is exact, `d·q + m` rounds once in both). In f16 or bf16 the
-//! products themselves would round.
+//! The symmetric types (Q4_0, Q5_0, Q8_0: `d·(q − 2^(bits−1))`) keep their f16 `d` as it is and
+//! no bias, in zimage's symmetric mode, which computes `scale·(q − 2^(bits−1))` in f32: one
+//! exact product, as ggml computes it, at the file's own size (4.5 bits a weight for Q4_0).
+//! The others keep scales and biases in f32: `d·q` has at most 21 significant bits, so every
+//! product and the sum of MLX's `scale·q + bias` round exactly as the reference dequantizer's
+//! f32 arithmetic does (`d·q + m` rounds once in both). In f16 or bf16 MLX's own arithmetic
+//! would round the products.
 
 /// ggml's type ids, as GGUF tensor infos carry them.
 #[allow(non_camel_case_types)]
@@ -150,13 +153,35 @@ impl GgmlType {
     pub fn import_path(self) -> Option<ImportPath> {
         Some(match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ImportPath::Plain,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => ImportPath::Exact { bits: 4 },
-            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => ImportPath::Exact { bits: 5 },
-            GgmlType::Q8_0 => ImportPath::Exact { bits: 8 },
+            GgmlType::Q4_0 => ImportPath::Symmetric { bits: 4 },
+            GgmlType::Q5_0 => ImportPath::Symmetric { bits: 5 },
+            GgmlType::Q8_0 => ImportPath::Symmetric { bits: 8 },
+            GgmlType::Q4_1 | GgmlType::Q4_K => ImportPath::Exact { bits: 4 },
+            GgmlType::Q5_1 | GgmlType::Q5_K => ImportPath::Exact { bits: 5 },
             GgmlType::Q2_K | GgmlType::Q3_K => ImportPath::Requantize { bits: 4 },
             GgmlType::Q6_K => ImportPath::Requantize { bits: 8 },
             _ => return None,
         })
+    }
+}
+
+impl ImportPath {
+    /// Whether the values are the file's own, bit for bit.
+    pub fn exact(self) -> bool {
+        !matches!(self, ImportPath::Requantize { .. })
+    }
+
+    /// What the store holds, e.g. `q4_0 (symmetric int4, group 32, exact)`.
+    pub fn describe(self, ty: GgmlType) -> String {
+        match self {
+            ImportPath::Plain => format!("{ty} as it is"),
+            ImportPath::Symmetric { bits } => format!(
+                "{} (symmetric int{bits}, group {GROUP}, exact)",
+                ty.name().to_ascii_lowercase()
+            ),
+            ImportPath::Exact { bits } => format!("int{bits}, group {GROUP} (exact)"),
+            ImportPath::Requantize { bits } => format!("int{bits}, group {GROUP} (re-quantized)"),
+        }
     }
 }
 
@@ -174,7 +199,9 @@ pub const GROUP: usize = 32;
 pub enum ImportPath {
     /// Bytes as they are (F32, F16, BF16).
     Plain,
-    /// MLX affine quantization, group 32, the same values bit for bit.
+    /// zimage's symmetric mode, group 32: the packed values and f16 scales as they are.
+    Symmetric { bits: u32 },
+    /// MLX affine quantization, group 32, f32 scales and biases: the same values bit for bit.
     Exact { bits: u32 },
     /// Dequantized, then quantized by MLX (affine, group 32): the nearest MLX mode.
     Requantize { bits: u32 },
@@ -275,7 +302,7 @@ fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
 /// Whole rows of an exactly mapped type (`bytes` holds `rows` rows of `cols` values) as MLX
 /// affine groups of 32. `None` for a type without an exact mapping.
 pub fn to_affine(ty: GgmlType, bytes: &[u8], cols: usize) -> Option<Affine> {
-    let ImportPath::Exact { bits } = ty.import_path()? else {
+    let (ImportPath::Exact { bits } | ImportPath::Symmetric { bits }) = ty.import_path()? else {
         return None;
     };
     let block_bytes = ty.block_bytes() as usize;
@@ -330,9 +357,12 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
         GgmlType::Q3_K => bytes.chunks_exact(110).for_each(|b| q3_k(b, &mut out)),
         GgmlType::Q6_K => bytes.chunks_exact(210).for_each(|b| q6_k(b, &mut out)),
         _ => {
-            let ImportPath::Exact { .. } = ty.import_path()? else {
+            if !matches!(
+                ty.import_path()?,
+                ImportPath::Exact { .. } | ImportPath::Symmetric { .. }
+            ) {
                 return None;
-            };
+            }
             for block in bytes.chunks_exact(ty.block_bytes() as usize) {
                 block_groups(ty, block, &mut |s, b, q| {
                     out.extend(q.iter().map(|&v| s * f32::from(v) + b));

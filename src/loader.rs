@@ -220,7 +220,7 @@ fn v2_quantized(
         Some(t) => {
             let (mode, group, bits) = QuantMode::from_quant_type(t).ok_or_else(|| {
                 bad(format!(
-                    "quantization `{t}` is not supported (int4, int5, int8, nvfp4, mxfp8 and mxfp4 are)"
+                    "quantization `{t}` is not supported (int4, int5, int8, q4_0, q5_0, q8_0, nvfp4, mxfp8 and mxfp4 are)"
                 ))
             })?;
             (mode, stated_group.unwrap_or(group), bits)
@@ -235,6 +235,11 @@ fn v2_quantized(
     if mode == QuantMode::Affine && biases.is_none() {
         return Err(bad(format!(
             "has no `{main}.bias` (affine quantization needs one)"
+        )));
+    }
+    if mode == QuantMode::Symmetric && biases.is_some() {
+        return Err(bad(format!(
+            "has `{main}.bias`, but symmetric quantization has none"
         )));
     }
     Ok(QuantizedTensor {

@@ -147,11 +147,7 @@ fn gguf_facts(path: &Path) -> anyhow::Result<Vec<(&'static str, Value)>> {
     let mut types = std::collections::BTreeMap::<String, usize>::new();
     for t in &g.tensors {
         let path = match t.ggml_type.import_path() {
-            Some(zimage::ggml::ImportPath::Plain) => "stored as is".to_string(),
-            Some(zimage::ggml::ImportPath::Exact { bits }) => format!("int{bits} group 32, exact"),
-            Some(zimage::ggml::ImportPath::Requantize { bits }) => {
-                format!("int{bits} group 32, re-quantized")
-            }
+            Some(p) => format!("imports as {}", p.describe(t.ggml_type)),
             None => "not importable".to_string(),
         };
         *types

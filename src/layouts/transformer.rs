@@ -23,6 +23,13 @@ const RENAMES: [(&str, &str); 5] = [
 
 pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
     strip_prefix(&mut tensors, &PREFIXES);
+    // ggml drops trailing 1s from a tensor's dimensions (leading ones in torch's order), so a
+    // GGUF file holds the `[1, dim]` pad tokens as `[dim]`.
+    for t in &mut tensors {
+        if (t.name == "x_pad_token" || t.name == "cap_pad_token") && t.shape.len() == 1 {
+            t.shape.insert(0, 1);
+        }
+    }
     let has = |f: &dyn Fn(&str) -> bool| tensors.iter().any(|t| f(&t.name));
     let layout = if has(&|n| n == "all_x_embedder.2-1.weight") {
         Layout::Diffusers

@@ -5,13 +5,18 @@ use super::{fast, ffi, Array, Result};
 use std::ffi::CStr;
 
 /// MLX's quantization modes: affine (`w = scale · q + bias` per group) and the float formats
-/// with shared per-group exponents or scales and no bias.
+/// with shared per-group exponents or scales and no bias; and one of ours, symmetric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantMode {
     Affine,
     Mxfp4,
     Mxfp8,
     Nvfp4,
+    /// `w = scale · (q − 2^(bits−1))` in f32 per group, unsigned `q` packed as MLX packs affine
+    /// weights and no biases: GGUF's Q4_0, Q5_0 and Q8_0 held as they come, their f16 scales
+    /// as they are (4.5 bits a weight for Q4_0). MLX runs it as affine, with the biases made
+    /// from the scales; MLX's `quantize` makes none.
+    Symmetric,
 }
 
 impl QuantMode {
@@ -21,6 +26,7 @@ impl QuantMode {
             QuantMode::Mxfp4 => c"mxfp4",
             QuantMode::Mxfp8 => c"mxfp8",
             QuantMode::Nvfp4 => c"nvfp4",
+            QuantMode::Symmetric => c"symmetric",
         }
     }
 
@@ -31,6 +37,10 @@ impl QuantMode {
             "int4" | "q4" => (QuantMode::Affine, 64, 4),
             // Written by GGUF imports (Q5_0, Q5_1, Q5_K), always with a stated group of 32.
             "int5" => (QuantMode::Affine, 32, 5),
+            // ggml's symmetric block types, written by GGUF imports.
+            "q4_0" => (QuantMode::Symmetric, 32, 4),
+            "q5_0" => (QuantMode::Symmetric, 32, 5),
+            "q8_0" => (QuantMode::Symmetric, 32, 8),
             "nvfp4" => (QuantMode::Nvfp4, 16, 4),
             "mxfp8" => (QuantMode::Mxfp8, 32, 8),
             "mxfp4" => (QuantMode::Mxfp4, 32, 4),
@@ -83,7 +93,7 @@ impl QuantizedTensor {
         })
     }
 
-    /// The full-precision weight (in the scales' dtype in affine mode).
+    /// The full-precision weight (in the scales' dtype in affine mode, f32 in symmetric mode).
     pub fn dequantize(&self) -> Result<Array> {
         shim_call!(
             "dequantize",

@@ -4,7 +4,8 @@
 //!
 //! Quantized results are Ollama's v2 quantized blob (the packed weight, `.scale`, `.bias`,
 //! `quant_type` and `group_size` in the metadata, which the loader already reads), with the
-//! ggml type the values came from recorded beside them.
+//! ggml type the values came from recorded beside them. The symmetric types (Q4_0, Q5_0, Q8_0)
+//! have no `.bias`, f16 scales and their own `quant_type` (`q4_0` …).
 
 use super::blob::{self, BlobWriter};
 use super::import::{open_range, tensor_layer, SourceTensor};
@@ -76,16 +77,15 @@ impl Store {
                 return self.write_plain_f32(t, &values, align);
             }
         };
+        note(format!("{ty} → {}", path.describe(ty)));
         let affine = match path {
             ImportPath::Plain => unreachable!("plain types are imported as plain bytes"),
-            ImportPath::Exact { bits } => {
-                note(format!("{ty} → int{bits}, group {GROUP} (exact)"));
+            ImportPath::Exact { .. } | ImportPath::Symmetric { .. } => {
                 ggml::to_affine(ty, &bytes, cols as usize).expect("exact types map")
             }
             ImportPath::Requantize { bits } => {
                 let values = ggml::dequantize(ty, &bytes).ok_or_else(unsupported)?;
                 let (affine, err) = requantize(&values, rows, cols, bits)?;
-                note(format!("{ty} → int{bits}, group {GROUP} (re-quantized)"));
                 report
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -94,7 +94,8 @@ impl Store {
             }
         };
         drop(bytes);
-        self.write_affine(t, ty, &affine, rows, cols, align)
+        let symmetric = matches!(path, ImportPath::Symmetric { .. });
+        self.write_affine(t, ty, &affine, symmetric, (rows, cols), align)
     }
 
     fn write_plain_f32(
@@ -113,13 +114,15 @@ impl Store {
         )])
     }
 
+    /// The packed values with f32 scales and biases, or (`symmetric`) with the scales alone in
+    /// f16, which holds a symmetric type's `d` exactly.
     fn write_affine(
         &self,
         t: &SourceTensor,
         ty: GgmlType,
         a: &Affine,
-        rows: u64,
-        cols: u64,
+        symmetric: bool,
+        (rows, cols): (u64, u64),
         align: u64,
     ) -> Result<Vec<(Layer, bool)>, StoreError> {
         let full = format!("{}/{}", t.component, t.name);
@@ -129,13 +132,21 @@ impl Store {
             dtype,
             shape: vec![rows, cols],
         };
-        let specs = [
-            spec(full.clone(), Dtype::U32, cols * u64::from(a.bits) / 32),
-            spec(format!("{full}.scale"), Dtype::F32, groups),
-            spec(format!("{full}.bias"), Dtype::F32, groups),
-        ];
+        let mut specs = vec![spec(
+            full.clone(),
+            Dtype::U32,
+            cols * u64::from(a.bits) / 32,
+        )];
+        let quant_type = if symmetric {
+            specs.push(spec(format!("{full}.scale"), Dtype::F16, groups));
+            ty.name().to_ascii_lowercase()
+        } else {
+            specs.push(spec(format!("{full}.scale"), Dtype::F32, groups));
+            specs.push(spec(format!("{full}.bias"), Dtype::F32, groups));
+            format!("int{}", a.bits)
+        };
         let meta = BTreeMap::from([
-            ("quant_type".to_string(), format!("int{}", a.bits)),
+            ("quant_type".to_string(), quant_type),
             ("group_size".to_string(), GROUP.to_string()),
             ("ggml_type".to_string(), ty.name()),
         ]);
@@ -143,8 +154,19 @@ impl Store {
         let mut w = BlobWriter::new(&self.root)?;
         w.write(&header)?;
         w.write(&a.packed)?;
-        w.write(&f32_bytes(&a.scales))?;
-        w.write(&f32_bytes(&a.biases))?;
+        if symmetric {
+            let scales: Vec<u8> = (a.scales.iter())
+                .flat_map(|&s| {
+                    let d = half::f16::from_f32(s);
+                    debug_assert_eq!(d.to_f32(), s, "a symmetric type's scale is its f16 d");
+                    d.to_le_bytes()
+                })
+                .collect();
+            w.write(&scales)?;
+        } else {
+            w.write(&f32_bytes(&a.scales))?;
+            w.write(&f32_bytes(&a.biases))?;
+        }
         let (digest, size, new) = w.finish()?;
         Ok(vec![(
             tensor_layer(t, digest, size, Dtype::F32, t.shape.clone()),
