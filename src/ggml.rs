@@ -340,6 +340,74 @@ fn pack_group(q: &[u8; GROUP], bits: u32, out: &mut Vec<u8>) {
     }
 }
 
+/// The `n` values of a little-endian bit stream of `bits`-bit values (MLX's packing), as bytes.
+pub fn unpack(packed: &[u8], bits: u32, n: usize) -> Vec<u8> {
+    let mask = (1u32 << bits) - 1;
+    (0..n)
+        .map(|i| {
+            let at = i * bits as usize;
+            let (byte, shift) = (at / 8, at % 8);
+            let lo = u32::from(packed[byte]);
+            let hi = packed.get(byte + 1).map_or(0, |b| u32::from(*b) << 8);
+            (((lo | hi) >> shift) & mask) as u8
+        })
+        .collect()
+}
+
+/// One 32-value group of a block type: its scale `d`, its min `m` (Q4_1, Q5_1; ignored by the
+/// symmetric types) and its unsigned values (a symmetric type's offset by 2^(bits−1), as
+/// [`to_affine`] gives them).
+pub struct Group<'a> {
+    pub d: half::f16,
+    pub m: half::f16,
+    pub q: &'a [u8],
+}
+
+/// Writes one block of `ty` (Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0) from its group: the inverse of
+/// [`to_affine`] for these types, so a block read and written again is the same bytes.
+pub fn encode_block(ty: GgmlType, g: &Group, out: &mut Vec<u8>) {
+    let q = g.q;
+    debug_assert_eq!(q.len(), GROUP);
+    out.extend_from_slice(&g.d.to_le_bytes());
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        out.extend_from_slice(&g.m.to_le_bytes());
+    }
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            out.extend((0..16).map(|j| (q[j] & 0x0F) | (q[j + 16] << 4)));
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let qh = (0..32).fold(0u32, |h, j| h | (u32::from(q[j] >> 4) & 1) << j);
+            out.extend_from_slice(&qh.to_le_bytes());
+            out.extend((0..16).map(|j| (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)));
+        }
+        GgmlType::Q8_0 => out.extend(q.iter().map(|&v| (i16::from(v) - 128) as i8 as u8)),
+        _ => unreachable!("{ty} is not written from 32-value groups"),
+    }
+}
+
+/// `values` (whole rows of 32-value blocks) quantized to Q8_0 as ggml's reference quantizer
+/// does: `d = max|x| / 127` per block, `q = round(x / d)`.
+pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / GROUP * 34);
+    let mut q = [0u8; GROUP];
+    for block in values.chunks_exact(GROUP) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (q, &x) in q.iter_mut().zip(block) {
+            *q = ((x * id).round() as i32 + 128) as u8;
+        }
+        let group = Group {
+            d: half::f16::from_f32(d),
+            m: half::f16::ZERO,
+            q: &q,
+        };
+        encode_block(GgmlType::Q8_0, &group, &mut out);
+    }
+    out
+}
+
 /// The values of whole blocks of a quantized or plain float type as f32, as ggml's reference
 /// dequantizer computes them. `None` for types it does not cover.
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
@@ -443,6 +511,55 @@ mod tests {
         assert_eq!(v[16], 0.5 * 7.0);
         // MLX's packing: value 0 in the low nibble of byte 0, value 1 in its high nibble.
         assert_eq!(a.packed[0], 0x10);
+    }
+
+    #[test]
+    fn blocks_written_from_their_groups_are_the_bytes_read() {
+        // Arbitrary bytes are valid blocks of these types (d, m any f16 but NaN).
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        };
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+        ] {
+            let mut block: Vec<u8> = (0..ty.block_bytes()).map(|_| next()).collect();
+            block[0] = 0x00; // d = a small normal f16
+            block[1] = 0x20;
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                block[3] = 0x21;
+            }
+            let a = to_affine(ty, &block, GROUP).expect("exact");
+            let q = unpack(&a.packed, a.bits, GROUP);
+            let group = Group {
+                d: half::f16::from_f32(a.scales[0]),
+                m: half::f16::from_f32(a.biases[0]),
+                q: &q,
+            };
+            let mut again = Vec::new();
+            encode_block(ty, &group, &mut again);
+            assert_eq!(again, block, "{ty}");
+        }
+    }
+
+    #[test]
+    fn q8_0_quantizes_to_the_nearest_step() {
+        let values: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.1).collect();
+        let bytes = quantize_q8_0(&values);
+        assert_eq!(bytes.len(), 34);
+        let back = dequantize(GgmlType::Q8_0, &bytes).expect("covered");
+        let d = 1.6f32 / 127.0;
+        for (a, b) in back.iter().zip(&values) {
+            assert!((a - b).abs() <= d / 2.0 + 1e-3 * d, "{a} vs {b}");
+        }
+        assert_eq!(quantize_q8_0(&[0.0; 32])[2..], [0u8; 32]);
     }
 
     #[test]

@@ -28,23 +28,15 @@ fn reference() -> std::collections::HashMap<String, Vec<f32>> {
 }
 
 fn import(root: &Path, name: &str, file: &Path, component: &str) -> String {
-    let out = zimage_in(
-        root,
-        &[
-            "create",
-            name,
-            "--from",
-            file.to_str().unwrap(),
-            "--component",
-            component,
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let args = [
+        "create",
+        name,
+        "--from",
+        file.to_str().unwrap(),
+        "--component",
+        component,
+    ];
+    run_ok(root, &args)
 }
 
 #[test]
@@ -522,5 +514,154 @@ fn ggufs_made_by_sd_cpp_give_diffusers_image_on_their_dequantized_weights() {
         } else {
             assert!(psnr >= 40.0, "{stem}: {psnr:.1} dB");
         }
+    }
+}
+
+/// The tensors of a GGUF file by name: type, shape and bytes.
+fn gguf_tensors(path: &Path) -> std::collections::BTreeMap<String, (GgmlType, Vec<u64>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let g = gguf::read(bytes.as_slice(), bytes.len() as u64).unwrap();
+    g.tensors
+        .iter()
+        .map(|t| {
+            let data = bytes[t.offset as usize..(t.offset + t.nbytes) as usize].to_vec();
+            (t.name.clone(), (t.ggml_type, t.shape.clone(), data))
+        })
+        .collect()
+}
+
+fn run_ok(root: &Path, args: &[&str]) -> String {
+    let out = zimage_in(root, args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A GGUF import exported again gives the file's own blocks back, byte for byte, in a file
+/// that imports to the same model and image (its config travels in the metadata).
+#[test]
+fn export_to_gguf_gives_back_the_imported_blocks_and_the_same_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let heldout = common::heldout_dir(tmp.path());
+    let source = fixture("sdcpp/heldout-transformer-q4_0.gguf");
+    run_ok(
+        &root,
+        &[
+            "create",
+            "q40",
+            "--from",
+            common::s(&heldout),
+            "--transformer",
+            common::s(&source),
+        ],
+    );
+    let out = tmp.path().join("models");
+    let printed = run_ok(
+        &root,
+        &["export", "q40", "--format", "gguf", common::s(&out)],
+    );
+    assert!(printed.contains("q4_0 → Q4_0 (exact)"), "{printed}");
+    assert!(!printed.contains("largest change"), "{printed}");
+    let exported = out.join("diffusion_models/q40.gguf");
+
+    let (src, back) = (gguf_tensors(&source), gguf_tensors(&exported));
+    assert_eq!(
+        src.keys().collect::<Vec<_>>(),
+        back.keys().collect::<Vec<_>>()
+    );
+    for (name, (ty, shape, data)) in &src {
+        let (bty, bshape, bdata) = &back[name];
+        let shape = match name.ends_with("pad_token") {
+            true => [&[1][..], shape].concat(), // ggml wrote [dim]; diffusers' shape is [1, dim]
+            false => shape.clone(),
+        };
+        assert_eq!(&shape, bshape, "{name}");
+        if *ty == GgmlType::Q4_0 && shape.len() == 2 {
+            assert_eq!(bty, ty, "{name}");
+            assert!(data == bdata, "{name}: blocks differ");
+        } else {
+            // Quantized vectors were widened to f32 at import; bf16 stays bf16.
+            let want = zimage::ggml::dequantize(*ty, data).unwrap();
+            let got = zimage::ggml::dequantize(*bty, bdata).unwrap();
+            assert_eq!(want, got, "{name}");
+        }
+    }
+    let meta = gguf::read_file(&exported).unwrap();
+    assert_eq!(
+        meta.get("general.architecture"),
+        Some(&Value::String("lumina2".into()))
+    );
+
+    run_ok(
+        &root,
+        &[
+            "create",
+            "again",
+            "--from",
+            common::s(&heldout),
+            "--transformer",
+            common::s(&exported),
+        ],
+    );
+    let a = generate_reference_settings(&root, "q40", &tmp.path().join("a.png"));
+    let b = generate_reference_settings(&root, "again", &tmp.path().join("b.png"));
+    assert!(a == b, "the exported file draws another image");
+}
+
+/// zimage's own int4 becomes Q4_1 (its scales and biases in f16, per 32 values) and int8 is
+/// re-quantized to Q8_0: each says so and how far the values moved, and the file imports to
+/// an image close to the stored model's.
+#[test]
+fn export_to_gguf_writes_int4_as_q4_1_and_int8_as_q8_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    for (q, ty, line) in [
+        (
+            "int4",
+            GgmlType::Q4_1,
+            "int4 group 64 (BF16) → Q4_1 (f16 scales and biases)",
+        ),
+        (
+            "int8",
+            GgmlType::Q8_0,
+            "int8 group 64 (BF16) → Q8_0 (re-quantized)",
+        ),
+    ] {
+        run_ok(
+            &root,
+            &["create", q, "--from", common::s(&demo), "--quantize", q],
+        );
+        let out = tmp.path().join(q);
+        let printed = run_ok(&root, &["export", q, "--format", "gguf", common::s(&out)]);
+        assert!(printed.contains(line), "{printed}");
+        assert!(
+            printed.contains("largest change of a stored value"),
+            "{printed}"
+        );
+        let file = out.join(format!("diffusion_models/{q}.gguf"));
+        let types: Vec<GgmlType> = gguf_tensors(&file).values().map(|t| t.0).collect();
+        assert!(types.contains(&ty), "{types:?}");
+
+        let again = format!("{q}-again");
+        let args = [
+            "create",
+            &again,
+            "--from",
+            common::s(&demo),
+            "--transformer",
+            common::s(&file),
+        ];
+        run_ok(&root, &args);
+        let a = generate_reference_settings(&root, q, &tmp.path().join(format!("{q}.png")));
+        let b =
+            generate_reference_settings(&root, &again, &tmp.path().join(format!("{again}.png")));
+        let (_, _, psnr) = compare(&a, &b);
+        eprintln!("{q} → {ty}: {psnr:.1} dB against the stored model's image");
+        assert!(psnr >= 30.0, "{q}: {psnr:.1} dB");
     }
 }

@@ -1,7 +1,8 @@
-//! `zimage export NAME --format comfy DIR`: a stored model as files other tools load.
+//! `zimage export NAME --format comfy|gguf DIR`: a stored model as files other tools load.
 use std::path::PathBuf;
 use std::process::ExitCode;
 use zimage::layouts::export::export_comfy;
+use zimage::layouts::export_gguf::export_gguf;
 use zimage::store::Store;
 
 #[derive(clap::Args, Debug)]
@@ -12,15 +13,19 @@ pub struct ExportArgs {
     #[arg(long, value_enum)]
     pub format: ExportFormat,
     /// Where to write: ComfyUI's `models/` folder (files go to `diffusion_models/`,
-    /// `text_encoders/` and `vae/` inside it).
+    /// `text_encoders/` and `vae/` inside it; the GGUF transformer to `diffusion_models/`).
     pub dir: PathBuf,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExportFormat {
     /// ComfyUI's three files: the original-layout transformer, the Qwen3 text encoder and
-    /// the LDM-layout VAE.
+    /// the LDM-layout VAE (float models only).
     Comfy,
+    /// The transformer as a GGUF file in the original layout, as stable-diffusion.cpp and
+    /// ComfyUI-GGUF load it, each tensor in the ggml type nearest to how it is stored (a GGUF
+    /// import's Q4_0, Q5_0 and Q8_0 blocks come back byte for byte; int4 → Q4_1, int8 → Q8_0).
+    Gguf,
 }
 
 pub fn run(store: Option<PathBuf>, a: ExportArgs) -> anyhow::Result<ExitCode> {
@@ -37,6 +42,21 @@ pub fn run(store: Option<PathBuf>, a: ExportArgs) -> anyhow::Result<ExitCode> {
                     f.tensors,
                     f.bytes
                 );
+            }
+        }
+        ExportFormat::Gguf => {
+            let e = export_gguf(&store, &model, &a.dir, &stem)?;
+            println!(
+                "transformer: {} ({} tensors, {} bytes)",
+                e.path.display(),
+                e.tensors,
+                e.bytes
+            );
+            for (path, n) in &e.paths {
+                println!("  {n} tensors {path}");
+            }
+            if let Some((tensor, err)) = &e.max_error {
+                println!("  largest change of a stored value: {err:.3e} (in `{tensor}`)");
             }
         }
     }

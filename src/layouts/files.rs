@@ -32,6 +32,23 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+/// The config a file's metadata carries under [`CONFIG_METADATA_KEY`].
+fn config_from_metadata(f: &Path, text: &str) -> Result<serde_json::Value, Error> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        bad(
+            f,
+            format!("metadata `{CONFIG_METADATA_KEY}` is not JSON: {e}"),
+        )
+    })?;
+    if !v.is_object() {
+        return Err(bad(
+            f,
+            format!("metadata `{CONFIG_METADATA_KEY}` is not a JSON object"),
+        ));
+    }
+    Ok(v)
+}
+
 /// The tensors of one component's checkpoint, with the config its metadata carries (if any).
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
@@ -74,6 +91,9 @@ impl Checkpoint {
                 FileKind::Gguf => {
                     let gguf = crate::formats::gguf::GgufSource::open(f, "model")
                         .map_err(|e| bad(f, e.to_string()))?;
+                    if let Some(text) = gguf.metadata_string(CONFIG_METADATA_KEY) {
+                        config_hint = Some(config_from_metadata(f, text)?);
+                    }
                     for t in gguf.tensors() {
                         add(&mut tensors, t)?;
                     }
@@ -96,19 +116,7 @@ impl Checkpoint {
                 .as_ref()
                 .and_then(|m| m.get(CONFIG_METADATA_KEY))
             {
-                let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-                    bad(
-                        f,
-                        format!("metadata `{CONFIG_METADATA_KEY}` is not JSON: {e}"),
-                    )
-                })?;
-                if !v.is_object() {
-                    return Err(bad(
-                        f,
-                        format!("metadata `{CONFIG_METADATA_KEY}` is not a JSON object"),
-                    ));
-                }
-                config_hint = Some(v);
+                config_hint = Some(config_from_metadata(f, text)?);
             }
             for t in st.tensors() {
                 add(&mut tensors, t)?;

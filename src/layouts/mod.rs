@@ -16,6 +16,7 @@
 //! inferred one, so a model that differs from Turbo in those values round-trips.
 
 pub mod export;
+pub mod export_gguf;
 pub mod files;
 pub mod text_encoder;
 pub mod transformer;

@@ -24,7 +24,7 @@ pub use crate::ggml::GgmlType;
 pub use names::{hf_name_for_llama, is_llama_naming};
 pub use read::{read, read_file};
 pub use source::GgufSource;
-pub use write::{write, WriteTensor};
+pub use write::{header, padding, write, TensorHead, WriteTensor};
 
 use std::path::{Path, PathBuf};
 

@@ -9,6 +9,8 @@ use crate::store::{Encoding, SourceTensor, StoreError, TensorSource};
 pub struct GgufSource {
     tensors: Vec<SourceTensor>,
     configs: Vec<(String, Vec<u8>)>,
+    /// The file's string-valued metadata.
+    strings: std::collections::BTreeMap<String, String>,
 }
 
 /// Metadata arrays longer than this are summarised in `metadata.json` (a tokenizer's
@@ -66,7 +68,22 @@ impl GgufSource {
             format!("{component}/metadata.json"),
             serde_json::to_vec_pretty(&json).expect("JSON values serialize"),
         )];
-        Ok(GgufSource { tensors, configs })
+        let strings = (g.metadata.iter())
+            .filter_map(|(k, v)| match v {
+                Value::String(text) => Some((k.clone(), text.clone())),
+                _ => None,
+            })
+            .collect();
+        Ok(GgufSource {
+            tensors,
+            configs,
+            strings,
+        })
+    }
+
+    /// The string metadata under `key`, if the file has one.
+    pub fn metadata_string(&self, key: &str) -> Option<&str> {
+        self.strings.get(key).map(String::as_str)
     }
 }
 

@@ -41,14 +41,39 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
     }
 }
 
-/// Writes a GGUF v3 file to `out`. The alignment is `general.alignment` when `metadata` sets it
-/// (a u32 power of two), else 32. Each tensor's bytes must be exactly what its type and shape
-/// need.
-pub fn write(
-    out: &mut impl Write,
-    metadata: &[(String, Value)],
-    tensors: &[WriteTensor],
-) -> Result<()> {
+/// A tensor's name, type and shape (torch order): what the header says of it.
+#[derive(Debug, Clone)]
+pub struct TensorHead {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    pub shape: Vec<u64>,
+}
+
+impl TensorHead {
+    /// The bytes its type and shape take, checked: rows must fill whole blocks.
+    pub fn nbytes(&self) -> Result<u64> {
+        let numel = self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        let rows_fit =
+            (self.shape.last().copied().unwrap_or(1)).is_multiple_of(self.ggml_type.block_len());
+        match numel.and_then(|n| self.ggml_type.nbytes(n)) {
+            Some(n) if rows_fit => Ok(n),
+            _ => Err(Error::BadTensor {
+                name: self.name.clone(),
+                reason: format!(
+                    "shape {:?} does not divide into {} blocks of {}",
+                    self.shape,
+                    self.ggml_type,
+                    self.ggml_type.block_len()
+                ),
+            }),
+        }
+    }
+}
+
+/// The start of a GGUF v3 file, up to the first tensor's bytes, and its alignment: after it
+/// come the tensors' bytes in `tensors`' order, each followed by [`padding`] zero bytes. The
+/// alignment is `general.alignment` when `metadata` sets it (a u32 power of two), else 32.
+pub fn header(metadata: &[(String, Value)], tensors: &[TensorHead]) -> Result<(Vec<u8>, u64)> {
     let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
         Some((_, Value::U32(a))) if a.is_power_of_two() => u64::from(*a),
         Some((_, v)) => {
@@ -71,16 +96,42 @@ pub fn write(
     }
     let mut offset = 0u64;
     for t in tensors {
-        let numel = t.shape.iter().product::<u64>();
-        let expected = t.ggml_type.nbytes(numel);
-        if expected != Some(t.data.len() as u64)
-            || !t
-                .shape
-                .last()
-                .copied()
-                .unwrap_or(1)
-                .is_multiple_of(t.ggml_type.block_len())
-        {
+        let nbytes = t.nbytes()?;
+        put_string(&mut head, &t.name);
+        head.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+        for d in t.shape.iter().rev() {
+            head.extend_from_slice(&d.to_le_bytes());
+        }
+        head.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+        head.extend_from_slice(&offset.to_le_bytes());
+        offset += nbytes + padding(nbytes, alignment);
+    }
+    pad(&mut head, alignment);
+    Ok((head, alignment))
+}
+
+/// The zero bytes after a tensor of `len` bytes, up to the next multiple of the alignment.
+pub fn padding(len: u64, alignment: u64) -> u64 {
+    len.div_ceil(alignment) * alignment - len
+}
+
+/// Writes a GGUF v3 file to `out` (see [`header`]). Each tensor's bytes must be exactly what
+/// its type and shape need.
+pub fn write(
+    out: &mut impl Write,
+    metadata: &[(String, Value)],
+    tensors: &[WriteTensor],
+) -> Result<()> {
+    let heads: Vec<TensorHead> = tensors
+        .iter()
+        .map(|t| TensorHead {
+            name: t.name.clone(),
+            ggml_type: t.ggml_type,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    for (h, t) in heads.iter().zip(tensors) {
+        if h.nbytes()? != t.data.len() as u64 {
             return Err(Error::BadTensor {
                 name: t.name.clone(),
                 reason: format!(
@@ -91,21 +142,12 @@ pub fn write(
                 ),
             });
         }
-        put_string(&mut head, &t.name);
-        head.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-        for d in t.shape.iter().rev() {
-            head.extend_from_slice(&d.to_le_bytes());
-        }
-        head.extend_from_slice(&t.ggml_type.id().to_le_bytes());
-        head.extend_from_slice(&offset.to_le_bytes());
-        offset = (offset + t.data.len() as u64).div_ceil(alignment) * alignment;
     }
-    pad(&mut head, alignment);
+    let (head, alignment) = header(metadata, &heads)?;
     out.write_all(&head)?;
     for t in tensors {
         out.write_all(t.data)?;
-        let padding = (t.data.len() as u64).div_ceil(alignment) * alignment - t.data.len() as u64;
-        out.write_all(&vec![0u8; padding as usize])?;
+        out.write_all(&vec![0u8; padding(t.data.len() as u64, alignment) as usize])?;
     }
     Ok(())
 }
