@@ -665,3 +665,30 @@ fn export_to_gguf_writes_int4_as_q4_1_and_int8_as_q8_0() {
         assert!(psnr >= 30.0, "{q}: {psnr:.1} dB");
     }
 }
+
+/// A quantized embedding table stays packed: the rows a prompt asks for are gathered packed and
+/// widened alone, to the values the whole table would widen to.
+#[test]
+fn a_quantized_table_widens_only_the_rows_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    import(&root, "types", &fixture("types.gguf"), "transformer");
+    let store = Store::at(&root);
+    let model = store.open("types").unwrap();
+    let loaded =
+        loader::load_component(&store, &model, "transformer", ReadPath::MlxLoader).unwrap();
+    let ids = Array::from_slice(&[3i32, 0, 3, 1], &[4]).unwrap();
+    for name in ["q4_0.weight", "q4_1.weight", "q8_0.weight"] {
+        let q = loaded.quantized[name].clone();
+        let whole = q.dequantize().unwrap().take(&ids, 0).unwrap();
+        let rows = zimage::models::weights::Table::Quantized(q)
+            .rows(&ids)
+            .unwrap();
+        assert_eq!(rows.shape(), whole.shape(), "{name}");
+        assert_eq!(
+            rows.to_vec::<f32>().unwrap(),
+            whole.to_vec::<f32>().unwrap(),
+            "{name}"
+        );
+    }
+}

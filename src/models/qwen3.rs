@@ -6,7 +6,7 @@
 //! padding is on the right and attention is causal, running only the real tokens gives the
 //! same embeddings as the reference's padded, masked run.
 
-use super::weights::{Checkpoint, Linear, RmsNorm, Weights};
+use super::weights::{Checkpoint, Linear, RmsNorm, Table, Weights};
 use crate::mlx::{self, fast, Array};
 
 /// `text_encoder/config.json`, the keys the encoder path uses.
@@ -240,7 +240,7 @@ impl DecoderLayer {
 
 /// The encoder: token ids → `[L, hidden]` prompt embeddings.
 pub struct Qwen3Encoder {
-    embed_tokens: Array,
+    embed_tokens: Table,
     dtype: crate::mlx::Dtype,
     layers: Vec<DecoderLayer>,
     pub config: Qwen3Config,
@@ -256,10 +256,11 @@ impl Qwen3Encoder {
         ckpt.allow_unused("norm.");
         ckpt.allow_unused("lm_head.");
         let w = ckpt.root();
-        // The table stays as stored: only the prompt's rows are gathered and widened.
+        // The table stays as stored (packed, when quantized): only the prompt's rows are
+        // gathered and widened.
         let embed_tokens = w
             .pp("embed_tokens")
-            .get_stored("weight", &[cfg.vocab_size, cfg.hidden_size])?;
+            .table("weight", &[cfg.vocab_size, cfg.hidden_size])?;
         let mut layers = Vec::new();
         for i in 0..cfg.layers_used() {
             let lw = w.pp("layers").pp(i);
@@ -292,7 +293,7 @@ impl Qwen3Encoder {
     pub fn encode(&self, ids: &[u32]) -> mlx::Result<Array> {
         let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let ids = Array::from_slice(&ids, &[ids.len() as i32])?;
-        let mut x = self.embed_tokens.take(&ids, 0)?.astype(self.dtype)?;
+        let mut x = self.embed_tokens.rows(&ids)?.astype(self.dtype)?;
         for layer in &self.layers {
             x = layer.forward(&x)?;
         }

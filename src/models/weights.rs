@@ -221,13 +221,20 @@ impl<'a> Weights<'a> {
         }
     }
 
-    /// The tensor `name` with exactly `shape`, in its stored dtype (a quantized one expanded):
-    /// for tables read a few rows at a time, such as token embeddings.
-    pub fn get_stored(&self, name: &str, shape: &[i32]) -> mlx::Result<Array> {
-        match self.stored(name, shape)? {
-            Some(t) => Ok(t),
-            None => Array::zeros(shape, self.ckpt.dtype),
+    /// The table `name` (`[rows, width]`) as stored, packed when quantized: for tables read a
+    /// few rows at a time, such as token embeddings.
+    pub fn table(&self, name: &str, shape: &[i32]) -> mlx::Result<Table> {
+        let full = self.full_name(name);
+        if let Some(q) = self.ckpt.quantized.get(&full) {
+            if q.shape() == shape {
+                self.ckpt.used.borrow_mut().insert(full);
+                return Ok(Table::Quantized(q.clone()));
+            }
         }
+        Ok(Table::Dense(match self.stored(name, shape)? {
+            Some(t) => t,
+            None => Array::zeros(shape, self.ckpt.dtype)?,
+        }))
     }
 
     /// The weight of a linear layer, `[out, in]`: packed when quantized; as stored under
@@ -300,6 +307,33 @@ impl<'a> Weights<'a> {
     /// Whether `name` exists under this prefix.
     pub fn contains(&self, name: &str) -> bool {
         self.ckpt.contains(&self.full_name(name))
+    }
+}
+
+/// A table of rows (token embeddings) as it is held: a quantized one stays packed and only
+/// the rows asked for are widened.
+#[derive(Clone)]
+pub enum Table {
+    Dense(Array),
+    Quantized(QuantizedTensor),
+}
+
+impl Table {
+    /// Rows `ids` of the table, `[ids.len(), width]`, in the stored dtype (the widened one
+    /// when quantized).
+    pub fn rows(&self, ids: &Array) -> mlx::Result<Array> {
+        match self {
+            Table::Dense(t) => t.take(ids, 0),
+            Table::Quantized(q) => {
+                let gathered = QuantizedTensor {
+                    weight: q.weight.take(ids, 0)?,
+                    scales: q.scales.take(ids, 0)?,
+                    biases: q.biases.as_ref().map(|b| b.take(ids, 0)).transpose()?,
+                    ..q.clone()
+                };
+                gathered.dequantize()
+            }
+        }
     }
 }
 
