@@ -36,6 +36,7 @@ const SHIM_SOURCES: &[&str] = &[
     "mlx-sys-shim/cpu_attention.cpp",
     "mlx-sys-shim/cpu_conv.cpp",
     "mlx-sys-shim/cpu_linear.cpp",
+    "mlx-sys-shim/cpu_panels.cpp",
 ];
 /// The shared library the CUDA variants open at start: the shim linked against libmlx.
 const RUNTIME_LIB: &str = "libzimage_mlx.so";

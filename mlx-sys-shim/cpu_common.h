@@ -192,4 +192,48 @@ std::shared_ptr<std::vector<float>> patch_scratch(const mx::Stream& stream, size
 // Whether the stream is the CPU's and every array float32: where the kernels run.
 bool cpu_float32(const mx::Stream& stream, std::initializer_list<const mx::array*> xs);
 
+// ---- Products over a weight packed in column panels (cpu_panels.cpp) ------------------------
+//
+// Operands are 32-bit words: a float32, or a pair of bf16 along k (the bf16 products). A is
+// rows of words; the weight B [n × k] goes in panels of kPanelRows rows, word u of row c at
+// panel[u][c], rows past n zero (and a bf16 row's missing last half-pair).
+constexpr size_t kPanelRows = 32;
+
+// Whether this CPU runs the panel products (AVX-512), and the bf16 ones (AVX512-BF16).
+bool panel_products_available();
+bool bf16_dot_available();
+// v rounded to bf16 (to nearest, ties to even; a NaN stays a NaN), as its bits.
+uint16_t round_to_bf16_bits(float v);
+// x [m × k] float32 as bf16 rows of kp ≥ k values (the rest zero); one row of it.
+void to_bf16_rows(const float* x, size_t m, size_t k, uint16_t* out, size_t kp);
+void row_to_bf16(const float* x, size_t k, uint16_t* out, size_t kp);
+// A panel from its kPanelRows rows of `words` words each ([kPanelRows × words]).
+void pack_panel(const uint32_t* rows, size_t words, uint32_t* panel);
+// A quantized weight's rows as the panel packer reads them: `bits`-bit values packed little-
+// endian (row r at packed + r·row_bytes), one scale (and bias, for affine weights) per group of
+// `group` values, `groups_per_row` of them a row; no biases means symmetric,
+// scale · (q − 2^(bits−1)).
+enum class ScaleType { F32, F16, BF16 };
+struct QuantRows {
+  const uint8_t* packed;
+  size_t row_bytes;
+  const void* scales;
+  const void* biases;
+  ScaleType scale_type;
+  int bits;
+  size_t group;
+  size_t groups_per_row;
+};
+// Whether pack_panel_quantized takes such a weight (4 or 8 bits, groups and k in 16s).
+bool packs_quantized(int bits, size_t group, size_t k);
+// A float32 panel of rows [r0, r0 + rows) (rows ≤ kPanelRows; the rest zero) of a quantized
+// weight of k columns, the values as cpu_linear.cpp's dequantizers compute them, widened and
+// transposed sixteen at a time in registers.
+void pack_panel_quantized(const QuantRows& q, size_t r0, size_t rows, size_t k, uint32_t* panel);
+// Columns of panels [panel0, panel1) of C [m × n] (row stride ldc) = A · Bᵀ (+ bias), A [m ×
+// words], in float32 (FMA) or, with `bf16`, in bf16 pairs with float32 sums; one thread's share
+// of a product.
+void gemm_panels(bool bf16, const uint32_t* a, size_t m, size_t words, const uint32_t* panels, size_t panel0,
+                 size_t panel1, size_t n, float* c, size_t ldc, const float* bias);
+
 }  // namespace mlxs::detail

@@ -43,6 +43,9 @@ mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& 
 std::pair<mlx::core::array, mlx::core::array> symmetric_as_affine(const mlx::core::array& scales, int bits,
                                                                    mlx::core::Dtype dtype);
 
+// Whether `linear`'s bf16 products run here (a CPU with AVX512-BF16).
+bool bf16_products_available();
+
 // MLX's dequantize for its modes; a symmetric weight in float32, exactly.
 mlx::core::array dequantize(const mlx::core::array& w, const mlx::core::array& scales,
                             const std::optional<mlx::core::array>& biases, int group_size, int bits,
@@ -52,11 +55,13 @@ mlx::core::array dequantize(const mlx::core::array& w, const mlx::core::array& s
 // quantized (packed uint32 weight with scales and biases, group_size, bits, mode). On the CPU
 // with float32 x, a bf16/f16 or 2/4/8-bit weight is widened a tile of rows at a time into a
 // reused buffer and multiplied by sgemm, so no float32 copy of the layer is ever made;
-// elsewhere quantized_matmul (GPU) or MLX's dequantize and matmul.
+// elsewhere quantized_matmul (GPU) or MLX's dequantize and matmul. `bf16_products` lets the CPU
+// kernel multiply in bf16 with float32 sums (any weight form, float32 included) where the CPU
+// has AVX512-BF16: about twice the rate, inputs rounded to 8 significant bits.
 mlx::core::array linear(const mlx::core::array& x, const mlx::core::array& w,
                         const std::optional<mlx::core::array>& scales, const std::optional<mlx::core::array>& biases,
                         const std::optional<mlx::core::array>& bias, int group_size, int bits,
-                        const std::string& mode);
+                        const std::string& mode, bool bf16_products);
 
 // RMS norm over the last axis times `weight` ([N] or any shape of N values), plus `residual`
 // when given: one pass on every core for float32 on the CPU; MLX's rms_norm (and add) otherwise.

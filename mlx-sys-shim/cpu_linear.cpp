@@ -147,6 +147,10 @@ struct WeightForm {
 // Rows [r0, r1) of the weight as float32, into dst (row stride k).
 void widen_rows(const WeightForm& form, const mx::array& w, const mx::array* scales, const mx::array* biases,
                 size_t r0, size_t r1, size_t k, float* dst) {
+  if (!form.quantized && form.dtype == mx::float32) {
+    std::memcpy(dst, w.data<float>() + r0 * k, sizeof(float) * (r1 - r0) * k);
+    return;
+  }
   if (!form.quantized) {
     const uint16_t* src = w.data<uint16_t>() + r0 * k;
     if (form.dtype == mx::bfloat16) {
@@ -193,14 +197,70 @@ void widen_rows(const WeightForm& form, const mx::array& w, const mx::array* sca
   }
 }
 
+// How a product runs: the weight widened to float32 rows and multiplied by the BLAS's sgemm,
+// or packed in column panels (cpu_panels.cpp) and multiplied in float32 or bf16.
+enum class Products { Sgemm, PanelsF32, PanelsBf16 };
+
+// Panels [j0, j1) of the weight's rows from n0 on (n rows in all), packed: for float32 products
+// each row widened as `widen_rows` does; for bf16 ones rows kept in bf16 as they are, every
+// other form widened, then rounded. Rows past n are zero.
+void pack_rows(const WeightForm& form, bool bf16, const mx::array& w, const mx::array* scales,
+               const mx::array* biases, size_t n0, size_t n, size_t k, size_t j0, size_t j1, uint32_t* panels) {
+  const size_t words = bf16 ? (k + 1) / 2 : k;
+  const size_t panel_len = words * kPanelRows;
+  const bool as_is = bf16 && form.dtype == mx::bfloat16 && !form.quantized && k % 2 == 0;
+  if (!bf16 && form.quantized && packs_quantized(form.bits, form.group, k)) {
+    const QuantRows q{w.data<uint8_t>(),
+                      k * form.bits / 8,
+                      scales->data<void>(),
+                      biases != nullptr ? biases->data<void>() : nullptr,
+                      form.dtype == mx::float32   ? ScaleType::F32
+                      : form.dtype == mx::float16 ? ScaleType::F16
+                                                  : ScaleType::BF16,
+                      form.bits,
+                      static_cast<size_t>(form.group),
+                      k / form.group};
+    for (size_t j = j0; j < j1; ++j) {
+      const size_t r0 = n0 + j * kPanelRows;
+      pack_panel_quantized(q, r0, std::min(kPanelRows, n - std::min(n, r0)), k, panels + j * panel_len);
+    }
+    return;
+  }
+  std::vector<float> row(bf16 && !as_is ? k : 0);
+  std::vector<uint32_t> rows(panel_len);
+  for (size_t j = j0; j < j1; ++j) {
+    for (size_t c = 0; c < kPanelRows; ++c) {
+      const size_t r = n0 + j * kPanelRows + c;
+      uint32_t* dst = rows.data() + c * words;
+      if (r >= n) {
+        std::fill(dst, dst + words, uint32_t{0});
+      } else if (!bf16) {
+        widen_rows(form, w, scales, biases, r, r + 1, k, reinterpret_cast<float*>(dst));
+      } else if (as_is) {
+        std::memcpy(dst, w.data<uint16_t>() + r * k, sizeof(uint16_t) * k);
+      } else {
+        widen_rows(form, w, scales, biases, r, r + 1, k, row.data());
+        row_to_bf16(row.data(), k, reinterpret_cast<uint16_t*>(dst), 2 * words);
+      }
+    }
+    pack_panel(rows.data(), words, panels + j * panel_len);
+  }
+}
+
 // y[M, N] = x[M, K] · Wᵀ (+ bias), W [N, K] in a narrow form (inputs: x, w, [scales, biases],
-// [bias]), as an MLX primitive on a CPU stream.
+// [bias]), as an MLX primitive on a CPU stream. With `bf16` the products take bf16 inputs
+// (cpu_bf16.cpp), the weight packed in bf16 panels instead of widened to float32 rows.
 class CpuNarrowLinear : public CpuOnlyPrimitive {
  public:
-  CpuNarrowLinear(mx::Stream stream, WeightForm form, bool has_bias, Sgemm sgemm)
-      : CpuOnlyPrimitive(stream, "CpuNarrowLinear"), form_(form), has_bias_(has_bias), sgemm_(sgemm) {}
+  CpuNarrowLinear(mx::Stream stream, WeightForm form, bool has_bias, Sgemm sgemm, Products products)
+      : CpuOnlyPrimitive(stream, "CpuNarrowLinear"),
+        form_(form),
+        has_bias_(has_bias),
+        sgemm_(sgemm),
+        products_(products) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    if (products_ != Products::Sgemm) return eval_panels(inputs, out);
     const mx::array& x = inputs[0];
     auto& encoder = begin(inputs, out);
     const size_t m = x.shape(0), k = x.shape(1), n = out.shape(1);
@@ -235,13 +295,57 @@ class CpuNarrowLinear : public CpuOnlyPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuNarrowLinear*>(&other);
     return o != nullptr && o->form_.dtype == form_.dtype && o->form_.quantized == form_.quantized &&
-           o->form_.symmetric == form_.symmetric && o->form_.bits == form_.bits && o->form_.group == form_.group && o->has_bias_ == has_bias_;
+           o->form_.symmetric == form_.symmetric && o->form_.bits == form_.bits && o->form_.group == form_.group &&
+           o->has_bias_ == has_bias_ && o->products_ == products_;
   }
 
  private:
+  // The panel forms: x as words (float32 as it is, or rounded to bf16 pairs once), then per
+  // tile of the weight's rows each core packs its panels and multiplies them, so a panel is
+  // used while it is still in that core's cache.
+  void eval_panels(const std::vector<mx::array>& inputs, mx::array& out) {
+    const mx::array& x = inputs[0];
+    auto& encoder = begin(inputs, out);
+    const bool bf16 = products_ == Products::PanelsBf16;
+    const size_t m = x.shape(0), k = x.shape(1), n = out.shape(1);
+    const size_t words = bf16 ? (k + 1) / 2 : k;
+    const size_t panel_len = words * kPanelRows;
+    const size_t panels_total = (n + kPanelRows - 1) / kPanelRows;
+    const size_t tile_panels = std::max<size_t>(
+        1, std::min(panels_total, kWeightTileBytes / (sizeof(uint32_t) * std::max<size_t>(panel_len, 1))));
+    // One scratch buffer holds x as bf16 pairs (none for float32), then the tile's panels.
+    const size_t a_words = bf16 ? m * words : 0;
+    auto scratch = patch_scratch(stream(), a_words + tile_panels * panel_len);
+    encoder.dispatch([inputs, form = form_, bf16, has_bias = has_bias_, m, k, n, words, panel_len, tile_panels,
+                      a_words, scratch, dst = out.data<float>()]() {
+      const mx::array& x = inputs[0];
+      const mx::array& w = inputs[1];
+      const mx::array* scales = form.quantized ? &inputs[2] : nullptr;
+      const mx::array* biases = form.quantized && !form.symmetric ? &inputs[3] : nullptr;
+      const float* bias = has_bias ? inputs.back().data<float>() : nullptr;
+      auto* words_scratch = reinterpret_cast<uint32_t*>(scratch->data());
+      const uint32_t* a = reinterpret_cast<const uint32_t*>(x.data<float>());
+      if (bf16) {
+        to_bf16_rows(x.data<float>(), m, k, reinterpret_cast<uint16_t*>(words_scratch), 2 * words);
+        a = words_scratch;
+      }
+      uint32_t* panels = words_scratch + a_words;
+      const size_t tile_rows = tile_panels * kPanelRows;
+      for (size_t n0 = 0; n0 < n; n0 += tile_rows) {
+        const size_t nb = std::min(tile_rows, n - n0);
+        const size_t np = (nb + kPanelRows - 1) / kPanelRows;
+        parallel_for(np, kPanelRows * k * std::max<size_t>(m, 1), [&](size_t j0, size_t j1, size_t) {
+          pack_rows(form, bf16, w, scales, biases, n0, n, k, j0, j1, panels);
+          if (m > 0) gemm_panels(bf16, a, m, words, panels, j0, j1, nb, dst + n0, n, bias ? bias + n0 : nullptr);
+        });
+      }
+    });
+  }
+
   WeightForm form_;
   bool has_bias_;
   Sgemm sgemm_;
+  Products products_;
 };
 
 }  // namespace
@@ -264,7 +368,7 @@ mx::array dequantize(const mx::array& w, const mx::array& scales, const std::opt
 
 mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx::array>& scales,
                  const std::optional<mx::array>& biases, const std::optional<mx::array>& bias, int group_size,
-                 int bits, const std::string& mode) {
+                 int bits, const std::string& mode, bool bf16_products) {
   const bool quantized = scales.has_value();
   const bool symmetric = mode == "symmetric";
   const bool affine = mode == "affine" || symmetric;
@@ -292,9 +396,15 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
   out_shape.back() = n;
   const auto form_dtype = quantized ? scales->dtype() : w.dtype();
   const bool narrow_float = form_dtype == mx::bfloat16 || form_dtype == mx::float16;
+  // bf16 products where the CPU has them; elsewhere the request falls back to float32 ones,
+  // in panels on AVX-512, else through sgemm.
+  const bool bf16 = bf16_products && bf16_dot_available();
+  const Products products = bf16 ? Products::PanelsBf16
+                                 : panel_products_available() ? Products::PanelsF32
+                                                              : Products::Sgemm;
   const bool kernel_fits = quantized ? affine && (bits == 2 || bits == 4 || bits == 8) && group_size % (32 / bits) == 0 &&
                                            (narrow_float || form_dtype == mx::float32) && w.dtype() == mx::uint32
-                                     : narrow_float;
+                                     : narrow_float || (bf16 && form_dtype == mx::float32);
   if (sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 && kernel_fits &&
       (!bias || bias->dtype() == mx::float32)) {
     std::vector<mx::array> inputs{mx::contiguous(mx::reshape(x, {-1, k})), mx::contiguous(w)};
@@ -307,7 +417,7 @@ mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx:
     auto y = mx::array(
         {rows, n}, mx::float32,
         std::make_shared<CpuNarrowLinear>(stream, WeightForm{form_dtype, quantized, symmetric, bits, group_size},
-                                          bias.has_value(), sgemm),
+                                          bias.has_value(), sgemm, products),
         std::move(inputs));
     return mx::reshape(y, out_shape);
   }

@@ -161,6 +161,36 @@ int mlxs_array_from_external(mlxs_array** out, void* data, const int32_t* shape,
   return status;
 }
 
+// Whether MLX's allocator is the CPU one that keeps each buffer's size in the 8 bytes before
+// its data (raw_ptr = buffer + 8): then any readable memory can be wrapped as a buffer that
+// starts 8 bytes earlier, where a GPU allocator would need its own kind of buffer.
+static bool size_prefixed_buffers() {
+  static const bool yes = [] {
+    auto probe = mx::allocator::malloc(16);
+    auto b = probe.buffer();
+    return b.ptr() != nullptr && b.raw_ptr() == static_cast<char*>(b.ptr()) + sizeof(size_t) &&
+           mx::allocator::allocator().size(b) == 16;
+  }();
+  return yes;
+}
+
+int mlxs_array_from_mapped(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
+                           void (*deleter)(void*), void* ctx) {
+  if (!size_prefixed_buffers()) return mlxs_array_from_external(out, data, shape, ndim, dtype, deleter, ctx);
+  bool handed_over = false;
+  int status = guard([&] {
+    auto dt = to_dtype(dtype);
+    auto sh = to_shape(shape, ndim);
+    auto buffer = mx::allocator::Buffer(static_cast<char*>(data) - sizeof(size_t));
+    // A Data made with a deleter is not owned by the allocator: MLX neither frees nor donates it.
+    mx::allocator::Data owner(buffer, [deleter, ctx](mx::allocator::Buffer) { deleter(ctx); });
+    handed_over = true;
+    put(out, mx::array(std::move(owner), sh, dt));
+  });
+  if (status != 0 && !handed_over) deleter(ctx);
+  return status;
+}
+
 int mlxs_full(mlxs_array** out, const int32_t* shape, size_t ndim, double value, int dtype) {
   return guard([&] {
     auto dt = to_dtype(dtype);
@@ -409,12 +439,14 @@ int mlxs_dequantize_mode(mlxs_array** out, const mlxs_array* wq, const mlxs_arra
 
 int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, const mlxs_array* scales,
                      const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits,
-                     const char* mode) {
+                     const char* mode, int bf16_products) {
   return guard([&] {
     put(out, mlxs::linear(x->a, w->a, opt(scales), opt(biases), opt(bias), group_size, bits,
-                          mode ? mode : "affine"));
+                          mode ? mode : "affine", bf16_products != 0));
   });
 }
+
+int mlxs_bf16_products_available(void) { return mlxs::bf16_products_available() ? 1 : 0; }
 
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps) {
   return guard([&] {

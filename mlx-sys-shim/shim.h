@@ -47,6 +47,12 @@ size_t mlxs_array_nbytes(const mlxs_array* a);
 int mlxs_array_from_bytes(mlxs_array** out, const void* data, const int32_t* shape, size_t ndim, int dtype);
 int mlxs_array_from_external(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
                              void (*deleter)(void* ctx), void* ctx);
+/* from_external for read-only memory (a file mapped into memory) whose 8 bytes before `data` are
+ * readable too: on the CPU it is wrapped without a copy wherever it lies (MLX's CPU allocator
+ * keeps a buffer's size in the 8 bytes before its data, and no longer than the array lives reads
+ * them); elsewhere as from_external. The array never lends its memory to an output. */
+int mlxs_array_from_mapped(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
+                           void (*deleter)(void* ctx), void* ctx);
 int mlxs_full(mlxs_array** out, const int32_t* shape, size_t ndim, double value, int dtype);
 int mlxs_arange(mlxs_array** out, double start, double stop, double step, int dtype);
 
@@ -127,10 +133,13 @@ int mlxs_dequantize_mode(mlxs_array** out, const mlxs_array* wq, const mlxs_arra
 /* y = x · Wᵀ (+ bias) with W [N, K] kept as stored: dense (scales null) in any float dtype, or
  * quantized in `mode` (packed uint32 w, scales, biases where the mode has them; null mode means
  * "affine"). bias may be null. On the CPU with float32 x, bf16/f16 and affine weights are widened
- * a tile at a time and multiplied by sgemm. */
+ * a tile at a time and multiplied by sgemm; with bf16_products != 0, on a CPU with AVX512-BF16,
+ * every weight form is packed in bf16 and multiplied with bf16 inputs and float32 sums. */
 int mlxs_fast_linear(mlxs_array** out, const mlxs_array* x, const mlxs_array* w, const mlxs_array* scales,
                      const mlxs_array* biases, const mlxs_array* bias, int group_size, int bits,
-                     const char* mode);
+                     const char* mode, int bf16_products);
+/* 1 when this CPU can run bf16 products (AVX512-BF16), else 0. */
+int mlxs_bf16_products_available(void);
 
 /* Fast kernels; weight/bias/freqs/mask may be null */
 int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps);

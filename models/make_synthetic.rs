@@ -5,6 +5,7 @@
 //! cargo run --release --example make_synthetic -- --out /tmp/z-image-synthetic
 //! cargo run --release --example make_synthetic -- --out /tmp/z2 --layers 2 --refiner-layers 1 --text-layers 2
 //! cargo run --release --example make_synthetic -- --out /tmp/unused --dry-run   # sizes only
+//! cargo run --release --example make_synthetic -- --controlnet /tmp/cn-2.1.safetensors # ControlNet 2.1 only
 //! ```
 
 #[path = "synthetic.rs"]
@@ -17,9 +18,10 @@ use synthetic::{Spec, WeightDtype};
 #[derive(Parser)]
 #[command(about = "Write a Z-Image-Turbo with the real widths and random weights")]
 struct Args {
-    /// Output directory (created; must be empty if it exists).
-    #[arg(long)]
-    out: PathBuf,
+    /// Output directory (created; must be empty if it exists). Without it, only `--controlnet`
+    /// is written.
+    #[arg(long, required_unless_present = "controlnet")]
+    out: Option<PathBuf>,
     /// Transformer main blocks (`n_layers`; real: 30).
     #[arg(long, default_value_t = 30)]
     layers: u32,
@@ -34,6 +36,10 @@ struct Args {
     dtype: WeightDtype,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Also write a ControlNet Union 2.1 at the real widths, as its authors publish it (one
+    /// safetensors file, 6.7 GB in bf16), to this file.
+    #[arg(long, value_name = "FILE")]
+    controlnet: Option<PathBuf>,
     /// Print what would be written, write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -56,14 +62,22 @@ fn main() -> anyhow::Result<()> {
         println!("{}", synthetic::plan(&spec));
         return Ok(());
     }
+    if let Some(path) = &a.controlnet {
+        let bytes =
+            synthetic::write_controlnet(path, zimage::models::ControlNetVersion::V2_1, &spec)?;
+        println!("wrote {} ({bytes} bytes, ControlNet 2.1)", path.display());
+    }
+    let Some(out) = &a.out else {
+        return Ok(());
+    };
     let opts = synthetic::Options { sync: !a.no_sync };
-    let (summary, t) = synthetic::write_with(&a.out, &spec, &opts)?;
+    let (summary, t) = synthetic::write_with(out, &spec, &opts)?;
     println!("{summary}");
     let gb = summary.file_bytes() as f64 / 1e9;
     println!(
         "wrote {} in {:.1} s: data generated and written at {:.2} GB/s ({:.1} s), fsync {:.1} s, \
          {:.2} GB/s overall",
-        a.out.display(),
+        out.display(),
         t.total_s,
         gb / t.generate_s,
         t.generate_s,

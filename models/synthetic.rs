@@ -1134,3 +1134,61 @@ pub fn write_with(dir: &Path, spec: &Spec, opts: &Options) -> Result<(Summary, T
     };
     Ok((summarize(spec, &plans), timing))
 }
+
+// --- A ControlNet -----------------------------------------------------------------------------
+
+/// Writes a Z-Image-Turbo Fun ControlNet Union of `version` at the real widths as its authors
+/// publish it: one safetensors file, the tensors under diffusers' names, no config (zimage tells
+/// the version from the tensors), bf16. Values as the model's: matrices uniform with std
+/// `1/sqrt(fan_in)`, norm weights 1, biases 0, seeded by `spec.seed` and each name.
+pub fn write_controlnet(
+    path: &Path,
+    version: zimage::models::ControlNetVersion,
+    spec: &Spec,
+) -> Result<u64> {
+    use std::io::Write;
+    let spec = Spec {
+        dtype: WeightDtype::Bf16,
+        ..spec.clone()
+    };
+    let defs: Vec<TensorDef> = (version.published_config().tensor_shapes().into_iter())
+        .map(|(name, shape)| {
+            let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            let init = match shape.as_slice() {
+                [_, fan_in] => Init::Uniform(fan_in_std(*fan_in)),
+                _ if name.contains("norm") => Init::Const(1.0),
+                _ => Init::Const(0.0),
+            };
+            TensorDef { name, shape, init }
+        })
+        .collect();
+    let specs: Vec<TensorSpec> = (defs.iter())
+        .map(|d| TensorSpec {
+            name: d.name.clone(),
+            dtype: safetensors::Dtype::BF16,
+            shape: d.shape.clone(),
+        })
+        .collect();
+    let header = safetensors::header_bytes(&specs, None, 8)?;
+    let mut tmp = temp_beside(path)?;
+    let mut out = std::io::BufWriter::with_capacity(8 << 20, tmp.as_file_mut());
+    let io = |e| anyhow::anyhow!("cannot write `{}`: {e}", path.display());
+    out.write_all(&header).map_err(io)?;
+    let mut total = header.len() as u64;
+    const CHUNK: u64 = 1 << 22;
+    for d in &defs {
+        let mut start = 0;
+        while start < d.numel() {
+            let count = CHUNK.min(d.numel() - start);
+            out.write_all(&tensor_bytes(&spec, "controlnet", d, start, count))
+                .map_err(io)?;
+            start += count;
+        }
+        total += d.numel() * 2;
+    }
+    out.flush().map_err(io)?;
+    drop(out);
+    tmp.persist(path)
+        .with_context(|| format!("cannot rename into `{}`", path.display()))?;
+    Ok(total)
+}

@@ -289,12 +289,15 @@ pub fn load_stored(
     let config = stored_config(model)
         .map_err(invalid)?
         .ok_or_else(|| invalid("is not a ControlNet: it has no `controlnet/config.json`".into()))?;
-    let weights = model
-        .component(COMPONENT)
-        .map_err(|e| invalid(e.to_string()))?;
+    let weights = match residency {
+        Residency::Streamed => model.mapped_component(COMPONENT),
+        _ => model.component(COMPONENT),
+    }
+    .map_err(|e| invalid(e.to_string()))?;
     let ckpt = Checkpoint::new(COMPONENT, weights.tensors, dtype)
         .with_quantized(weights.quantized)
-        .with_residency(residency);
+        .with_residency(residency)
+        .with_release(weights.release);
     ControlNet::new(&config, ckpt, dit).map_err(|cause| Error::Model { path, cause })
 }
 

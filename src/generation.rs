@@ -39,7 +39,7 @@ pub fn plan_memory<S: ModelSource>(
     let model = pipeline.model_sizes(&sizes);
     let shape = pipeline.request_shape(req)?;
     let base = crate::platform::peak_resident_bytes().unwrap_or(0);
-    let mut plan = model.plan(&shape, budget, &source, base)?;
+    let mut plan = model.plan(&shape, budget, &source, base, pipeline.can_stream())?;
     if let Some(residency) = residency.filter(|r| *r != plan.residency) {
         plan.residency = residency;
         plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);

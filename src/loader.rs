@@ -28,7 +28,9 @@ use std::time::Instant;
 pub enum ReadPath {
     /// MLX's `load_safetensors` (reads into fresh buffers).
     MlxLoader,
-    /// A memory map wrapped without a copy where the data is page-aligned, else MLX's loader.
+    /// A memory map wrapped without a copy where the data is page-aligned (and, on the CPU,
+    /// wherever each tensor is aligned to its element size, every tensor of a quantized blob
+    /// too), else MLX's loader.
     Mmap,
 }
 
@@ -42,6 +44,8 @@ pub struct LoadedComponent {
     pub header_seconds: f64,
     /// Blobs mapped without a copy.
     pub mapped: usize,
+    /// The maps behind the mapped blobs' arrays.
+    maps: Vec<Arc<memmap2::Mmap>>,
 }
 
 impl LoadedComponent {
@@ -56,9 +60,11 @@ impl LoadedComponent {
 
     /// The tensors by name, quantized weights kept packed: what a model binds to.
     pub fn into_weights(self) -> ComponentWeights {
+        let release = (!self.maps.is_empty()).then(|| release_maps(self.maps));
         ComponentWeights {
             tensors: self.tensors.into_iter().collect(),
             quantized: self.quantized.into_iter().collect(),
+            release,
         }
     }
 
@@ -70,6 +76,23 @@ impl LoadedComponent {
         }
         Ok(out)
     }
+}
+
+/// Lets go of the pages of `maps`: the process's memory no longer counts them, and the next read
+/// maps them again from the files.
+fn release_maps(maps: Vec<Arc<memmap2::Mmap>>) -> crate::models::weights::Release {
+    crate::models::weights::Release::new(move || {
+        for map in &maps {
+            // SAFETY: each map is a read-only shared map of a blob, and blobs never change once
+            // in place: a page let go of reads back, from the file, as the same bytes, so no
+            // array over the map sees other values. The result is only advice; a failure
+            // leaves the pages held, which costs memory, not correctness.
+            #[cfg(unix)]
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+            #[cfg(not(unix))]
+            let _ = map;
+        }
+    })
 }
 
 /// Where the blobs a name needs are.
@@ -108,11 +131,15 @@ pub fn load_component(
         bytes: layers.iter().fold(0u64, |n, l| n.saturating_add(l.size)),
         header_seconds: start.elapsed().as_secs_f64(),
         mapped: 0,
+        maps: Vec::new(),
     };
     let mut v1 = V1Companions::default();
     for p in &pending {
-        let (arrays, mapped) = read_blob(p, path)?;
-        out.mapped += mapped as usize;
+        let (arrays, map) = read_blob(p, path)?;
+        if let Some(map) = map {
+            out.mapped += 1;
+            out.maps.push(map);
+        }
         if p.header.tensors.len() == 1 {
             let arr = single_tensor(p, component, arrays)?;
             if let Some(base) = p.name.strip_suffix("_scale") {
@@ -311,30 +338,46 @@ fn infer_bits(weight: &Array, scales: &Array, group: i32) -> Option<i32> {
         .find(|&b| packed * 32 == cols * i64::from(b))
 }
 
-/// The arrays of one blob, keyed as in its header; `true` when mapped without a copy.
-fn read_blob(p: &Pending, path: ReadPath) -> Result<(HashMap<String, Array>, bool), StoreError> {
+/// The arrays of one blob, keyed as in its header, and the map behind them when they were
+/// mapped without a copy.
+#[allow(clippy::type_complexity)]
+fn read_blob(
+    p: &Pending,
+    path: ReadPath,
+) -> Result<(HashMap<String, Array>, Option<Arc<memmap2::Mmap>>), StoreError> {
+    let tensors = &p.header.tensors;
+    let data_start = p.header.data_start();
+    // A GPU takes a map without a copy only page-aligned; the CPU reads any tensor aligned to
+    // its element size.
+    let page_aligned = tensors.len() == 1 && data_start.is_multiple_of(page_size());
+    let elements_aligned = mlx::default_device() == mlx::Device::Cpu
+        && tensors.iter().all(|t| {
+            (data_start + t.data_offsets.0).is_multiple_of(t.dtype.size_bytes().max(1) as u64)
+        });
     if path == ReadPath::Mmap
-        && p.header.tensors.len() == 1
-        && p.header.data_start().is_multiple_of(page_size())
+        && (page_aligned || elements_aligned)
+        && tensors.iter().all(|t| t.dtype.in_mlx())
     {
-        let t = &p.header.tensors[0];
-        if t.dtype.in_mlx() {
-            let dtype = t.dtype;
-            let file = std::fs::File::open(&p.path).map_err(FileError::io(&p.path))?;
-            // SAFETY: blobs are immutable once renamed into place; the map is read-only.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(FileError::io(&p.path))?;
-            let map = Arc::new(map);
-            let start = (p.header.data_start() + t.data_offsets.0) as usize;
+        let file = std::fs::File::open(&p.path).map_err(FileError::io(&p.path))?;
+        // SAFETY: blobs are immutable once renamed into place; the map is read-only.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(FileError::io(&p.path))?;
+        let map = Arc::new(map);
+        let mut arrays = HashMap::with_capacity(tensors.len());
+        for t in tensors {
+            let start = (data_start + t.data_offsets.0) as usize;
             let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
             let ptr = map[start..].as_ptr();
             // SAFETY: the header was validated against the file size, so the tensor's bytes are
-            // inside the map, and the Arc keeps the map alive for as long as MLX holds it.
-            let arr = unsafe { Array::from_external(ptr, &shape, dtype, Box::new(map)) }?;
-            return Ok((HashMap::from([(t.name.clone(), arr)]), true));
+            // inside the map, aligned to its element size as checked above, with the 8-byte
+            // length prefix and the header before them; the Arc keeps the map alive for as long
+            // as MLX holds the array.
+            let arr = unsafe { Array::from_mapped(ptr, &shape, t.dtype, Box::new(map.clone())) }?;
+            arrays.insert(t.name.clone(), arr);
         }
+        return Ok((arrays, Some(map)));
     }
     let st = mlx::io::load_safetensors(&p.path)?;
-    Ok((st.tensors, false))
+    Ok((st.tensors, None))
 }
 
 fn page_size() -> u64 {

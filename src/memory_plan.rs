@@ -16,6 +16,7 @@
 
 use crate::models::vae_tiling::{self as tiling, Tiling};
 use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
+use std::collections::HashMap;
 
 /// One stored tensor's size.
 #[derive(Debug, Clone)]
@@ -140,7 +141,7 @@ fn weight_bytes(
         .map(|t| {
             let is_table = t.name.ends_with("embed_tokens.weight");
             let is_linear = t.shape.len() == 2 && t.name.ends_with(".weight") && !is_table;
-            if t.packed || is_table || (is_linear && residency == Residency::Stored) {
+            if t.packed || is_table || (is_linear && residency.as_stored()) {
                 t.stored_bytes
             } else {
                 t.numel().saturating_mul(compute_bytes)
@@ -149,12 +150,58 @@ fn weight_bytes(
         .fold(0u64, u64::saturating_add)
 }
 
+/// The block a streamed tensor belongs to: its name up to the first numbered part
+/// (`layers.3`, `model.layers.3`, `control_layers.7`), or `None` for what lies outside the
+/// blocks.
+fn block_of(name: &str) -> Option<&str> {
+    let mut start = 0;
+    for part in name.split('.') {
+        let end = start + part.len();
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            return Some(&name[..end]);
+        }
+        start = end + 1;
+    }
+    None
+}
+
+/// Bytes of a component's weights (those `used`) as they will be held. Streamed: what lies
+/// outside the blocks and the blocks' small tensors in full, the blocks' linear weights (as
+/// stored) one block at a time, the largest.
+fn held_bytes(
+    tensors: &[TensorSize],
+    used: impl Fn(&str) -> bool,
+    residency: Residency,
+    compute_bytes: u64,
+) -> u64 {
+    if residency != Residency::Streamed {
+        return weight_bytes(tensors, used, residency, compute_bytes);
+    }
+    let streamed = |t: &TensorSize| {
+        block_of(&t.name).is_some()
+            && (t.packed || (t.shape.len() == 2 && t.name.ends_with(".weight")))
+    };
+    let rest = weight_bytes(
+        tensors,
+        |n| used(n) && !tensors.iter().any(|t| t.name == n && streamed(t)),
+        Residency::Stored,
+        compute_bytes,
+    );
+    let mut blocks: HashMap<&str, u64> = HashMap::new();
+    for t in tensors.iter().filter(|t| used(&t.name) && streamed(t)) {
+        let b =
+            (blocks.entry(block_of(&t.name).expect("streamed tensors are in blocks"))).or_default();
+        *b = b.saturating_add(t.stored_bytes);
+    }
+    rest.saturating_add(blocks.values().copied().max().unwrap_or(0))
+}
+
 /// The buffer linear layers widen their weights into, when any weight of the component will be
 /// held narrower than the compute dtype.
 fn widen_scratch(tensors: &[TensorSize], residency: Residency, compute_bytes: u64) -> u64 {
     let narrow = tensors.iter().any(|t| {
         t.packed
-            || (residency == Residency::Stored
+            || (residency.as_stored()
                 && t.shape.len() == 2
                 && t.stored_bytes < t.numel().saturating_mul(compute_bytes))
     });
@@ -221,7 +268,7 @@ impl ModelSizes<'_> {
 
     pub fn text_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
         let cfg = self.text_config;
-        weight_bytes(
+        held_bytes(
             self.text_encoder,
             |n| text_encoder_uses(n, cfg),
             residency,
@@ -231,28 +278,26 @@ impl ModelSizes<'_> {
 
     /// The transformer's weights and a ControlNet's, as they will be held.
     pub fn denoise_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
-        weight_bytes(self.transformer, |_| true, residency, compute_bytes)
+        held_bytes(self.transformer, |_| true, residency, compute_bytes)
             .saturating_add(self.controlnet_weights(residency, compute_bytes))
     }
 
     /// A ControlNet's weights as they will be held (0 without one).
     pub fn controlnet_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
-        weight_bytes(self.controlnet, |_| true, residency, compute_bytes)
+        held_bytes(self.controlnet, |_| true, residency, compute_bytes)
     }
 
-    /// A ControlNet's hints for one caption's pass, all held until the transformer has read
-    /// them (one per `after_proj`), and its control stream beside the image tokens.
+    /// What a ControlNet holds beside the transformer during a pass: one hint at a time (each
+    /// computed as its layer is reached), the control stream before and after a block, and
+    /// what the blocks read ([image, caption]), each `[S, dim]`.
     fn control_hints(&self, req: &RequestShape) -> u64 {
-        let hints = (self.controlnet.iter())
-            .filter(|t| t.name.ends_with("after_proj.weight"))
-            .count() as u64;
-        if hints == 0 {
+        if self.controlnet.is_empty() {
             return 0;
         }
         let cell = 16;
         let image = (req.width as u64 / cell) * (req.height as u64 / cell);
         let s = round_up(image, 32) + round_up(req.prompt_tokens as u64, 32);
-        (hints + 2) * s * self.dit_config.dim as u64 * req.compute_bytes
+        4 * s * self.dit_config.dim as u64 * req.compute_bytes
     }
 
     pub fn vae_weights(&self, compute_bytes: u64) -> u64 {
@@ -326,18 +371,31 @@ impl ModelSizes<'_> {
     }
 
     /// Chooses the fastest way to run `req` within `budget`: weights in the compute dtype when
-    /// they fit, else as stored; an untiled decode when it fits, else the largest tile that
-    /// does. `base` is what the process holds before loading.
+    /// they fit, else as stored, else (where `streaming` is possible) streamed; an untiled
+    /// decode when it fits, else the largest tile that does. `base` is what the process holds
+    /// before loading.
     pub fn plan(
         &self,
         req: &RequestShape,
         budget: u64,
         budget_source: &str,
         base: u64,
+        streaming: bool,
     ) -> Result<MemoryPlan, DoesNotFit> {
         let fits = |e: &MemoryEstimate| e.peak() <= budget;
         let mut chosen = None;
-        for residency in [Residency::Compute, Residency::Stored] {
+        let smallest = match streaming {
+            true => Residency::Streamed,
+            false => Residency::Stored,
+        };
+        // Streaming holds the weights as stored, without the load's copy: where holding them in
+        // the compute dtype would change little (quantized weights), it comes first.
+        let candidates = match (streaming, self.compute_changes_little(req.compute_bytes)) {
+            (true, true) => vec![Residency::Streamed],
+            (true, false) => vec![Residency::Compute, Residency::Stored, Residency::Streamed],
+            (false, _) => vec![Residency::Compute, Residency::Stored],
+        };
+        for residency in candidates {
             let e = self.estimate(req, residency, None, base);
             let without_decode = MemoryEstimate { decode: 0, ..e };
             if !fits(&without_decode) {
@@ -373,7 +431,7 @@ impl ModelSizes<'_> {
             }
         }
         chosen.ok_or_else(|| {
-            let estimate = self.estimate(req, Residency::Stored, None, base);
+            let estimate = self.estimate(req, smallest, None, base);
             DoesNotFit {
                 estimate,
                 budget,
@@ -381,6 +439,18 @@ impl ModelSizes<'_> {
                 advice: self.advice(req, budget, base),
             }
         })
+    }
+
+    /// Whether holding the text encoder's and the transformer's weights in the compute dtype
+    /// would change little (under 5% of them): they are quantized, or stored in that dtype,
+    /// but for a few small layers.
+    pub fn compute_changes_little(&self, compute_bytes: u64) -> bool {
+        let held = |r: Residency| {
+            weight_bytes(self.text_encoder, |_| true, r, compute_bytes)
+                .saturating_add(weight_bytes(self.transformer, |_| true, r, compute_bytes))
+        };
+        let (compute, stored) = (held(Residency::Compute), held(Residency::Stored));
+        compute.saturating_sub(stored) <= stored / 20
     }
 
     /// What would fit instead: a quantized import, or a smaller image.
@@ -419,7 +489,7 @@ impl ModelSizes<'_> {
                 height: side,
                 ..*req
             };
-            if self.plan(&small, budget, "", base).is_ok() {
+            if self.plan(&small, budget, "", base, false).is_ok() {
                 out.push(format!("{side}×{side} would fit."));
                 break;
             }

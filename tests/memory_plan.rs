@@ -227,24 +227,24 @@ fn the_plan_takes_the_fastest_mode_that_fits_and_refuses_what_cannot() {
     let real = RealModel::new();
     let m = real.sizes();
     // Plenty: f32 copies of everything, an untiled decode.
-    let plan = m.plan(&request(1024), 64 * GB, "", BASE).unwrap();
+    let plan = m.plan(&request(1024), 64 * GB, "", BASE, false).unwrap();
     assert_eq!(plan.residency, Residency::Compute);
     assert!(plan.tiling.is_none());
     // A 24 GB machine: bf16 as stored; within budget.
-    let plan = m.plan(&request(1024), 20 * GB, "", BASE).unwrap();
+    let plan = m.plan(&request(1024), 20 * GB, "", BASE, false).unwrap();
     assert_eq!(plan.residency, Residency::Stored);
     assert!(plan.estimate.peak() <= 20 * GB);
     // A 2048² decode does not fit next to little room: tiles.
     let e = m.estimate(&request(2048), Residency::Stored, None, BASE);
     let tight = e.base + e.denoise.max(e.text) + 1_000_000;
     if e.decode > e.denoise {
-        let plan = m.plan(&request(2048), tight, "", BASE).unwrap();
+        let plan = m.plan(&request(2048), tight, "", BASE, false).unwrap();
         assert!(plan.tiling.is_some());
         assert!(plan.estimate.peak() <= tight);
     }
     // 8 GB: no mode fits; the error says how much is needed and what would fit.
     let err = m
-        .plan(&request(1024), 8 * GB, " (--memory-limit 8GB)", BASE)
+        .plan(&request(1024), 8 * GB, " (--memory-limit 8GB)", BASE, false)
         .unwrap_err();
     let text = err.to_string();
     assert!(
@@ -255,7 +255,7 @@ fn the_plan_takes_the_fastest_mode_that_fits_and_refuses_what_cannot() {
 }
 
 /// A real-size 2.1 ControlNet (bf16, as published) is counted in the denoise phase: its weights
-/// as held, and its hints for one pass.
+/// as held, and what its pass holds beside the transformer's.
 #[test]
 fn a_controlnet_adds_its_weights_and_hints_to_the_denoise_phase() {
     let real = RealModel::new();
@@ -284,8 +284,51 @@ fn a_controlnet_adds_its_weights_and_hints_to_the_denoise_phase() {
         "2.1 ControlNet at 1024²: {params} parameters, weights {weights} B as stored, hints {hints} B"
     );
     assert!(with.denoise > plain.denoise + weights);
-    // 17 hints (15 control layers, 2 refiner layers) and the control stream beside the image
-    // tokens, [4096 + 64, 3840] each in the compute dtype.
-    assert_eq!(hints, 19 * 4160 * 3840 * 4);
+    // One hint at a time, the control stream before and after a block and what the blocks
+    // read, [4096 + 64, 3840] each in the compute dtype.
+    assert_eq!(hints, 4 * 4160 * 3840 * 4);
     assert_eq!((with.text, with.decode), (plain.text, plain.decode));
+}
+
+/// Where the transformer can stream (a stored model on the CPU): a quantized model streams
+/// unasked, its denoise phase holding one block's weights and its text phase one layer's; a bf16 model keeps the faster modes
+/// while they fit and streams where nothing else does.
+#[test]
+fn streaming_holds_one_block_and_is_chosen_for_quantized_models_or_when_nothing_else_fits() {
+    let real = RealModel::new();
+    let m = real.sizes();
+    let (qt, qr) = m.quantized_variant(4);
+    let int4 = ModelSizes {
+        text_encoder: &qt,
+        transformer: &qr,
+        ..m
+    };
+    let req = request(1024);
+    let stored = int4.estimate(&req, Residency::Stored, None, BASE);
+    let streamed = int4.estimate(&req, Residency::Streamed, None, BASE);
+    let weights = int4.denoise_weights(Residency::Streamed, 4);
+    // One main block at int4 (about 177 M parameters at 4.5 bits) plus the small tensors.
+    assert!(
+        (90_000_000..200_000_000).contains(&weights),
+        "streamed weights {weights}"
+    );
+    assert!(streamed.denoise + 3_000_000_000 < stored.denoise);
+    // The text encoder streams too: one layer and the embedding table (kept bf16) are held.
+    assert!(
+        streamed.text + 1_500_000_000 < stored.text,
+        "{} vs {}",
+        streamed.text,
+        stored.text
+    );
+    let plan = int4.plan(&req, 64 * GB, "", BASE, true).unwrap();
+    assert_eq!(plan.residency, Residency::Streamed);
+    let plan = int4.plan(&req, 64 * GB, "", BASE, false).unwrap();
+    assert_ne!(plan.residency, Residency::Streamed);
+    // bf16: the f32 copies while they fit; streamed when only that fits.
+    let plan = m.plan(&req, 64 * GB, "", BASE, true).unwrap();
+    assert_eq!(plan.residency, Residency::Compute);
+    let e = m.estimate(&req, Residency::Streamed, None, BASE);
+    let plan = m.plan(&req, e.peak() + 1, "", BASE, true).unwrap();
+    assert_eq!(plan.residency, Residency::Streamed);
+    assert!(m.plan(&req, e.peak() + 1, "", BASE, false).is_err());
 }

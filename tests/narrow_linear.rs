@@ -193,3 +193,91 @@ fn float_quantization_modes_match_their_dequantized_weights() {
         assert!(e < 0.25, "{mode:?}: quantization error {e}");
     }
 }
+
+/// Rounds to bf16 and back: the values bf16 products multiply.
+fn bf16_values(a: &Array) -> Array {
+    a.astype(Dtype::BF16).unwrap().astype(Dtype::F32).unwrap()
+}
+
+/// bf16 products take x and the widened weight rounded to bf16 and sum in f32: they agree
+/// with an f32 product of those rounded values up to the order of the sums, over every weight
+/// form and the awkward shapes (a partial row block, a partial panel of outputs, odd and
+/// unaligned widths, a single row).
+/// A quantized weight's scales, biases, group size and bits.
+type Packed = (Array, Array, i32, i32);
+
+#[test]
+fn bf16_products_multiply_the_rounded_values() {
+    if !mlx::bf16_products_available() {
+        // Elsewhere the request gives f32 products: the same as `fast::linear`.
+        let x = normal(&[5, 64], 1);
+        let w = normal(&[40, 64], 2).astype(Dtype::BF16).unwrap();
+        let a = fast::linear(&x, &w, None, None).unwrap();
+        let b = fast::linear_with(&x, &w, None, None, fast::Products::Bf16).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        return;
+    }
+    for (i, &(m, n, k)) in [
+        (29, 70, 96),
+        (1, 33, 100),
+        (12, 32, 64),
+        (150, 300, 1088),
+        (7, 5, 37),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let seed = 40 + i as u64;
+        let x = normal(&[m, k], seed);
+        let w = (normal(&[n, k], seed + 1) * (1.0 / (k as f32).sqrt())).unwrap();
+        let bias = normal(&[n], seed + 2);
+        let mut forms: Vec<(String, Array, Option<Packed>)> = vec![
+            ("f32".into(), w.clone(), None),
+            ("bf16".into(), w.astype(Dtype::BF16).unwrap(), None),
+            ("f16".into(), w.astype(Dtype::F16).unwrap(), None),
+        ];
+        if k % 64 == 0 {
+            for bits in [4, 8] {
+                let wb = w.astype(Dtype::BF16).unwrap();
+                let (wq, s, b) = ops::quantize(&wb, 64, bits).unwrap();
+                forms.push((format!("int{bits}"), wq, Some((s, b, 64, bits))));
+            }
+        }
+        for (name, wf, quant) in &forms {
+            let (got, w32) = match quant {
+                None => (
+                    fast::linear_with(&x, wf, None, Some(&bias), fast::Products::Bf16).unwrap(),
+                    wf.astype(Dtype::F32).unwrap(),
+                ),
+                Some((s, b, group, bits)) => {
+                    let packing = fast::Packing {
+                        scales: s,
+                        biases: Some(b),
+                        group_size: *group,
+                        bits: *bits,
+                        mode: QuantMode::Affine,
+                    };
+                    let got =
+                        fast::linear_with(&x, wf, Some(packing), Some(&bias), fast::Products::Bf16)
+                            .unwrap();
+                    let w32 = ops::dequantize(wf, s, b, *group, *bits)
+                        .unwrap()
+                        .astype(Dtype::F32)
+                        .unwrap();
+                    (got, w32)
+                }
+            };
+            assert_eq!(got.shape(), vec![m, n], "{name}");
+            let want = reference(&bf16_values(&x), &bf16_values(&w32), Some(&bias));
+            let e = relative_error(&got, &want);
+            assert!(
+                e <= 2e-6,
+                "{name} [{m}, {k}] × [{n}, {k}]: relative error {e:e}"
+            );
+            // And against the exact product, bf16's rounding and no more.
+            let exact = reference(&x, &w32, Some(&bias));
+            let e = relative_error(&got, &exact);
+            assert!(e <= 2e-2, "{name}: {e:e} from the f32 product");
+        }
+    }
+}

@@ -13,6 +13,7 @@ use zimage::image_in;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::memory_plan::{self, gb, MemoryPlan};
+use zimage::mlx::fast::Products;
 use zimage::mlx::Dtype;
 use zimage::models::Residency;
 use zimage::pipeline::{
@@ -56,12 +57,21 @@ pub struct GenerateArgs {
     /// Compute dtype (default: bf16 on a GPU, f32 on the CPU).
     #[arg(long, value_enum)]
     pub dtype: Option<ComputeDtype>,
+    /// Inputs of the linear layers' matrix products on the CPU: f32 (the reference's
+    /// arithmetic) or bf16 (about twice as fast where the CPU has AVX512-BF16: both operands
+    /// rounded to 8 significant bits, f32 sums, everything between the products in f32;
+    /// unquantized weights then stay as stored). A GPU computes in `--dtype`.
+    #[arg(long, value_enum, default_value_t = ProductsArg::F32)]
+    pub products: ProductsArg,
     /// Memory the run may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else 85% of the
     /// machine's memory). A request estimated above it is refused before anything loads.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
-    /// How unquantized weights are held: in the compute dtype (fastest; f32 on the CPU), as
-    /// stored (each layer widened as it runs), or whichever fits the memory budget.
+    /// How weights are held: unquantized ones in the compute dtype (fastest; f32 on the CPU) or
+    /// as stored (each layer widened as it runs); or, for a stored model on the CPU, the
+    /// transformer's streamed: mapped from the store and let go of block by block, so that the
+    /// process holds one block (each step reads them again, from the OS's file cache while it
+    /// keeps them). Auto takes the first that fits the memory budget.
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
     /// A LoRA to apply, with its scale (default 1); repeat for several. diffusers/PEFT,
@@ -120,10 +130,36 @@ pub enum ComputeDtype {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductsArg {
+    F32,
+    Bf16,
+}
+
+impl ProductsArg {
+    /// Makes the choice the process's, saying so when this CPU cannot honour it.
+    pub fn apply(self) {
+        let products = match self {
+            ProductsArg::F32 => Products::F32,
+            ProductsArg::Bf16 => Products::Bf16,
+        };
+        if products == Products::Bf16
+            && zimage::platform::default_device() == zimage::mlx::Device::Cpu
+            && !zimage::mlx::bf16_products_available()
+        {
+            eprintln!(
+                "note: --products bf16: this CPU has no AVX512-BF16, so the products stay f32"
+            );
+        }
+        Products::set_for_process(products);
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightsArg {
     Auto,
     Compute,
     Stored,
+    Streamed,
 }
 
 /// The embedded demo model (random weights), shipped in the source tree.
@@ -207,9 +243,17 @@ fn plan_memory<S: ModelSource>(
     weights: WeightsArg,
 ) -> anyhow::Result<MemoryPlan> {
     let forced = match weights {
+        // bf16 products read bf16 weights as they are: widening them first gains nothing.
+        WeightsArg::Auto if Products::for_process() == Products::Bf16 => {
+            Some(match pipeline.can_stream() {
+                true => Residency::Streamed,
+                false => Residency::Stored,
+            })
+        }
         WeightsArg::Auto => None,
         WeightsArg::Compute => Some(Residency::Compute),
         WeightsArg::Stored => Some(Residency::Stored),
+        WeightsArg::Streamed => Some(Residency::Streamed),
     };
     Ok(generation::plan_memory(pipeline, req, limit, forced)?)
 }
@@ -437,6 +481,7 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         _ => None,
     };
     zimage::platform::use_default_device()?;
+    a.products.apply();
     let dtype = match a.dtype {
         Some(ComputeDtype::Bf16) => Dtype::BF16,
         Some(ComputeDtype::F32) => Dtype::F32,
@@ -657,6 +702,7 @@ fn generate<S: ModelSource>(
             match plan.residency {
                 Residency::Compute => "in the compute dtype",
                 Residency::Stored => "as stored",
+                Residency::Streamed => "streamed from the store, one block at a time",
             },
             match &plan.tiling {
                 Some(t) => format!("in tiles of {} latent pixels", t.tile_latent),

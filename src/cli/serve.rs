@@ -27,6 +27,9 @@ pub struct ServeArgs {
     /// machine's memory); a request estimated above it is refused with 400.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
+    /// Inputs of the linear layers' matrix products on the CPU, as `zimage generate --products`.
+    #[arg(long, value_enum, default_value_t = super::generate::ProductsArg::F32)]
+    pub products: super::generate::ProductsArg,
     /// A folder of LoRA files requests may apply by name (`"loras": [{"path": "style.safetensors",
     /// "scale": 0.8}]`); without it requests apply none (default: ZIMAGE_LORA_DIR).
     #[arg(long, value_name = "DIR")]
@@ -47,6 +50,7 @@ fn setting(flag: Option<String>, vars: &[&str]) -> Option<(String, String)> {
 
 pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let store = Store::locate(store.as_deref())?;
+    a.products.apply();
     let (host_text, host_from) = setting(a.host, &["ZIMAGE_HOST", "OLLAMA_HOST"])
         .unwrap_or_else(|| (String::new(), "the default".into()));
     let host_from = if host_from == "--" {

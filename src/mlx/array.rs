@@ -180,6 +180,36 @@ impl Array {
         dtype: Dtype,
         owner: Box<dyn std::any::Any + Send>,
     ) -> Result<Array> {
+        // SAFETY: forwarded to the caller.
+        unsafe { Array::wrap_external(false, ptr, shape, dtype, owner) }
+    }
+
+    /// [`Array::from_external`] for mapped file data, wrapped without a copy on the CPU
+    /// wherever it lies (the GPUs' rules otherwise). The array never lends its memory to an
+    /// output.
+    ///
+    /// # Safety
+    /// As [`Array::from_external`], and the 8 bytes before `ptr` must be readable too (a
+    /// tensor's data in a mapped safetensors file always has its header before it).
+    #[track_caller]
+    pub unsafe fn from_mapped(
+        ptr: *const u8,
+        shape: &[i32],
+        dtype: Dtype,
+        owner: Box<dyn std::any::Any + Send>,
+    ) -> Result<Array> {
+        // SAFETY: forwarded to the caller.
+        unsafe { Array::wrap_external(true, ptr, shape, dtype, owner) }
+    }
+
+    #[track_caller]
+    unsafe fn wrap_external(
+        mapped: bool,
+        ptr: *const u8,
+        shape: &[i32],
+        dtype: Dtype,
+        owner: Box<dyn std::any::Any + Send>,
+    ) -> Result<Array> {
         unsafe extern "C" fn release(ctx: *mut c_void) {
             // SAFETY: `ctx` is the box made below, and the shim calls the deleter exactly once
             // (when MLX frees the buffer, or at once if the array could not be made).
@@ -193,7 +223,11 @@ impl Array {
             // `owner` (this function's contract), and MLX only reads them; `ctx` is handed over
             // with `release`, which the shim calls exactly once.
             unsafe {
-                ffi::mlxs_array_from_external(
+                let wrap = match mapped {
+                    true => ffi::mlxs_array_from_mapped,
+                    false => ffi::mlxs_array_from_external,
+                };
+                wrap(
                     out,
                     ptr as *mut c_void,
                     shape.as_ptr(),

@@ -2,7 +2,7 @@
 
 use super::array::{shim_call, Array};
 use super::error::Result;
-use std::ffi::CString;
+use std::ffi::{c_int, CString};
 
 /// `x · rsqrt(mean(x²) + eps) · weight` over the last axis, accumulated in f32.
 #[track_caller]
@@ -141,6 +141,39 @@ pub struct Packing<'a> {
     pub mode: super::QuantMode,
 }
 
+/// The inputs of a linear layer's products on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Products {
+    /// f32 inputs (the weight widened exactly): the reference's arithmetic.
+    #[default]
+    F32,
+    /// bf16 inputs with f32 sums, on a CPU with AVX512-BF16 (twice f32's rate; elsewhere the
+    /// products stay f32): activations and weights rounded to 8 significant bits, as a bf16
+    /// run on a GPU rounds them, while everything between the products stays in f32.
+    Bf16,
+}
+
+static PROCESS_PRODUCTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Products {
+    /// What models loaded from now on in this process multiply with, unless their checkpoint
+    /// says otherwise: the command line's choice (`--products`).
+    pub fn set_for_process(products: Products) {
+        PROCESS_PRODUCTS.store(
+            products == Products::Bf16,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The choice of [`Products::set_for_process`] (f32 until it is made).
+    pub fn for_process() -> Products {
+        match PROCESS_PRODUCTS.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Products::Bf16,
+            false => Products::F32,
+        }
+    }
+}
+
 /// `x · Wᵀ (+ bias)` for `x` `[..., K]` and `W` `[N, K]` as stored: dense in any float dtype,
 /// or packed as `packing` says. On the CPU with f32 `x`, a bf16/f16 or affine 2/4/8-bit weight
 /// is widened a tile of rows at a time into a reused buffer and multiplied by sgemm, so no f32
@@ -151,6 +184,19 @@ pub fn linear(
     w: &Array,
     packing: Option<Packing<'_>>,
     bias: Option<&Array>,
+) -> Result<Array> {
+    linear_with(x, w, packing, bias, Products::F32)
+}
+
+/// [`linear`] with the products' inputs chosen: with [`Products::Bf16`] on the CPU every weight
+/// form (f32 included) is packed in bf16 and multiplied with bf16 inputs.
+#[track_caller]
+pub fn linear_with(
+    x: &Array,
+    w: &Array,
+    packing: Option<Packing<'_>>,
+    bias: Option<&Array>,
+    products: Products,
 ) -> Result<Array> {
     let (scales, biases, group, bits, mode) = match packing {
         Some(p) => (Some(p.scales), p.biases, p.group_size, p.bits, p.mode),
@@ -167,6 +213,7 @@ pub fn linear(
             group,
             bits,
             mode.as_cstr().as_ptr(),
+            c_int::from(products == Products::Bf16),
         )
     )
 }

@@ -123,6 +123,15 @@ shim_api! {
         deleter: unsafe extern "C" fn(*mut c_void),
         ctx: *mut c_void,
     ) -> c_int;
+    pub fn mlxs_array_from_mapped(
+        out: Out,
+        data: *mut c_void,
+        shape: *const i32,
+        ndim: usize,
+        dtype: c_int,
+        deleter: unsafe extern "C" fn(*mut c_void),
+        ctx: *mut c_void,
+    ) -> c_int;
     pub fn mlxs_full(out: Out, shape: *const i32, ndim: usize, value: f64, dtype: c_int) -> c_int;
     pub fn mlxs_arange(out: Out, start: f64, stop: f64, step: f64, dtype: c_int) -> c_int;
 
@@ -217,7 +226,9 @@ shim_api! {
         group_size: c_int,
         bits: c_int,
         mode: *const c_char,
+        bf16_products: c_int,
     ) -> c_int;
+    pub fn mlxs_bf16_products_available() -> c_int;
     pub fn mlxs_quantize_mode(
         wq: Out,
         scales: Out,

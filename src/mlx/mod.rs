@@ -64,6 +64,11 @@ pub fn gpu_available() -> bool {
     no_args(ffi::mlxs_gpu_available) != 0
 }
 
+/// Whether this CPU can multiply with bf16 inputs ([`fast::Products::Bf16`]): AVX512-BF16.
+pub fn bf16_products_available() -> bool {
+    no_args(ffi::mlxs_bf16_products_available) != 0
+}
+
 /// MLX's version string.
 pub fn version() -> String {
     // SAFETY: MLX's version is a static NUL-terminated string.

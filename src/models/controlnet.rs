@@ -23,10 +23,10 @@
 
 use super::controlnet_config::{ControlNetConfig, RefinerMode};
 use super::transformer::{
-    pad_rows, patchify, round_up, Block, DitConfig, Hints, Prepared, ZImageTransformer,
-    SEQ_MULTI_OF,
+    after_block, pad_rows, patchify, round_up, Block, DitConfig, Hints, LayerHints, Prepared,
+    ZImageTransformer, SEQ_MULTI_OF,
 };
-use super::weights::{Checkpoint, Linear, Weights};
+use super::weights::{Checkpoint, Linear, Release, Weights};
 use crate::mlx::{self, ops, Array, Dtype};
 
 /// `ZImageControlTransformerBlock`: a transformer block over the control stream `c`, which the
@@ -70,21 +70,77 @@ impl ControlBlock {
 }
 
 /// The control stream through `blocks`, reading base stream `x`: its last state and the hints.
+/// With `release` (streamed weights) each block is computed before the next.
 fn run_control(
     blocks: &[ControlBlock],
     c: Array,
     x: &Array,
     rope: &(Array, Array),
     t: &Array,
+    release: Option<&Release>,
 ) -> mlx::Result<(Array, Vec<Array>)> {
     let mut c = c;
     let mut hints = Vec::with_capacity(blocks.len());
     for block in blocks {
         let (next, hint) = block.forward(&c, x, rope, t)?;
+        if release.is_some() {
+            mlx::eval(&[&next, &hint])?;
+        }
+        after_block(release, &next)?;
         c = next;
         hints.push(hint);
     }
     Ok((c, hints))
+}
+
+/// One step's hints, computed as the transformer's main layers reach them
+/// ([`ControlNet::hint_stream`]): each main control block runs, and is evaluated, when the
+/// layer it hints asks.
+pub struct HintStream<'a> {
+    net: &'a ControlNet,
+    rope: &'a (Array, Array),
+    /// The timestep conditioning.
+    c: Array,
+    /// What the control blocks read: the image tokens (through this ControlNet's pass of the
+    /// noise refiner) and the caption.
+    unified: Array,
+    /// The control stream, after the blocks run so far.
+    ctrl: Array,
+    /// The next main control block.
+    next: usize,
+    scale: f32,
+    seconds: f64,
+}
+
+impl HintStream<'_> {
+    /// Seconds spent computing this step's control so far.
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+}
+
+impl LayerHints for HintStream<'_> {
+    fn after(&mut self, layer: usize) -> mlx::Result<Option<Array>> {
+        let places = &self.net.config.control_layers_places;
+        while self.next < places.len() && places[self.next] as usize <= layer {
+            let start = std::time::Instant::now();
+            let block = &self.net.layers[self.next];
+            let at = places[self.next] as usize;
+            self.next += 1;
+            let (ctrl, hint) = block.forward(&self.ctrl, &self.unified, self.rope, &self.c)?;
+            let hint = (hint * self.scale)?;
+            mlx::eval(&[&ctrl, &hint])?;
+            if let Some(release) = &self.net.release {
+                release.release();
+            }
+            self.ctrl = ctrl;
+            self.seconds += start.elapsed().as_secs_f64();
+            if at == layer {
+                return Ok(Some(hint));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// What refines the control tokens before the main control blocks.
@@ -104,6 +160,8 @@ pub struct ControlNet {
     refiner: ControlRefiner,
     pub config: ControlNetConfig,
     dtype: Dtype,
+    /// Set when the weights are streamed (see [`ZImageTransformer`]'s).
+    release: Option<Release>,
 }
 
 impl ControlNet {
@@ -167,6 +225,7 @@ impl ControlNet {
                 refiner,
                 config: cfg.clone(),
                 dtype,
+                release: ckpt.release(),
             }
         };
         ckpt.finish()?;
@@ -176,7 +235,8 @@ impl ControlNet {
     /// The hints for one step, multiplied by `scale` (the conditioning scale): `latent`
     /// ([C, h, w]) and `t_model` as the step gives them to the transformer, `prepared` made by
     /// [`ZImageTransformer::prepare`] for this request, `control` the control latents
-    /// ([c, h, w] with c ≤ `control_in_dim`; missing channels are zeros).
+    /// ([c, h, w] with c ≤ `control_in_dim`; missing channels are zeros). All of them at once;
+    /// [`ControlNet::hint_stream`] gives them one at a time.
     pub fn hints(
         &self,
         transformer: &ZImageTransformer,
@@ -186,6 +246,32 @@ impl ControlNet {
         t_model: f32,
         scale: f32,
     ) -> mlx::Result<Hints> {
+        let mut stream =
+            self.hint_stream(transformer, prepared, latent, control, t_model, scale)?;
+        let mut hints = Vec::new();
+        for &layer in &self.config.control_layers_places {
+            let layer = layer as usize;
+            if let Some(hint) = stream.after(layer)? {
+                hints.push((layer, hint));
+            }
+        }
+        Ok(Hints::new(hints))
+    }
+
+    /// The hints of one step as the transformer's main layers ask for them (see
+    /// [`ControlNet::hints`] for the arguments): the control tokens are embedded and refined
+    /// now; each main control block then runs when the layer it hints is reached, so that one
+    /// hint is held at a time rather than all of them (19 × 64 MB at 1024² in f32).
+    pub fn hint_stream<'a>(
+        &'a self,
+        transformer: &ZImageTransformer,
+        prepared: &'a Prepared,
+        latent: &Array,
+        control: &Array,
+        t_model: f32,
+        scale: f32,
+    ) -> mlx::Result<HintStream<'a>> {
+        let start = std::time::Instant::now();
         transformer.check_prepared(latent, prepared)?;
         if transformer.dtype() != self.dtype {
             return Err(mlx::Error::new(
@@ -204,30 +290,39 @@ impl ControlNet {
         // Control tokens through the control refiner, next to the image tokens; a 2.x
         // refiner's hints go into this ControlNet's own pass of the noise refiner.
         let img_rope = prepared.img_rope();
+        let release = self.release.as_ref();
         let (ctrl, refiner_hints) = match &self.refiner {
             ControlRefiner::Plain(blocks) => {
                 let mut ctrl = ctrl;
                 for block in blocks {
                     ctrl = block.forward(&ctrl, img_rope, Some(&c))?;
+                    after_block(release, &ctrl)?;
                 }
                 (ctrl, Vec::new())
             }
-            ControlRefiner::Blocks(blocks) => run_control(blocks, ctrl, &x, img_rope, &c)?,
-            ControlRefiner::MainBlocks => run_control(&self.layers, ctrl, &x, img_rope, &c)?,
+            ControlRefiner::Blocks(blocks) => run_control(blocks, ctrl, &x, img_rope, &c, release)?,
+            ControlRefiner::MainBlocks => {
+                run_control(&self.layers, ctrl, &x, img_rope, &c, release)?
+            }
         };
         let refiner_hints = self.placed(self.config.refiner_places(), refiner_hints, scale)?;
         let x = transformer.refine_image(x, &c, prepared, &refiner_hints)?;
 
-        // The main control blocks over [control, caption], reading [image, caption].
+        // The main control blocks run over [control, caption], reading [image, caption].
         let caption = prepared.caption();
         let unified = ops::concatenate(&[&x, caption], 0)?;
         let ctrl = ops::concatenate(&[&ctrl, caption], 0)?;
-        let (_, hints) = run_control(&self.layers, ctrl, &unified, prepared.rope(), &c)?;
-        Ok(Hints::new(self.placed(
-            &self.config.control_layers_places,
-            hints,
+        mlx::eval(&[&unified, &ctrl, &c])?;
+        Ok(HintStream {
+            net: self,
+            rope: prepared.rope(),
+            c,
+            unified,
+            ctrl,
+            next: 0,
             scale,
-        )?))
+            seconds: start.elapsed().as_secs_f64(),
+        })
     }
 
     /// Pairs the first hints with `places`, scaled.

@@ -263,3 +263,60 @@ impl ControlNetConfig {
         Ok(())
     }
 }
+
+impl ControlNetConfig {
+    /// Every tensor a diffusers `ZImageControlNetModel` of this configuration holds (the names
+    /// of the published single files too), with its shape.
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let d = self.dim as usize;
+        let f = (d as f64 / 3.0 * 8.0) as usize;
+        let hd = d / self.n_heads as usize;
+        let adaln = d.min(256);
+        let mut out = Vec::new();
+        let mut add = |name: String, shape: Vec<usize>| out.push((name, shape));
+        let mut block = |p: &str, before: bool, after: bool| {
+            for m in ["to_q", "to_k", "to_v"] {
+                add(format!("{p}.attention.{m}.weight"), vec![d, d]);
+            }
+            add(format!("{p}.attention.to_out.0.weight"), vec![d, d]);
+            add(format!("{p}.attention.norm_q.weight"), vec![hd]);
+            add(format!("{p}.attention.norm_k.weight"), vec![hd]);
+            add(format!("{p}.feed_forward.w1.weight"), vec![f, d]);
+            add(format!("{p}.feed_forward.w2.weight"), vec![d, f]);
+            add(format!("{p}.feed_forward.w3.weight"), vec![f, d]);
+            for n in [
+                "attention_norm1",
+                "ffn_norm1",
+                "attention_norm2",
+                "ffn_norm2",
+            ] {
+                add(format!("{p}.{n}.weight"), vec![d]);
+            }
+            add(format!("{p}.adaLN_modulation.0.weight"), vec![4 * d, adaln]);
+            add(format!("{p}.adaLN_modulation.0.bias"), vec![4 * d]);
+            for (proj, present) in [("before_proj", before), ("after_proj", after)] {
+                if present {
+                    add(format!("{p}.{proj}.weight"), vec![d, d]);
+                    add(format!("{p}.{proj}.bias"), vec![d]);
+                }
+            }
+        };
+        for (i, &place) in self.control_layers_places.iter().enumerate() {
+            block(&format!("control_layers.{i}"), place == 0, true);
+        }
+        for i in 0..self.n_refiner_layers as usize {
+            let p = format!("control_noise_refiner.{i}");
+            match self.add_control_noise_refiner {
+                None => block(&p, false, false),
+                Some(RefinerMode::ControlNoiseRefiner) => block(&p, i == 0, true),
+                Some(RefinerMode::ControlLayers) => {}
+            }
+        }
+        out.push((
+            "control_all_x_embedder.2-1.weight".into(),
+            vec![d, 4 * self.control_in_dim as usize],
+        ));
+        out.push(("control_all_x_embedder.2-1.bias".into(), vec![d]));
+        out
+    }
+}

@@ -24,7 +24,7 @@ pub mod weights;
 pub use controlnet::ControlNet;
 pub use controlnet_config::{ControlNetConfig, ControlNetVersion};
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
-pub use transformer::{DitConfig, Hints, Prepared, ZImageTransformer};
+pub use transformer::{DitConfig, Hints, LayerHints, Prepared, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
 pub use vae_encoder::{LatentDistribution, VaeEncoder};
 pub use weights::{Checkpoint, LoadError, Residency};

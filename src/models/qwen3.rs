@@ -6,7 +6,7 @@
 //! padding is on the right and attention is causal, running only the real tokens gives the
 //! same embeddings as the reference's padded, masked run.
 
-use super::weights::{Checkpoint, Linear, RmsNorm, Table, Weights};
+use super::weights::{Checkpoint, Linear, Release, RmsNorm, Table, Weights};
 use crate::mlx::{self, fast, Array};
 
 /// `text_encoder/config.json`, the keys the encoder path uses.
@@ -243,6 +243,8 @@ pub struct Qwen3Encoder {
     embed_tokens: Table,
     dtype: crate::mlx::Dtype,
     layers: Vec<DecoderLayer>,
+    /// Set when the weights are streamed: each layer is computed, then let go of.
+    release: Option<Release>,
     pub config: Qwen3Config,
 }
 
@@ -280,11 +282,13 @@ impl Qwen3Encoder {
             });
         }
         let dtype = ckpt.dtype();
+        let release = ckpt.release();
         ckpt.finish()?;
         Ok(Qwen3Encoder {
             embed_tokens,
             dtype,
             layers,
+            release,
             config: cfg.clone(),
         })
     }
@@ -296,6 +300,7 @@ impl Qwen3Encoder {
         let mut x = self.embed_tokens.rows(&ids)?.astype(self.dtype)?;
         for layer in &self.layers {
             x = layer.forward(&x)?;
+            super::transformer::after_block(self.release.as_ref(), &x)?;
         }
         Ok(x)
     }

@@ -6,7 +6,7 @@
 //! equals the reference's masked batch.
 
 use super::rope::RopeTables;
-use super::weights::{Checkpoint, Linear, RmsNorm, Weights};
+use super::weights::{Checkpoint, Linear, Release, RmsNorm, Weights};
 use crate::mlx::{self, fast, ops, Array, Dtype};
 
 /// Width of the timestep embedding input (sinusoids) and cap of the adaLN width.
@@ -451,6 +451,8 @@ pub struct ZImageTransformer {
     rope: RopeTables,
     pub config: DitConfig,
     dtype: Dtype,
+    /// Set when the weights are streamed: each block is computed, then its pages let go of.
+    release: Option<Release>,
 }
 
 impl ZImageTransformer {
@@ -493,10 +495,17 @@ impl ZImageTransformer {
                 rope: RopeTables::new(cfg.rope_theta, &cfg.axes_dims, &cfg.axes_lens),
                 config: cfg.clone(),
                 dtype,
+                release: ckpt.release(),
             }
         };
         ckpt.finish()?;
         Ok(model)
+    }
+
+    /// After a block: with streamed weights, computes `x` now and lets go of the weights' pages,
+    /// so that no more than a block's weights are held at once.
+    pub(crate) fn after_block(&self, x: &Array) -> mlx::Result<()> {
+        after_block(self.release.as_ref(), x)
     }
 
     /// The timestep conditioning `c` ([1, adaln_dim]) for `t_model` (0 at pure noise).
@@ -553,6 +562,7 @@ impl ZImageTransformer {
         let mut cap = cap;
         for block in &self.context_refiner {
             cap = block.forward(&cap, &cap_rope, None)?;
+            self.after_block(&cap)?;
         }
         let rope = (
             ops::concatenate(&[&img_rope.0, &cap_rope.0], 0)?,
@@ -587,10 +597,25 @@ impl ZImageTransformer {
         prepared: &Prepared,
         hints: Option<&Hints>,
     ) -> mlx::Result<Array> {
-        self.check_prepared(latent, prepared)?;
         if let Some(hints) = hints {
             self.check_hints(hints, prepared)?;
         }
+        let mut given = hints.map(GivenHints);
+        let source = given.as_mut().map(|g| g as &mut dyn LayerHints);
+        self.forward_with_hints(latent, t_model, prepared, source)
+    }
+
+    /// [`ZImageTransformer::forward_prepared_with`] with the hints asked for layer by layer, as
+    /// the main layers reach them: a ControlNet's [`super::controlnet::HintStream`] computes each
+    /// just before it is added, so that one hint is held at a time.
+    pub fn forward_with_hints(
+        &self,
+        latent: &Array,
+        t_model: f32,
+        prepared: &Prepared,
+        mut hints: Option<&mut dyn LayerHints>,
+    ) -> mlx::Result<Array> {
+        self.check_prepared(latent, prepared)?;
         let (c_in, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
         let (ht, wt) = (h / 2, w / 2);
         let n = ht * wt;
@@ -606,9 +631,24 @@ impl ZImageTransformer {
         let mut u = ops::concatenate(&[&x, &prepared.caption], 0)?;
         for (i, block) in self.layers.iter().enumerate() {
             u = block.forward(&u, &prepared.rope, Some(&c))?;
-            if let Some(hint) = hints.and_then(|hints| hints.after(i)) {
-                u = (&u + hint)?;
+            if let Some(hint) = match hints.as_mut() {
+                Some(h) => h.after(i)?,
+                None => None,
+            } {
+                if hint.shape() != u.shape() {
+                    return Err(mlx::Error::new(
+                        "transformer",
+                        format!(
+                            "a control hint of shape {:?} after layer {i}, over [{}, {}]",
+                            hint.shape(),
+                            u.dim(0),
+                            self.config.dim
+                        ),
+                    ));
+                }
+                u = (&u + &hint)?;
             }
+            self.after_block(&u)?;
         }
 
         // 5. Final layer: LayerNorm (no affine) scaled by 1 + SiLU(c)·Wᵀ + b, then project.
@@ -687,11 +727,28 @@ impl ZImageTransformer {
         let mut x = x;
         for (i, block) in self.noise_refiner.iter().enumerate() {
             x = block.forward(&x, &prepared.img_rope, Some(c))?;
+            self.after_block(&x)?;
             for (_, a) in added.iter().filter(|(at, _)| *at == i) {
                 x = (&x + a)?;
             }
         }
         Ok(x)
+    }
+}
+
+/// Hints for the main layers, asked for in order as each layer ends.
+pub trait LayerHints {
+    /// The hint to add after main layer `layer` (`[Np + Lp, dim]`, already multiplied by the
+    /// conditioning scale), if any.
+    fn after(&mut self, layer: usize) -> mlx::Result<Option<Array>>;
+}
+
+/// Hints computed beforehand, as [`LayerHints`].
+struct GivenHints<'a>(&'a Hints);
+
+impl LayerHints for GivenHints<'_> {
+    fn after(&mut self, layer: usize) -> mlx::Result<Option<Array>> {
+        Ok(self.0.after(layer).cloned())
     }
 }
 
@@ -725,6 +782,15 @@ impl Hints {
         let arrays: Vec<&Array> = self.after_layer.iter().map(|(_, h)| h).collect();
         mlx::eval(&arrays)
     }
+}
+
+/// With `release` (streamed weights): computes `x` now, then lets go of the weights' pages.
+pub(crate) fn after_block(release: Option<&Release>, x: &Array) -> mlx::Result<()> {
+    if let Some(release) = release {
+        mlx::eval(&[x])?;
+        release.release();
+    }
+    Ok(())
 }
 
 /// `[C, h, w]` → `[N, 4C]` patches of 2×2: feature (ph·2 + pw)·C + c, token i·Wt + j.

@@ -8,8 +8,11 @@
 //!
 //! Linear weights are bound as stored when asked ([`Residency::Stored`]): quantized weights
 //! always stay packed, and bf16 weights stay bf16, widened a tile at a time as each layer runs.
+//! Streamed weights ([`Residency::Streamed`]) are bound as stored too, from memory maps of the
+//! store's files that the model lets go of after each block ([`Release`]).
 
-use crate::mlx::{self, fast, ops, Array, Dtype, QuantizedTensor};
+use crate::mlx::fast::{self, Products};
+use crate::mlx::{self, ops, Array, Dtype, QuantizedTensor};
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 
@@ -38,6 +41,25 @@ impl LoraPair {
 pub struct ComponentWeights {
     pub tensors: HashMap<String, Array>,
     pub quantized: HashMap<String, QuantizedTensor>,
+    /// Set when the arrays are mapped from files: lets go of their pages.
+    pub release: Option<Release>,
+}
+
+/// Lets go of the pages of a component's mapped weights: the process stops holding them, and
+/// the next read maps them again from the file (from the OS's page cache while it keeps them).
+/// The arrays stay valid throughout.
+#[derive(Clone)]
+pub struct Release(std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl Release {
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> Release {
+        Release(std::sync::Arc::new(f))
+    }
+
+    /// Lets go of the pages now. Call only once what used them is evaluated.
+    pub fn release(&self) {
+        (self.0)()
+    }
 }
 
 /// What is wrong with a checkpoint for the model being built.
@@ -56,6 +78,18 @@ pub enum Residency {
     Compute,
     /// In their stored dtype, each layer widened a tile at a time as it runs.
     Stored,
+    /// As stored, and the transformer's (and a ControlNet's) not held at all: mapped from the
+    /// store's files and let go of block by block, so that the process holds one block's
+    /// weights at a time; each step reads them again, from the OS's page cache while it keeps
+    /// them. On the CPU from a store; elsewhere as [`Residency::Stored`].
+    Streamed,
+}
+
+impl Residency {
+    /// Whether linear weights stay in their stored dtype.
+    pub fn as_stored(self) -> bool {
+        self != Residency::Compute
+    }
 }
 
 /// One component's tensors, with bookkeeping of what the model used.
@@ -68,6 +102,10 @@ pub struct Checkpoint {
     /// [`Residency::Compute`].
     dtype: Dtype,
     residency: Residency,
+    /// The inputs of the linear layers' products.
+    products: Products,
+    /// Set when the weights are mapped and let go of between uses.
+    release: Option<Release>,
     used: RefCell<BTreeSet<String>>,
     problems: RefCell<Vec<String>>,
     /// Names under these prefixes may go unused (parts of a checkpoint a pipeline never runs).
@@ -85,6 +123,8 @@ impl Checkpoint {
             quantized: HashMap::new(),
             dtype,
             residency: Residency::Compute,
+            products: Products::for_process(),
+            release: None,
             used: RefCell::default(),
             problems: RefCell::default(),
             unused_ok: Vec::new(),
@@ -111,6 +151,23 @@ impl Checkpoint {
     /// Chooses how unquantized linear weights are held.
     pub fn with_residency(mut self, residency: Residency) -> Checkpoint {
         self.residency = residency;
+        self
+    }
+
+    /// Marks the weights as mapped: `release` lets go of their pages once a block has run.
+    pub fn with_release(mut self, release: Option<Release>) -> Checkpoint {
+        self.release = release;
+        self
+    }
+
+    /// What lets go of the weights' pages, when they are mapped.
+    pub fn release(&self) -> Option<Release> {
+        self.release.clone()
+    }
+
+    /// Chooses the inputs of the linear layers' products (on the CPU).
+    pub fn with_products(mut self, products: Products) -> Checkpoint {
+        self.products = products;
         self
     }
 
@@ -247,7 +304,7 @@ impl<'a> Weights<'a> {
                 return Ok(LinearWeight::Quantized(q.clone()));
             }
         }
-        if self.ckpt.residency == Residency::Stored {
+        if self.ckpt.residency.as_stored() {
             if let Some(t) = self.ckpt.tensors.get(&full) {
                 let is_float = matches!(t.dtype(), Dtype::BF16 | Dtype::F16 | Dtype::F32);
                 if is_float && t.shape() == shape {
@@ -342,6 +399,9 @@ impl Table {
 pub enum LinearWeight {
     Dense(Array),
     Quantized(QuantizedTensor),
+    /// Layers joined without copying their weights (mapped ones, which a copy would hold):
+    /// one product each, outputs side by side.
+    Side(Vec<LinearWeight>),
 }
 
 /// `y = x·Wᵀ + b + Σ sᵢ·(x·Aᵢᵀ)·Bᵢᵀ`, weights in PyTorch's `[out, in]` layout, with any LoRA
@@ -351,6 +411,9 @@ pub struct Linear {
     weight: LinearWeight,
     bias: Option<Array>,
     adapters: Vec<LoraPair>,
+    products: Products,
+    /// Whether the weight is mapped from a file and let go of between uses.
+    mapped: bool,
 }
 
 impl Linear {
@@ -365,6 +428,8 @@ impl Linear {
             weight,
             bias,
             adapters: w.adapters(),
+            products: w.ckpt.products,
+            mapped: w.ckpt.release.is_some(),
         })
     }
 
@@ -380,10 +445,19 @@ impl Linear {
         {
             return Ok(None);
         }
+        if parts.iter().any(|p| p.mapped) {
+            return Ok(Some(Linear {
+                weight: LinearWeight::Side(parts.iter().map(|p| p.weight.clone()).collect()),
+                bias: None,
+                adapters: Vec::new(),
+                products: parts[0].products,
+                mapped: true,
+            }));
+        }
         let dense: Option<Vec<&Array>> = (parts.iter())
             .map(|p| match &p.weight {
                 LinearWeight::Dense(w) => Some(w),
-                LinearWeight::Quantized(_) => None,
+                _ => None,
             })
             .collect();
         if let Some(ws) = dense {
@@ -394,12 +468,14 @@ impl Linear {
                 weight: LinearWeight::Dense(ops::concatenate(&ws, 0)?),
                 bias: None,
                 adapters: Vec::new(),
+                products: parts[0].products,
+                mapped: false,
             }));
         }
         let quantized: Option<Vec<&QuantizedTensor>> = (parts.iter())
             .map(|p| match &p.weight {
                 LinearWeight::Quantized(q) => Some(q),
-                LinearWeight::Dense(_) => None,
+                _ => None,
             })
             .collect();
         let Some(qs) = quantized else {
@@ -433,6 +509,8 @@ impl Linear {
             }),
             bias: None,
             adapters: Vec::new(),
+            products: parts[0].products,
+            mapped: false,
         }))
     }
 
@@ -444,17 +522,37 @@ impl Linear {
     }
 
     fn forward_base(&self, x: &Array) -> mlx::Result<Array> {
-        match &self.weight {
-            LinearWeight::Dense(w) if w.dtype() == x.dtype() => {
-                let wt = w.transpose(&[1, 0])?;
-                match &self.bias {
-                    Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
-                    None => ops::matmul(x, &wt),
-                }
+        product(&self.weight, x, self.bias.as_ref(), self.products)
+    }
+}
+
+/// `x·Wᵀ (+ b)` for a weight as it is held.
+fn product(
+    weight: &LinearWeight,
+    x: &Array,
+    bias: Option<&Array>,
+    products: Products,
+) -> mlx::Result<Array> {
+    match weight {
+        LinearWeight::Dense(w) if w.dtype() == x.dtype() && products == Products::F32 => {
+            let wt = w.transpose(&[1, 0])?;
+            match bias {
+                Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0),
+                None => ops::matmul(x, &wt),
             }
-            LinearWeight::Dense(w) => fast::linear(x, w, None, self.bias.as_ref()),
-            LinearWeight::Quantized(q) => {
-                fast::linear(x, &q.weight, Some(q.packing()), self.bias.as_ref())
+        }
+        LinearWeight::Dense(w) => fast::linear_with(x, w, None, bias, products),
+        LinearWeight::Quantized(q) => {
+            fast::linear_with(x, &q.weight, Some(q.packing()), bias, products)
+        }
+        LinearWeight::Side(parts) => {
+            let outs = (parts.iter())
+                .map(|p| product(p, x, None, products))
+                .collect::<mlx::Result<Vec<_>>>()?;
+            let y = ops::concatenate(&outs.iter().collect::<Vec<_>>(), -1)?;
+            match bias {
+                Some(b) => &y + b,
+                None => Ok(y),
             }
         }
     }

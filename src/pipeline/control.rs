@@ -13,13 +13,12 @@
 use super::{ImageInput, SourceError};
 use crate::memory_plan::TensorSize;
 use crate::mlx::{self, ops, Array, Dtype};
-use crate::models::transformer::{Hints, Prepared};
+use crate::models::transformer::Prepared;
 use crate::models::vae_tiling::Tiling;
 use crate::models::{
     ControlNet, ControlNetConfig, DitConfig, LatentDistribution, Residency, VaeEncoder,
     ZImageTransformer,
 };
-use std::time::Instant;
 
 /// The conditioning scale when a request names none (diffusers').
 pub const DEFAULT_SCALE: f32 = 0.75;
@@ -164,21 +163,22 @@ pub struct Control<'a> {
     /// From [`control_latents`].
     pub latents: Array,
     pub scale: f32,
-    /// Seconds spent computing hints (evaluated apart from the transformer's step).
+    /// Seconds spent computing hints (each evaluated as the transformer reaches its layer).
     pub seconds: f64,
 }
 
 impl Control<'_> {
-    /// This step's hints for `latents` under caption `prepared`, computed now.
-    pub fn hints(
+    /// The transformer's output for `latents` under caption `prepared`, steered: the control
+    /// blocks run as the main layers reach the ones they hint, and their time is added to
+    /// [`Control::seconds`].
+    pub fn steered_output(
         &mut self,
         transformer: &ZImageTransformer,
         prepared: &Prepared,
         latents: &Array,
         t_model: f32,
-    ) -> mlx::Result<Hints> {
-        let start = Instant::now();
-        let hints = self.net.hints(
+    ) -> mlx::Result<Array> {
+        let mut stream = self.net.hint_stream(
             transformer,
             prepared,
             latents,
@@ -186,8 +186,8 @@ impl Control<'_> {
             t_model,
             self.scale,
         )?;
-        hints.eval()?;
-        self.seconds += start.elapsed().as_secs_f64();
-        Ok(hints)
+        let out = transformer.forward_with_hints(latents, t_model, prepared, Some(&mut stream))?;
+        self.seconds += stream.seconds();
+        Ok(out)
     }
 }

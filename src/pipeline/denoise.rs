@@ -73,9 +73,8 @@ fn model_output(
     caption: &Prepared,
     control: &mut Option<&mut Control>,
 ) -> Result<Array, Error> {
-    let hints = match control {
-        Some(c) => Some(c.hints(transformer, caption, latents, t)?),
-        None => None,
-    };
-    Ok(transformer.forward_prepared_with(latents, t, caption, hints.as_ref())?)
+    Ok(match control {
+        Some(c) => c.steered_output(transformer, caption, latents, t)?,
+        None => transformer.forward_prepared(latents, t, caption)?,
+    })
 }

@@ -40,6 +40,15 @@ pub trait ModelSource {
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, SourceError>;
     /// One component's tensors by their names inside the component (lazy arrays).
     fn component(&self, component: &str) -> Result<ComponentWeights, SourceError>;
+    /// Whether [`ModelSource::mapped_component`] maps the weights from files.
+    fn maps_weights(&self) -> bool {
+        false
+    }
+    /// The same, mapped from files where the source can (with a [`ComponentWeights::release`]),
+    /// for [`Residency::Streamed`]; else as [`ModelSource::component`] gives it.
+    fn mapped_component(&self, component: &str) -> Result<ComponentWeights, SourceError> {
+        self.component(component)
+    }
     /// The sizes of one component's tensors, read without loading them.
     fn tensor_sizes(&self, component: &str) -> Result<Vec<TensorSize>, SourceError>;
     /// The LoRAs the model itself carries (a derived model's), read and checked.
@@ -375,6 +384,12 @@ impl<S: ModelSource> Pipeline<S> {
     }
 
     /// The model's sizes and configuration as the memory plan reads them.
+    /// Whether the transformer can stream ([`Residency::Streamed`]): weights mapped from a store,
+    /// on the CPU.
+    pub fn can_stream(&self) -> bool {
+        self.source.maps_weights() && crate::mlx::default_device() == crate::mlx::Device::Cpu
+    }
+
     pub fn model_sizes<'a>(&'a self, sizes: &'a [Vec<TensorSize>; 3]) -> ModelSizes<'a> {
         ModelSizes {
             text_encoder: &sizes[0],
@@ -409,16 +424,20 @@ impl<S: ModelSource> Pipeline<S> {
     }
 
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        let weights = self
-            .source
-            .component(component)
-            .map_err(|e| Error::Source {
-                model: self.source.name(),
-                cause: e,
-            })?;
+        // The transformer and the text encoder stream, block by block; the VAE is small.
+        let streams = matches!(component, "transformer" | "text_encoder");
+        let weights = match self.residency == Residency::Streamed && streams {
+            true => self.source.mapped_component(component),
+            false => self.source.component(component),
+        }
+        .map_err(|e| Error::Source {
+            model: self.source.name(),
+            cause: e,
+        })?;
         Ok(Checkpoint::new(component, weights.tensors, self.dtype)
             .with_quantized(weights.quantized)
             .with_residency(self.residency)
+            .with_release(weights.release)
             .with_adapters(self.adapters.for_component(component)))
     }
 

@@ -57,6 +57,7 @@ impl ModelSource for DiffusersDir {
         Ok(ComponentWeights {
             tensors: out,
             quantized: HashMap::new(),
+            release: None,
         })
     }
 }
@@ -82,6 +83,17 @@ impl ModelSource for StoreSource {
     fn component(&self, component: &str) -> Result<ComponentWeights, SourceError> {
         let loaded =
             loader::materialise_component(&self.store, &self.model, component, self.read_path)?;
+        Ok(loaded.into_weights())
+    }
+
+    fn maps_weights(&self) -> bool {
+        true
+    }
+
+    fn mapped_component(&self, component: &str) -> Result<ComponentWeights, SourceError> {
+        // Mapped arrays cost nothing until read: left lazy, they are paged in as blocks run.
+        let loaded =
+            loader::load_component(&self.store, &self.model, component, loader::ReadPath::Mmap)?;
         Ok(loaded.into_weights())
     }
 

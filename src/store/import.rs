@@ -16,9 +16,10 @@ use super::{Store, StoreError};
 use crate::diffusers_dir::DiffusersDir;
 use crate::files::FileError;
 use crate::mlx;
-use crate::safetensors::Dtype;
+use crate::safetensors::{header_bytes, Dtype, TensorSpec};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -294,7 +295,7 @@ impl Store {
                 let out = if let Encoding::Ggml(ty) = t.encoding {
                     self.write_ggml(t, ty, opts.align, &ggml)
                 } else if opts.quantize.is_some_and(|_| should_quantize(t)) {
-                    self.write_quantized(t, opts.quantize.expect("checked"))
+                    self.write_quantized(t, opts.quantize.expect("checked"), opts.align)
                 } else {
                     self.write_tensor(t, opts)
                 }?;
@@ -389,12 +390,16 @@ impl Store {
         )])
     }
 
-    /// One tensor quantized with MLX into Ollama's v2 quantized blob (one blob holding the
-    /// packed weight, `.scale` and `.bias`, written by MLX, keyed by the full path-style name).
+    /// One tensor quantized with MLX into Ollama's v2 quantized blob: one blob holding the
+    /// packed weight, `.scale` and `.bias` (in MLX's order, by name), keyed by the full
+    /// path-style name, with `quant_type` and `group_size` in the metadata. Its header is padded
+    /// so that the data starts on a multiple of `align` (at least 8), which lets the loader map
+    /// every tensor of it without a copy.
     fn write_quantized(
         &self,
         t: &SourceTensor,
         q: Quantization,
+        align: u64,
     ) -> Result<Vec<(Layer, bool)>, StoreError> {
         let mut bytes = vec![0u8; t.nbytes as usize];
         open_range(t)?
@@ -410,44 +415,45 @@ impl Store {
                 tensor: t.name.clone(),
                 shape: t.shape.clone(),
             })?;
-        let mlx_dtype = t.dtype;
         let full = format!("{}/{}", t.component, t.name);
-        let blobs = self.root.join("blobs");
-        std::fs::create_dir_all(&blobs).map_err(FileError::io(&blobs))?;
-        // MLX's writer insists on the `.safetensors` extension.
-        let tmp = blobs.join(format!(
-            "{}q-{}-{}.safetensors",
-            blob::PARTIAL_PREFIX,
-            std::process::id(),
-            next_id()
-        ));
-        let _registered = crate::files::register_temporary(&tmp);
-        let result = (|| -> Result<(), mlx::Error> {
-            let w = mlx::Array::from_bytes(&bytes, &shape, mlx_dtype)?;
-            let w = if mlx_dtype == mlx::Dtype::F32 {
+        let quantized = (|| -> Result<Vec<(String, mlx::Array)>, mlx::Error> {
+            let w = mlx::Array::from_bytes(&bytes, &shape, t.dtype)?;
+            let w = if t.dtype == mlx::Dtype::F32 {
                 w
             } else {
                 w.astype(mlx::Dtype::BF16)?
             };
             let (wq, scales, biases) = mlx::ops::quantize(&w, Quantization::GROUP_SIZE, q.bits())?;
-            let group = Quantization::GROUP_SIZE.to_string();
-            mlx::io::save_safetensors(
-                &tmp,
-                &[
-                    (full.as_str(), &wq),
-                    (&format!("{full}.scale"), &scales),
-                    (&format!("{full}.bias"), &biases),
-                ],
-                &[("quant_type", q.name()), ("group_size", group.as_str())],
-            )
-        })();
-        if let Err(e) = result {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(StoreError::Mlx(e));
+            mlx::eval(&[&wq, &scales, &biases])?;
+            Ok(vec![
+                (full.clone(), wq),
+                (format!("{full}.bias"), biases),
+                (format!("{full}.scale"), scales),
+            ])
+        })()
+        .map_err(StoreError::Mlx)?;
+        drop(bytes);
+        let specs: Vec<TensorSpec> = (quantized.iter())
+            .map(|(name, a)| TensorSpec {
+                name: name.clone(),
+                dtype: a.dtype(),
+                shape: a.shape().iter().map(|&d| d as u64).collect(),
+            })
+            .collect();
+        let meta = BTreeMap::from([
+            ("quant_type".to_string(), q.name().to_string()),
+            (
+                "group_size".to_string(),
+                Quantization::GROUP_SIZE.to_string(),
+            ),
+        ]);
+        let header = header_bytes(&specs, Some(&meta), align.max(8)).map_err(StoreError::Header)?;
+        let mut w = BlobWriter::new(&self.root)?;
+        w.write(&header)?;
+        for (_, a) in &quantized {
+            w.write(&a.to_bytes().map_err(StoreError::Mlx)?)?;
         }
-        let data = std::fs::read(&tmp).map_err(FileError::io(&tmp));
-        let _ = std::fs::remove_file(&tmp);
-        let (digest, size, new) = blob::write_blob(&self.root, &data?)?;
+        let (digest, size, new) = w.finish()?;
         Ok(vec![(
             tensor_layer(t, digest, size, t.dtype, t.shape.clone()),
             new,
@@ -506,11 +512,6 @@ pub(super) fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
     let mut f = std::fs::File::open(&t.file).map_err(&io)?;
     f.seek(SeekFrom::Start(t.offset)).map_err(&io)?;
     Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
-}
-
-fn next_id() -> u64 {
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Little-endian float conversion between F32, F16 and BF16 (round to nearest even).
