@@ -41,14 +41,13 @@ fn main() {
             .unwrap()
             .tanh()
             .unwrap();
-        let eps_shape = |m: &mlx::Array| m.shape()[..2].to_vec();
         let mut times = Vec::new();
         for run in 0..4 {
             let start = Instant::now();
             let moments = encoder.moments(&image).unwrap();
             let dist = LatentDistribution::from_moments(&moments).unwrap();
-            let mut shape = eps_shape(&moments);
-            shape.push(moments.dim(2) / 2);
+            // ε in torch's [C, h, w] order, as the generator draws it; moments are [h, w, 2C].
+            let shape = [moments.dim(2) / 2, moments.dim(0), moments.dim(1)];
             let eps = random::normal(&shape, Dtype::F32, &key).unwrap();
             let sample = dist.sample(&eps).unwrap();
             mlx::eval(&[&sample]).unwrap();

@@ -151,3 +151,24 @@ fn a_long_word_without_a_colon_parses_at_once() {
     let _ = zimage::formats::infotext::parse(&text);
     assert!(start.elapsed() < std::time::Duration::from_secs(5));
 }
+
+#[test]
+fn a_gguf_tensor_whose_zero_dimension_hides_an_overflow_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.gguf");
+    std::fs::write(
+        &file,
+        regression("gguf", "zero_dimension_hides_overflow.gguf"),
+    )
+    .unwrap();
+    for args in [
+        vec!["inspect", s(&file)],
+        vec!["hash", "--structural", s(&file)],
+        vec!["create", "m", "--transformer", s(&file)],
+    ] {
+        let out = zimage_in(&dir.path().join("store"), &args);
+        assert_no_crash(&out, &args.join(" "));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr_of(&out));
+        assert!(stderr_of(&out).contains("2^63"), "{}", stderr_of(&out));
+    }
+}

@@ -139,5 +139,7 @@ fn refuses_bad_tensors() {
     assert!(err(with_first_tensor(&[32, 1], 2, 1 << 40)).contains("past the end"));
     assert!(err(with_first_tensor(&[32, 1], 2, 32)).contains("overlap"));
     assert!(err(with_first_tensor(&[1 << 40, 1 << 40], 2, 0)).contains("2^63"));
+    // A zero dimension does not excuse the others: in another order their product overflows.
+    assert!(err(with_first_tensor(&[0, 1 << 40, 1 << 40], 0, 0)).contains("2^63"));
     assert!(err(with_first_tensor(&[16, 2], 2, 0)).contains("block of 32"));
 }
