@@ -152,10 +152,9 @@ MLXS_BF16_TARGET void rows_to_bf16(const float* x, size_t k, size_t kp, uint16_t
   for (; i < kp; ++i) out[i] = 0;
 }
 
-// out[j][i] = in[i][j] for a 16 × 16 block of 32-bit words (rows `stride` words apart).
-MLXS_AVX512_TARGET void transpose16(const uint32_t* in, size_t in_stride, uint32_t* out, size_t out_stride) {
-  __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(in + i * in_stride);
+// A 16 × 16 block of 32-bit words transposed in registers: r[j] word i becomes r[i] word j.
+MLXS_AVX512_TARGET void transpose16_regs(__m512i (&r)[16]) {
+  __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
@@ -166,7 +165,6 @@ MLXS_AVX512_TARGET void transpose16(const uint32_t* in, size_t in_stride, uint32
     r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
     r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
   }
-  // Each 128-bit lane now holds 4 words of one column for 4 rows; gather the lanes.
   for (int i = 0; i < 4; ++i) {
     t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
     t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
@@ -179,6 +177,13 @@ MLXS_AVX512_TARGET void transpose16(const uint32_t* in, size_t in_stride, uint32
     r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
     r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
   }
+}
+
+// out[j][i] = in[i][j] for a 16 × 16 block of 32-bit words (rows `stride` words apart).
+MLXS_AVX512_TARGET void transpose16(const uint32_t* in, size_t in_stride, uint32_t* out, size_t out_stride) {
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(in + i * in_stride);
+  transpose16_regs(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_si512(out + i * out_stride, r[i]);
 }
 
@@ -241,32 +246,6 @@ __attribute__((target("avx512f,f16c"), optimize("fp-contract=off"))) inline __m5
       return round_f16(_mm512_add_ps(round_f16(p), b));
     default:
       return round_bf16(_mm512_add_ps(round_bf16(p), b));
-  }
-}
-
-MLXS_AVX512_TARGET void transpose16_regs(__m512i (&r)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
   }
 }
 

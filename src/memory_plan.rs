@@ -16,7 +16,7 @@
 
 use crate::models::vae_tiling::{self as tiling, Tiling};
 use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One stored tensor's size.
 #[derive(Debug, Clone)]
@@ -181,14 +181,21 @@ fn held_bytes(
         block_of(&t.name).is_some()
             && (t.packed || (t.shape.len() == 2 && t.name.ends_with(".weight")))
     };
+    let in_blocks: HashSet<&str> = (tensors.iter())
+        .filter(|t| used(&t.name) && streamed(t))
+        .map(|t| t.name.as_str())
+        .collect();
     let rest = weight_bytes(
         tensors,
-        |n| used(n) && !tensors.iter().any(|t| t.name == n && streamed(t)),
+        |n| used(n) && !in_blocks.contains(n),
         Residency::Stored,
         compute_bytes,
     );
     let mut blocks: HashMap<&str, u64> = HashMap::new();
-    for t in tensors.iter().filter(|t| used(&t.name) && streamed(t)) {
+    for t in tensors
+        .iter()
+        .filter(|t| in_blocks.contains(t.name.as_str()))
+    {
         let b =
             (blocks.entry(block_of(&t.name).expect("streamed tensors are in blocks"))).or_default();
         *b = b.saturating_add(t.stored_bytes);

@@ -26,6 +26,23 @@ fn ok(root: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A store under `dir` holding the demo model imported as `q` with `--quantize quantize`.
+fn quantized_demo(dir: &Path, quantize: &str) -> std::path::PathBuf {
+    let root = dir.join("store");
+    ok(
+        &root,
+        &[
+            "create",
+            "q",
+            "--from",
+            common::s(&demo()),
+            "--quantize",
+            quantize,
+        ],
+    );
+    root
+}
+
 /// `generate` of the demo prompt at 64², 3 steps; returns the pixels and what `-v` printed.
 fn generate(root: &Path, model: &str, png: &Path, extra: &[&str]) -> (Vec<u8>, String) {
     let mut args = vec![
@@ -53,18 +70,7 @@ fn generate(root: &Path, model: &str, png: &Path, extra: &[&str]) -> (Vec<u8>, S
 #[test]
 fn a_streamed_transformer_draws_the_stored_image_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("store");
-    ok(
-        &root,
-        &[
-            "create",
-            "q",
-            "--from",
-            common::s(&demo()),
-            "--quantize",
-            "int4",
-        ],
-    );
+    let root = quantized_demo(tmp.path(), "int4");
     let (stored, log) = generate(
         &root,
         "q",
@@ -106,18 +112,7 @@ fn a_streamed_transformer_draws_the_stored_image_bit_for_bit() {
 #[test]
 fn quantized_blobs_map_without_a_copy_and_read_the_same_after_a_release() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("store");
-    ok(
-        &root,
-        &[
-            "create",
-            "q",
-            "--from",
-            common::s(&demo()),
-            "--quantize",
-            "int8",
-        ],
-    );
+    let root = quantized_demo(tmp.path(), "int8");
     let store = Store::at(&root);
     let model = store.open("q").unwrap();
     let copied =
@@ -152,18 +147,7 @@ fn quantized_blobs_map_without_a_copy_and_read_the_same_after_a_release() {
 #[test]
 fn bf16_products_draw_close_to_the_f32_image() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("store");
-    ok(
-        &root,
-        &[
-            "create",
-            "q",
-            "--from",
-            common::s(&demo()),
-            "--quantize",
-            "int8",
-        ],
-    );
+    let root = quantized_demo(tmp.path(), "int8");
     let (f32_image, _) = generate(&root, "q", &tmp.path().join("a.png"), &[]);
     let (bf16_image, log) = generate(
         &root,
