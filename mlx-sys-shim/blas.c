@@ -11,7 +11,9 @@
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
@@ -27,6 +29,125 @@ void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double*, int,
 void scipy_cblas_cgemm(int, int, int, int, int, int, const void*, const void*, int, const void*, int,
                        const void*, void*, int);
 char* scipy_openblas_get_config(void);
+int scipy_openblas_get_num_threads(void);
+
+/* OpenBLAS's parallel jobs on threads of ours.
+ *
+ * OpenBLAS's own workers spin for about 0.1 s after each job before they sleep (its
+ * OPENBLAS_THREAD_TIMEOUT, read once when the library loads). The shim's kernels run their own
+ * threads between products, so each product left a worker spinning on a core those threads
+ * wanted: on two cores the VAE encoder spent a quarter of its samples in that spin. OpenBLAS
+ * (0.3.27 on) hands its jobs to a caller's runner when one is installed; ours runs them on
+ * workers that sleep on a condition variable as soon as their job is done.
+ *
+ * A product's jobs wait on each other (each packs a share of B the others read), so all of
+ * them must run at once: job 0 on the calling thread, job i on worker i − 1, and a thread of
+ * its own for any job beyond the workers. One call at a time holds the workers. */
+typedef void (*blas_job_fn)(int thread, void* job, int data);
+typedef void (*blas_jobs_runner)(int sync, blas_job_fn run, int jobs, size_t job_size, void* job_data, int data);
+void scipy_openblas_set_threads_callback_function(blas_jobs_runner runner);
+
+enum { MAX_BLAS_WORKERS = 63 };
+
+static struct {
+  pthread_mutex_t call; /* held by the call that owns the workers */
+  pthread_mutex_t lock; /* guards what follows */
+  pthread_cond_t start, done;
+  unsigned long round;
+  blas_job_fn run;
+  char* jobs;
+  size_t job_size;
+  int data, count, pending, workers;
+} pool = {.call = PTHREAD_MUTEX_INITIALIZER,
+           .lock = PTHREAD_MUTEX_INITIALIZER,
+           .start = PTHREAD_COND_INITIALIZER,
+           .done = PTHREAD_COND_INITIALIZER};
+
+static void* blas_worker(void* arg) {
+  const int me = (int)(size_t)arg;
+  unsigned long seen = 0;
+  pthread_mutex_lock(&pool.lock);
+  for (;;) {
+    while (pool.round == seen) pthread_cond_wait(&pool.start, &pool.lock);
+    seen = pool.round;
+    if (me + 1 >= pool.count) continue;
+    blas_job_fn run = pool.run;
+    void* job = pool.jobs + (size_t)(me + 1) * pool.job_size;
+    int data = pool.data;
+    pthread_mutex_unlock(&pool.lock);
+    run(me + 1, job, data);
+    pthread_mutex_lock(&pool.lock);
+    if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+  }
+  return NULL;
+}
+
+struct extra_job {
+  blas_job_fn run;
+  void* job;
+  int thread, data;
+};
+
+static void* run_extra_job(void* arg) {
+  struct extra_job* e = arg;
+  e->run(e->thread, e->job, e->data);
+  return NULL;
+}
+
+static void run_blas_jobs(int sync, blas_job_fn run, int jobs, size_t job_size, void* job_data, int data) {
+  (void)sync; /* OpenBLAS asks only for synchronous runs */
+  if (jobs <= 0) return;
+  pthread_mutex_lock(&pool.call);
+  const int pooled = jobs - 1 < pool.workers ? jobs - 1 : pool.workers;
+  pthread_mutex_lock(&pool.lock);
+  pool.run = run;
+  pool.jobs = job_data;
+  pool.job_size = job_size;
+  pool.data = data;
+  pool.count = pooled + 1;
+  pool.pending = pooled;
+  pool.round++;
+  pthread_cond_broadcast(&pool.start);
+  pthread_mutex_unlock(&pool.lock);
+  /* More jobs than workers (OpenBLAS's thread count raised since start): threads of their own. */
+  struct extra_job extra[MAX_BLAS_WORKERS];
+  pthread_t threads[MAX_BLAS_WORKERS];
+  int started = 0;
+  for (int i = pooled + 1; i < jobs && started < MAX_BLAS_WORKERS; ++i, ++started) {
+    extra[started] = (struct extra_job){run, (char*)job_data + (size_t)i * job_size, i, data};
+    if (pthread_create(&threads[started], NULL, run_extra_job, &extra[started]) != 0) {
+      /* The started jobs would wait for this one forever. */
+      fprintf(stderr, "zimage: cannot start a thread for OpenBLAS's job %d of %d\n", i, jobs);
+      abort();
+    }
+  }
+  run(0, job_data, data);
+  for (int i = 0; i < started; ++i) pthread_join(threads[i], NULL);
+  pthread_mutex_lock(&pool.lock);
+  while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
+  pthread_mutex_unlock(&pool.lock);
+  pthread_mutex_unlock(&pool.call);
+}
+
+/* Installs the runner once the workers are up, before main (and so before any product);
+ * without workers, or with ZIMAGE_BLAS_THREADS=openblas, OpenBLAS keeps its own threads. */
+__attribute__((constructor)) static void install_blas_jobs_runner(void) {
+  const char* choice = getenv("ZIMAGE_BLAS_THREADS");
+  if (choice != NULL && strcmp(choice, "openblas") == 0) return;
+  int want = scipy_openblas_get_num_threads() - 1;
+  if (want > MAX_BLAS_WORKERS) want = MAX_BLAS_WORKERS;
+  for (int i = 0; i < want; ++i) {
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    const int failed = pthread_create(&thread, &attr, blas_worker, (void*)(size_t)i);
+    pthread_attr_destroy(&attr);
+    if (failed) break;
+    pool.workers++;
+  }
+  if (pool.workers == want) scipy_openblas_set_threads_callback_function(run_blas_jobs);
+}
 
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {

@@ -1,61 +1,67 @@
-// Stride-1 "same" convolutions: gathered patches times the weight, and 3×3 by Winograd's F(2×2, 3×3).
+// Convolutions as BLAS products: gathered patches times the weight, and stride-1 3×3 by
+// Winograd's F(2×2, 3×3).
 #include "cpu_common.h"
 
 using namespace mlxs::detail;
 
 namespace {
 
-// A stride-1 "same" convolution of NHWC float32 by a kernel other than 3×3 (those take the
-// Winograd form below) as matrix products: for a block of output
-// pixels, their k×k input patches are gathered into rows ("im2col", zeros beyond the border)
-// and multiplied by the [k·k·I, O] weight matrix in one sgemm with K = k·k·I, accumulating onto
-// the bias. Each output is written once, where one product per tap reads and writes it k²
-// times. Blocks of gathered rows of at most kPatchBytes stay in the last-level cache between
-// the gather and the product (4–8 MiB measured best, 32 MiB 5% slower on a 32 MiB L3).
+// A convolution of NHWC float32 by a k×k kernel with a stride and `pad` zero rows and columns
+// before the input (zeros also wherever a patch reaches past its end) as matrix products: for a
+// block of output pixels, their k×k input patches are gathered into rows ("im2col") and
+// multiplied by the [k·k·I, O] weight matrix in one sgemm with K = k·k·I, accumulating onto the
+// bias. Each output is written once, where one product per tap reads and writes it k² times.
+// Blocks of gathered rows of at most kPatchBytes stay in the last-level cache between the gather
+// and the product (4–8 MiB measured best, 32 MiB 5% slower on a 32 MiB L3). A 1×1 kernel at
+// stride 1 multiplies the input as it is.
 constexpr size_t kPatchBytes = size_t{8} << 20;
 
 class CpuConv2d : public CpuOnlyPrimitive {
  public:
-  CpuConv2d(mx::Stream stream, int k, Sgemm sgemm) : CpuOnlyPrimitive(stream, "CpuConv2d"), k_(k), sgemm_(sgemm) {}
+  CpuConv2d(mx::Stream stream, int k, int stride, int pad, Sgemm sgemm)
+      : CpuOnlyPrimitive(stream, "CpuConv2d"), k_(k), stride_(stride), pad_(pad), sgemm_(sgemm) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     const mx::array& bias = inputs[2];
     auto& encoder = begin(inputs, out);
-    const int pixels = x.shape(1) * x.shape(2), depth = k_ * k_ * x.shape(3);
-    const int block = k_ == 1 ? pixels : std::max(64, static_cast<int>(kPatchBytes / (sizeof(float) * depth)));
-    auto scratch = patch_scratch(stream(), k_ == 1 ? 0 : static_cast<size_t>(std::min(block, pixels)) * depth);
+    const bool gather = k_ > 1 || stride_ > 1;
+    const int pixels = out.shape(1) * out.shape(2), depth = k_ * k_ * x.shape(3);
+    const int block = gather ? std::max(64, static_cast<int>(kPatchBytes / (sizeof(float) * depth))) : pixels;
+    auto scratch = patch_scratch(stream(), gather ? static_cast<size_t>(std::min(block, pixels)) * depth : 0);
     encoder.dispatch([x, w, bias, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(),
                       dst = out.data<float>(), batch = x.shape(0), h = x.shape(1), wd = x.shape(2), cin = x.shape(3),
-                      cout = out.shape(3), k = k_, sgemm = sgemm_, pixels, depth, block, scratch]() {
-      const int pad = k / 2;
+                      ow = out.shape(2), cout = out.shape(3), k = k_, stride = stride_, pad = pad_, sgemm = sgemm_,
+                      gather, pixels, depth, block, scratch]() {
       float* patches = scratch->data();
       for (int n = 0; n < batch; ++n) {
-        const float* image = src + static_cast<size_t>(n) * pixels * cin;
+        const float* image = src + static_cast<size_t>(n) * h * wd * cin;
         float* result = dst + static_cast<size_t>(n) * pixels * cout;
         for (int p0 = 0; p0 < pixels; p0 += block) {
           const int m = std::min(block, pixels - p0);
           const float* a = image + static_cast<size_t>(p0) * cin;
-          if (k > 1) {
-            for (int r = 0; r < m; ++r) {
-              const int i = (p0 + r) / wd, j = (p0 + r) % wd;
-              float* row = patches + static_cast<size_t>(r) * depth;
-              for (int dy = 0; dy < k; ++dy) {
-                const int y = i + dy - pad;
-                float* taps = row + static_cast<size_t>(dy) * k * cin;
-                if (y < 0 || y >= h) {
-                  std::memset(taps, 0, sizeof(float) * k * cin);
-                  continue;
+          if (gather) {
+            parallel_for(m, depth, [&](size_t r0, size_t r1, size_t) {
+              for (size_t r = r0; r < r1; ++r) {
+                const int i = (p0 + static_cast<int>(r)) / ow, j = (p0 + static_cast<int>(r)) % ow;
+                float* row = patches + r * depth;
+                for (int dy = 0; dy < k; ++dy) {
+                  const int y = i * stride + dy - pad;
+                  float* taps = row + static_cast<size_t>(dy) * k * cin;
+                  if (y < 0 || y >= h) {
+                    std::memset(taps, 0, sizeof(float) * k * cin);
+                    continue;
+                  }
+                  // The row's k taps are k neighbouring pixels: one copy, less what lies off the edge.
+                  const int x0 = j * stride - pad, lo = std::clamp(-x0, 0, k), hi = std::clamp(wd - x0, lo, k);
+                  if (lo > 0) std::memset(taps, 0, sizeof(float) * lo * cin);
+                  std::memcpy(taps + static_cast<size_t>(lo) * cin,
+                              image + (static_cast<size_t>(y) * wd + x0 + lo) * cin, sizeof(float) * (hi - lo) * cin);
+                  if (hi < k) std::memset(taps + static_cast<size_t>(hi) * cin, 0, sizeof(float) * (k - hi) * cin);
                 }
-                // The row's k taps are k neighbouring pixels: one copy, less what lies off the edge.
-                const int x0 = j - pad, lo = std::max(0, -x0), hi = std::min(k, wd - x0);
-                if (lo > 0) std::memset(taps, 0, sizeof(float) * lo * cin);
-                std::memcpy(taps + static_cast<size_t>(lo) * cin,
-                            image + (static_cast<size_t>(y) * wd + x0 + lo) * cin, sizeof(float) * (hi - lo) * cin);
-                if (hi < k) std::memset(taps + static_cast<size_t>(hi) * cin, 0, sizeof(float) * (k - hi) * cin);
               }
-            }
+            });
             a = patches;
           }
           float* c = result + static_cast<size_t>(p0) * cout;
@@ -68,11 +74,11 @@ class CpuConv2d : public CpuOnlyPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto o = dynamic_cast<const CpuConv2d*>(&other);
-    return o != nullptr && o->k_ == k_;
+    return o != nullptr && o->k_ == k_ && o->stride_ == stride_ && o->pad_ == pad_;
   }
 
  private:
-  int k_;
+  int k_, stride_, pad_;
   Sgemm sgemm_;
 };
 
@@ -261,28 +267,40 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
 
 namespace mlxs {
 
-mx::array conv2d_same(const mx::array& x, const mx::array& weight, const mx::array& bias, int k) {
-  if (x.ndim() != 4 || weight.ndim() != 2 || k < 1 || k % 2 == 0 || weight.shape(0) != k * k * x.shape(3) ||
+mx::array conv2d(const mx::array& x, const mx::array& weight, const mx::array& bias, int k, int stride, int pad_lo,
+                 int pad_hi) {
+  if (x.ndim() != 4 || weight.ndim() != 2 || k < 1 || weight.shape(0) != k * k * x.shape(3) ||
       bias.size() != static_cast<size_t>(weight.shape(1))) {
-    throw std::invalid_argument("[conv2d_same] expects NHWC input, an odd k, a [k·k·I, O] weight and O biases");
+    throw std::invalid_argument("[conv2d] expects NHWC input, a [k·k·I, O] weight and O biases");
   }
-  int cin = x.shape(3), cout = weight.shape(1);
+  if (stride < 1 || pad_lo < 0 || pad_hi < 0 || pad_lo >= k || pad_hi >= k) {
+    throw std::invalid_argument("[conv2d] expects a positive stride and padding below the kernel size");
+  }
+  const int oh = (x.shape(1) + pad_lo + pad_hi - k) / stride + 1, ow = (x.shape(2) + pad_lo + pad_hi - k) / stride + 1;
+  if (x.shape(1) + pad_lo + pad_hi < k || x.shape(2) + pad_lo + pad_hi < k) {
+    throw std::invalid_argument("[conv2d] the padded input is smaller than the kernel");
+  }
+  const int cin = x.shape(3), cout = weight.shape(1);
   auto stream = mx::default_stream(mx::default_device());
   const Sgemm sgemm = blas_sgemm();
   if (sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 &&
       weight.dtype() == mx::float32 && bias.dtype() == mx::float32) {
+    // Winograd's tiles cover the output a stride-1 "same" 3×3 convolution has.
+    const bool winograd = k == 3 && stride == 1 && pad_lo == 1 && pad_hi == 1;
     std::shared_ptr<mx::Primitive> primitive;
-    if (k == 3) {
+    if (winograd) {
       primitive = std::make_shared<CpuWinogradConv3x3>(stream, sgemm);
     } else {
-      primitive = std::make_shared<CpuConv2d>(stream, k, sgemm);
+      primitive = std::make_shared<CpuConv2d>(stream, k, stride, pad_lo, sgemm);
     }
-    return mx::array({x.shape(0), x.shape(1), x.shape(2), cout}, mx::float32, std::move(primitive),
+    return mx::array({x.shape(0), oh, ow, cout}, mx::float32, std::move(primitive),
                      {mx::contiguous(x), mx::contiguous(weight), mx::contiguous(mx::reshape(bias, {cout}))});
   }
   // Elsewhere MLX's own convolution, with the weight back in its [O, k, k, I] layout.
   auto w = mx::transpose(mx::reshape(weight, {k, k, cin, cout}), {3, 0, 1, 2});
-  return mx::add(mx::conv2d(x, w, {1, 1}, {k / 2, k / 2}), mx::reshape(bias, {cout}));
+  return mx::add(mx::conv_general(x, w, std::vector<int>{stride, stride}, std::vector<int>{pad_lo, pad_lo},
+                                  std::vector<int>{pad_hi, pad_hi}, std::vector<int>{1, 1}, std::vector<int>{1, 1}),
+                 mx::reshape(bias, {cout}));
 }
 
 }  // namespace mlxs

@@ -27,13 +27,14 @@ mlx::core::array attention(const mlx::core::array& q, const mlx::core::array& k,
 mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
                             int groups, float eps, bool silu);
 
-// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd k×k kernel, given as
-// the [k·k·I, O] matrix whose row (dy·k + dx)·I + i holds tap (dy, dx), input channel i; plus a
-// per-channel bias. On the CPU in float32 as BLAS products: 3×3 by Winograd's F(2×2, 3×3) (16
-// products per block of tiles), other sizes as blocks of gathered patches times the weight;
-// MLX's conv2d elsewhere.
-mlx::core::array conv2d_same(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
-                             int k);
+// A convolution of NHWC `x` by a k×k kernel with a stride, `pad_lo` zero rows and columns before
+// the input and `pad_hi` after (each below k), given as the [k·k·I, O] matrix whose row
+// (dy·k + dx)·I + i holds tap (dy, dx), input channel i; plus a per-channel bias. On the CPU in
+// float32 as BLAS products: a stride-1 "same" 3×3 by Winograd's F(2×2, 3×3) (16 products per
+// block of tiles), anything else as blocks of gathered patches times the weight; MLX's
+// conv_general elsewhere.
+mlx::core::array conv2d(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias, int k,
+                        int stride, int pad_lo, int pad_hi);
 
 // The modes MLX quantizes in, plus "symmetric": packed unsigned q with per-group scales and no
 // biases, value = scale · (q − 2^(bits−1)) computed in float32 (GGUF's Q4_0, Q5_0 and Q8_0 as

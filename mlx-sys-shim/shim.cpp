@@ -480,9 +480,9 @@ int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array
   return guard([&] { put(out, mlxs::group_norm(x->a, weight->a, bias->a, groups, eps, silu != 0)); });
 }
 
-int mlxs_fast_conv2d_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
-                          int k) {
-  return guard([&] { put(out, mlxs::conv2d_same(x->a, weight->a, bias->a, k)); });
+int mlxs_fast_conv2d(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias, int k,
+                     int stride, int pad_lo, int pad_hi) {
+  return guard([&] { put(out, mlxs::conv2d(x->a, weight->a, bias->a, k, stride, pad_lo, pad_hi)); });
 }
 
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,

@@ -146,9 +146,10 @@ int mlxs_fast_rms_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* 
 /* GroupNorm over [B, ..., C] (consecutive channels per group), then SiLU when silu != 0. */
 int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
                          int groups, float eps, int silu);
-/* Stride-1 "same" convolution of NHWC x by an odd k×k kernel given as a [k·k·I, O] matrix, plus bias. */
-int mlxs_fast_conv2d_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
-                          int k);
+/* Convolution of NHWC x by a k×k kernel given as a [k·k·I, O] matrix, plus bias: a stride, and
+ * pad_lo zero rows and columns before the input, pad_hi after. */
+int mlxs_fast_conv2d(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias, int k,
+                     int stride, int pad_lo, int pad_hi);
 /* RMS norm of the last axis times weight, plus residual (shaped as x) when not null: on the CPU in
  * float32 one pass on every core. */
 int mlxs_fast_rms_norm_residual(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps,

@@ -603,6 +603,52 @@ fn convolution_as_products_matches_conv2d() {
 }
 
 #[test]
+fn strided_convolution_as_products_matches_conv2d() {
+    use zimage::models::vae::conv_matrix;
+    // The VAE encoder's downsample (3×3, stride 2, one zero row and column after the image),
+    // odd sides, symmetric padding, a 1×1 kernel at stride 2 (gathered too), and an image of more
+    // patch rows than one 8 MiB gather block: (batch, h, w, cin, cout, k, stride, before, after).
+    let cases = [
+        (1, 8, 6, 3, 4, 3, 2, 0, 1),
+        (2, 7, 9, 5, 6, 3, 2, 0, 1),
+        (1, 9, 9, 4, 3, 3, 2, 1, 1),
+        (1, 6, 5, 3, 2, 1, 2, 0, 0),
+        (1, 5, 7, 2, 3, 4, 3, 2, 1),
+        (1, 160, 128, 128, 16, 3, 2, 0, 1),
+    ];
+    for (b, h, w, cin, cout, k, stride, lo, hi) in cases {
+        let x = random::normal(&[b, h, w, cin], Dtype::F32, &random::key(7).unwrap()).unwrap();
+        let wt = random::normal(&[cout, k, k, cin], Dtype::F32, &random::key(8).unwrap()).unwrap();
+        let bias = random::normal(&[cout], Dtype::F32, &random::key(9).unwrap()).unwrap();
+        let padded = ops::pad(&x, &[(0, 0), (lo, hi), (lo, hi), (0, 0)], 0.0).unwrap();
+        let want = (ops::conv2d(&padded, &wt, (stride, stride), (0, 0), (1, 1), 1).unwrap()
+            + &bias)
+            .unwrap();
+        let got = fast::conv2d(&x, &conv_matrix(&wt).unwrap(), &bias, k, stride, (lo, hi)).unwrap();
+        assert_eq!(
+            got.shape(),
+            want.shape(),
+            "{b}×{h}×{w}, k {k}, stride {stride}"
+        );
+        let diff = max_abs_diff(&got, &want);
+        let scale = ((k * k * cin) as f32).sqrt();
+        assert!(
+            diff < 1e-5 * scale,
+            "{b}×{h}×{w}×{cin} → {cout}, k {k}, stride {stride}: off by {diff}"
+        );
+    }
+    // Padding as wide as the kernel is refused.
+    let x = random::normal(&[1, 4, 4, 3], Dtype::F32, &random::key(7).unwrap()).unwrap();
+    let matrix = Array::zeros(&[9 * 3, 4], Dtype::F32).unwrap();
+    let bias = Array::zeros(&[4], Dtype::F32).unwrap();
+    let err = fast::conv2d(&x, &matrix, &bias, 3, 2, (3, 0)).unwrap_err();
+    assert!(
+        err.to_string().contains("padding below the kernel size"),
+        "{err}"
+    );
+}
+
+#[test]
 fn attention_in_head_chunks_matches_the_definition() {
     // 2 heads of 5800 × 5800 scores exceed the 256 MiB a chunk may hold: one head per chunk.
     let (s, d) = (5800, 16);

@@ -118,16 +118,39 @@ pub fn group_norm(
 }
 
 /// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd `k`×`k` kernel, plus
-/// `bias`. `weight` is the `[k·k·I, O]` matrix whose row `(dy·k + dx)·I + i` holds tap `(dy, dx)`
-/// of input channel `i`. On the CPU in f32 as BLAS products: a 3×3 kernel by Winograd's
-/// F(2×2, 3×3), 2.25× fewer multiplications than direct summation (16 sgemms per block of 2×2
-/// output tiles), other sizes as blocks of gathered patches times the weight, one sgemm each;
-/// elsewhere MLX's `conv2d`.
+/// `bias`: [`conv2d`] with `k / 2` zeros on every side. On the CPU a 3×3 kernel runs by
+/// Winograd's F(2×2, 3×3), 2.25× fewer multiplications than direct summation (16 sgemms per
+/// block of 2×2 output tiles).
 #[track_caller]
 pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Array> {
+    conv2d(x, weight, bias, k, 1, (k / 2, k / 2))
+}
+
+/// A convolution of NHWC `x` by a `k`×`k` kernel, plus `bias`, with a `stride` and `padding`
+/// zero rows and columns (before, after) the input, each below `k`. `weight` is the
+/// `[k·k·I, O]` matrix whose row `(dy·k + dx)·I + i` holds tap `(dy, dx)` of input channel `i`.
+/// On the CPU in f32 as BLAS products (blocks of gathered patches times the weight, one sgemm
+/// each, or Winograd's tiles, see [`conv2d_same`]); elsewhere MLX's `conv_general`.
+#[track_caller]
+pub fn conv2d(
+    x: &Array,
+    weight: &Array,
+    bias: &Array,
+    k: i32,
+    stride: i32,
+    padding: (i32, i32),
+) -> Result<Array> {
     shim_call!(
-        "conv2d_same",
-        mlxs_fast_conv2d_same(x.as_ptr(), weight.as_ptr(), bias.as_ptr(), k)
+        "conv2d",
+        mlxs_fast_conv2d(
+            x.as_ptr(),
+            weight.as_ptr(),
+            bias.as_ptr(),
+            k,
+            stride,
+            padding.0,
+            padding.1
+        )
     )
 }
 

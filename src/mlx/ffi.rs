@@ -278,7 +278,16 @@ shim_api! {
         eps: f32,
         silu: c_int,
     ) -> c_int;
-    pub fn mlxs_fast_conv2d_same(out: Out, x: Arr, weight: Arr, bias: Arr, k: c_int) -> c_int;
+    pub fn mlxs_fast_conv2d(
+        out: Out,
+        x: Arr,
+        weight: Arr,
+        bias: Arr,
+        k: c_int,
+        stride: c_int,
+        pad_lo: c_int,
+        pad_hi: c_int,
+    ) -> c_int;
     pub fn mlxs_fast_layer_norm(out: Out, x: Arr, weight: Arr, bias: Arr, eps: f32) -> c_int;
     pub fn mlxs_fast_rope(
         out: Out,

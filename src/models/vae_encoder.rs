@@ -5,80 +5,43 @@
 //! `Downsample2D` and `UNetMidBlock2D`, and `DiagonalGaussianDistribution` for what is drawn
 //! from the moments. The blocks are the decoder's ([`super::vae`]).
 
-use super::vae::{Conv2d, GroupNorm, MidBlock, ResnetBlock, VaeConfig};
+use super::vae::{conv_matrix, Conv2d, GroupNorm, MidBlock, ResnetBlock, VaeConfig};
 use super::weights::{Checkpoint, Weights};
-use crate::mlx::{self, ops, Array, Dtype};
+use crate::mlx::{self, fast, ops, Array, Dtype};
 
 /// A 3×3 convolution with stride 2 after padding the bottom and right by one zero row and
 /// column (`Downsample2D` with `padding=0`): `[H, W]` → `[H/2, W/2]` for even sides.
 struct Downsample {
     /// `[O, 3, 3, I]`, MLX's layout.
     weight: Array,
-    /// Each tap's `[I, O]` matrix, row-major over `(dy, dx)`, for the CPU path.
-    taps: Vec<Array>,
+    /// The same weight as one `[9·I, O]` matrix, for [`fast::conv2d`].
+    matrix: Array,
     bias: Array,
 }
 
 impl Downsample {
     fn new(w: &Weights, c: i32) -> mlx::Result<Downsample> {
         let weight = w.get("weight", &[c, c, 3, 3])?.transpose(&[0, 2, 3, 1])?;
-        // [O, 3, 3, I] → [3, 3, I, O], one [I, O] matrix per tap.
-        let by_tap = weight.transpose(&[1, 2, 3, 0])?;
-        let mut taps = Vec::with_capacity(9);
-        for dy in 0..3 {
-            for dx in 0..3 {
-                let t = by_tap
-                    .slice(&[dy, dx, 0, 0], &[dy + 1, dx + 1, c, c], &[1, 1, 1, 1])?
-                    .reshape(&[c, c])?;
-                taps.push(copy_of(&t)?);
-            }
-        }
         Ok(Downsample {
+            matrix: conv_matrix(&weight)?,
             weight,
-            taps,
             bias: w.get("bias", &[c])?,
         })
     }
 
     /// `x`: `[1, H, W, C]` with even `H` and `W`.
     fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        if crate::platform::convolutions_as_matmuls() {
+            // On the CPU as gathered patches times the weight (a quarter of a stride-1
+            // convolution's work), evaluated as the decoder's convolutions are: one at a time.
+            x.eval()?;
+            let y = fast::conv2d(x, &self.matrix, &self.bias, 3, 2, (0, 1))?;
+            y.eval()?;
+            return Ok(y);
+        }
         let padded = ops::pad(x, &[(0, 0), (0, 1), (0, 1), (0, 0)], 0.0)?;
-        if !crate::platform::convolutions_as_matmuls() {
-            return ops::conv2d(&padded, &self.weight, (2, 2), (0, 0), (1, 1), 1)? + &self.bias;
-        }
-        // On the CPU as nine BLAS products, one per tap, each over the strided view of the
-        // pixels that tap reads: a quarter of the work of a stride-1 convolution, and no patch
-        // matrix nine channels wide. Evaluated as the decoder's convolutions are (one at a time).
-        padded.eval()?;
-        let s = x.shape();
-        let (h, w, c) = (s[1] / 2, s[2] / 2, s[3]);
-        let mut acc: Option<Array> = None;
-        for (i, tap) in self.taps.iter().enumerate() {
-            let (dy, dx) = (i as i32 / 3, i as i32 % 3);
-            let rows = padded
-                .slice(
-                    &[0, dy, dx, 0],
-                    &[1, dy + 2 * h - 1, dx + 2 * w - 1, c],
-                    &[1, 2, 2, 1],
-                )?
-                .reshape(&[h * w, c])?;
-            let next = match &acc {
-                None => rows.matmul(tap)?,
-                Some(a) => ops::addmm(a, &rows, tap, 1.0, 1.0)?,
-            };
-            next.eval()?;
-            acc = Some(next);
-        }
-        let cout = self.bias.dim(0);
-        let y = (acc.expect("nine taps").reshape(&[1, h, w, cout])? + &self.bias)?;
-        y.eval()?;
-        Ok(y)
+        ops::conv2d(&padded, &self.weight, (2, 2), (0, 0), (1, 1), 1)? + &self.bias
     }
-}
-
-/// A copy of `x` in a buffer of its own, so a slice does not keep the whole weight alive.
-fn copy_of(x: &Array) -> mlx::Result<Array> {
-    Array::from_bytes(&x.to_bytes()?, &x.shape(), x.dtype())
 }
 
 struct DownBlock {
