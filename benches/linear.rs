@@ -9,7 +9,6 @@ use std::time::Instant;
 use zimage::mlx::{self, fast, ops, random, Array, Dtype};
 
 fn main() {
-    zimage::platform::settle_blas_threads();
     zimage::platform::use_default_device().unwrap();
     println!("MLX {}, device {:?}", mlx::version(), mlx::default_device());
     println!("BLAS: {}", mlx::blas_description());

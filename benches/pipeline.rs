@@ -228,7 +228,6 @@ fn real_case() {
 }
 
 fn main() {
-    zimage::platform::settle_blas_threads();
     zimage::platform::return_freed_memory_to_the_system();
     zimage::platform::use_default_device().unwrap();
     let case = std::env::var("ZIMAGE_BENCH_CASE").unwrap_or_default();

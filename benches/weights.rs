@@ -30,7 +30,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() {
-    zimage::platform::settle_blas_threads();
     zimage::platform::return_freed_memory_to_the_system();
     zimage::platform::use_default_device().unwrap();
     let scratch = tempfile::tempdir().unwrap();

@@ -12,9 +12,11 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111 };
 
@@ -49,35 +51,77 @@ void scipy_openblas_set_threads_callback_function(blas_jobs_runner runner);
 
 enum { MAX_BLAS_WORKERS = 63 };
 
+/* How long a worker, and a caller waiting for its workers, look for the next round before they
+ * sleep: long enough to catch a product issued right after the last (a layer's products come
+ * back to back, and a wake-up costs tens of microseconds), short enough to leave the core to
+ * the kernels that run between products. */
+static const long spin_ns = 50000;
+
+/* Whether OpenBLAS hands its jobs to run_blas_jobs. */
+static int runner_installed;
+
 static struct {
   pthread_mutex_t call; /* held by the call that owns the workers */
-  pthread_mutex_t lock; /* guards what follows */
+  pthread_mutex_t lock; /* guards the condition variables' waits */
   pthread_cond_t start, done;
-  unsigned long round;
+  atomic_ulong round;   /* bumped, after the fields below are set, to start the workers */
+  atomic_int pending;   /* the workers yet to finish the round */
+  int sleepers;         /* workers waiting on `start` (under `lock`) */
+  int caller_sleeps;    /* the caller waits on `done` (under `lock`) */
   blas_job_fn run;
   char* jobs;
   size_t job_size;
-  int data, count, pending, workers;
+  int data, count, workers;
 } pool = {.call = PTHREAD_MUTEX_INITIALIZER,
-           .lock = PTHREAD_MUTEX_INITIALIZER,
-           .start = PTHREAD_COND_INITIALIZER,
-           .done = PTHREAD_COND_INITIALIZER};
+          .lock = PTHREAD_MUTEX_INITIALIZER,
+          .start = PTHREAD_COND_INITIALIZER,
+          .done = PTHREAD_COND_INITIALIZER};
+
+static long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins until `done()` holds or spin_ns pass; whether it holds. */
+#define SPIN_UNTIL(done)                                  \
+  ({                                                      \
+    int holds_ = (done);                                  \
+    for (long t0_ = now_ns(); !holds_ && now_ns() - t0_ < spin_ns; holds_ = (done)) \
+      cpu_relax();                                        \
+    holds_;                                               \
+  })
 
 static void* blas_worker(void* arg) {
   const int me = (int)(size_t)arg;
   unsigned long seen = 0;
-  pthread_mutex_lock(&pool.lock);
   for (;;) {
-    while (pool.round == seen) pthread_cond_wait(&pool.start, &pool.lock);
-    seen = pool.round;
-    if (me + 1 >= pool.count) continue;
-    blas_job_fn run = pool.run;
-    void* job = pool.jobs + (size_t)(me + 1) * pool.job_size;
-    int data = pool.data;
-    pthread_mutex_unlock(&pool.lock);
-    run(me + 1, job, data);
-    pthread_mutex_lock(&pool.lock);
-    if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    if (!SPIN_UNTIL(atomic_load(&pool.round) != seen)) {
+      pthread_mutex_lock(&pool.lock);
+      while (atomic_load(&pool.round) == seen) {
+        pool.sleepers++;
+        pthread_cond_wait(&pool.start, &pool.lock);
+        pool.sleepers--;
+      }
+      pthread_mutex_unlock(&pool.lock);
+    }
+    seen = atomic_load(&pool.round);
+    /* Every worker answers every round, those without a job too, so that the caller sets the
+     * next round's fields only once no worker reads this one's. */
+    if (me + 1 < pool.count) pool.run(me + 1, pool.jobs + (size_t)(me + 1) * pool.job_size, pool.data);
+    if (atomic_fetch_sub(&pool.pending, 1) == 1) {
+      pthread_mutex_lock(&pool.lock);
+      if (pool.caller_sleeps) pthread_cond_signal(&pool.done);
+      pthread_mutex_unlock(&pool.lock);
+    }
   }
   return NULL;
 }
@@ -99,33 +143,37 @@ static void run_blas_jobs(int sync, blas_job_fn run, int jobs, size_t job_size, 
   if (jobs <= 0) return;
   pthread_mutex_lock(&pool.call);
   const int pooled = jobs - 1 < pool.workers ? jobs - 1 : pool.workers;
-  pthread_mutex_lock(&pool.lock);
   pool.run = run;
   pool.jobs = job_data;
   pool.job_size = job_size;
   pool.data = data;
   pool.count = pooled + 1;
-  pool.pending = pooled;
-  pool.round++;
-  pthread_cond_broadcast(&pool.start);
+  atomic_store(&pool.pending, pool.workers);
+  pthread_mutex_lock(&pool.lock);
+  atomic_fetch_add(&pool.round, 1);
+  if (pool.sleepers > 0) pthread_cond_broadcast(&pool.start);
   pthread_mutex_unlock(&pool.lock);
   /* More jobs than workers (OpenBLAS's thread count raised since start): threads of their own. */
   struct extra_job extra[MAX_BLAS_WORKERS];
   pthread_t threads[MAX_BLAS_WORKERS];
   int started = 0;
-  for (int i = pooled + 1; i < jobs && started < MAX_BLAS_WORKERS; ++i, ++started) {
+  for (int i = pooled + 1; i < jobs; ++i, ++started) {
     extra[started] = (struct extra_job){run, (char*)job_data + (size_t)i * job_size, i, data};
-    if (pthread_create(&threads[started], NULL, run_extra_job, &extra[started]) != 0) {
-      /* The started jobs would wait for this one forever. */
+    /* A job left unstarted would keep the started ones waiting for it forever. */
+    if (started == MAX_BLAS_WORKERS || pthread_create(&threads[started], NULL, run_extra_job, &extra[started]) != 0) {
       fprintf(stderr, "zimage: cannot start a thread for OpenBLAS's job %d of %d\n", i, jobs);
       abort();
     }
   }
   run(0, job_data, data);
   for (int i = 0; i < started; ++i) pthread_join(threads[i], NULL);
-  pthread_mutex_lock(&pool.lock);
-  while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
-  pthread_mutex_unlock(&pool.lock);
+  if (!SPIN_UNTIL(atomic_load(&pool.pending) == 0)) {
+    pthread_mutex_lock(&pool.lock);
+    pool.caller_sleeps = 1;
+    while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    pool.caller_sleeps = 0;
+    pthread_mutex_unlock(&pool.lock);
+  }
   pthread_mutex_unlock(&pool.call);
 }
 
@@ -146,7 +194,10 @@ __attribute__((constructor)) static void install_blas_jobs_runner(void) {
     if (failed) break;
     pool.workers++;
   }
-  if (pool.workers == want) scipy_openblas_set_threads_callback_function(run_blas_jobs);
+  if (pool.workers == want) {
+    scipy_openblas_set_threads_callback_function(run_blas_jobs);
+    runner_installed = 1;
+  }
 }
 
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float* a, int lda,
@@ -184,7 +235,8 @@ const char* mlxs_blas_description(void) {
   }
 #ifdef ZIMAGE_OPENBLAS
   if (fn == (void*)&cblas_sgemm) {
-    snprintf(text, sizeof text, "OpenBLAS (%s)", scipy_openblas_get_config());
+    snprintf(text, sizeof text, "OpenBLAS (%s), its jobs on %s", scipy_openblas_get_config(),
+             runner_installed ? "zimage's workers" : "its own threads");
     return text;
   }
 #endif

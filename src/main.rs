@@ -11,7 +11,6 @@ fn main() -> ExitCode {
         return cli::exit_error();
     }
     zimage::files::remove_temporaries_on_signal();
-    zimage::platform::settle_blas_threads();
     zimage::platform::return_freed_memory_to_the_system();
     let args = cli::Cli::parse();
     match cli::run(args) {

@@ -211,49 +211,13 @@ pub fn trim_freed_memory() {
     }
 }
 
-/// How long OpenBLAS's idle threads spin before they sleep: 2^20 cycles, about 0.4 ms.
-const BLAS_THREAD_TIMEOUT: &str = "20";
-
-/// Makes OpenBLAS's idle threads sleep soon instead of spinning. By default each of them spins
-/// for about 0.1 s after every product, taking a core from whatever runs next: here the widening
-/// of the next weight tile. On a real-width model's step (`cargo bench --bench weights`) bf16
-/// weights widened per tile measured 1.23× the f32-resident step with the default spin and 1.15×
-/// with this one, int8/int4 1.30× and 1.13×, the f32 step itself unchanged (2^4 cycles slowed it
-/// by 18%: the many small products then pay a wake-up each). OpenBLAS reads
-/// `OPENBLAS_THREAD_TIMEOUT` once, as it loads, so a process that lacks it re-executes itself
-/// with it set; where the BLAS is not OpenBLAS, or the user set the variable, nothing happens.
-/// Call first thing in `main`.
-pub fn settle_blas_threads() {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        if std::env::var_os("OPENBLAS_THREAD_TIMEOUT").is_some()
-            || !crate::mlx::blas_description().contains("OpenBLAS")
-        {
-            return;
-        }
-        let Ok(exe) = std::env::current_exe() else {
-            return;
-        };
-        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        // exec only returns on failure; then run on as we are.
-        let err = std::process::Command::new(exe)
-            .args(args)
-            .env("OPENBLAS_THREAD_TIMEOUT", BLAS_THREAD_TIMEOUT)
-            .exec();
-        eprintln!(
-            "note: could not restart with OPENBLAS_THREAD_TIMEOUT set ({err}); products run slower"
-        );
-    }
-}
-
 /// Lets a write to a closed pipe end the process quietly, as in every Unix tool (`zimage list |
 /// head -0`): Rust ignores SIGPIPE, so `println!` would panic on the broken pipe instead. Call
-/// first thing in `main`, before any thread starts.
+/// first thing in `main`, before anything writes.
 pub fn end_quietly_on_closed_pipe() {
     #[cfg(unix)]
-    // SAFETY: called before any other thread exists; restoring a signal's default disposition
-    // touches no memory of ours.
+    // SAFETY: `signal` is safe to call from any thread (the disposition is the process's, set
+    // atomically by the kernel); restoring SIGPIPE's default touches no memory of ours.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
