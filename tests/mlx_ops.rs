@@ -559,6 +559,30 @@ fn silu_matches_its_definition_for_every_layout_and_dtype() {
     assert!(worst < 1e-2, "bf16 silu off by {worst}");
 }
 
+/// A random NHWC input `[b, h, w, cin]`, `[cout, k, k, cin]` weight and bias.
+fn conv_operands(b: i32, h: i32, w: i32, cin: i32, cout: i32, k: i32) -> (Array, Array, Array) {
+    let normal = |shape: &[i32], seed| {
+        random::normal(shape, Dtype::F32, &random::key(seed).unwrap()).unwrap()
+    };
+    (
+        normal(&[b, h, w, cin], 7),
+        normal(&[cout, k, k, cin], 8),
+        normal(&[cout], 9),
+    )
+}
+
+/// Outputs are sums of `terms` unit normals times unit normals: about sqrt(terms) in size. f32
+/// rounding of such sums, direct, gathered or transformed, stays near 1e-6 of that.
+fn assert_convolutions_agree(got: &Array, want: &Array, terms: i32, case: &str) {
+    assert_eq!(got.shape(), want.shape(), "{case}");
+    let diff = max_abs_diff(got, want);
+    let scale = (terms as f32).sqrt();
+    assert!(
+        diff < 1e-5 * scale,
+        "{case}: off by {diff} (outputs about {scale})"
+    );
+}
+
 #[test]
 fn convolution_as_products_matches_conv2d() {
     use zimage::models::vae::conv_matrix;
@@ -578,20 +602,15 @@ fn convolution_as_products_matches_conv2d() {
         (1, 256, 250, 64, 8, 5),
     ];
     for (b, h, w, cin, cout, k) in cases {
-        let x = random::normal(&[b, h, w, cin], Dtype::F32, &random::key(7).unwrap()).unwrap();
-        let wt = random::normal(&[cout, k, k, cin], Dtype::F32, &random::key(8).unwrap()).unwrap();
-        let bias = random::normal(&[cout], Dtype::F32, &random::key(9).unwrap()).unwrap();
+        let (x, wt, bias) = conv_operands(b, h, w, cin, cout, k);
         let want =
             (ops::conv2d(&x, &wt, (1, 1), (k / 2, k / 2), (1, 1), 1).unwrap() + &bias).unwrap();
         let got = fast::conv2d_same(&x, &conv_matrix(&wt).unwrap(), &bias, k).unwrap();
-        assert_eq!(got.shape(), want.shape());
-        // Outputs are sums of k·k·cin unit normals times unit normals: about sqrt(k·k·cin) in
-        // size. f32 rounding of such sums, direct or transformed, stays near 1e-6 of that.
-        let diff = max_abs_diff(&got, &want);
-        let scale = ((k * k * cin) as f32).sqrt();
-        assert!(
-            diff < 1e-5 * scale,
-            "{b}×{h}×{w}×{cin} → {cout}, k {k}: off by {diff} (outputs about {scale})"
+        assert_convolutions_agree(
+            &got,
+            &want,
+            k * k * cin,
+            &format!("{b}×{h}×{w}×{cin} → {cout}, k {k}"),
         );
     }
     // A weight that does not fit the input is refused, naming what is expected.
@@ -617,25 +636,14 @@ fn strided_convolution_as_products_matches_conv2d() {
         (1, 160, 128, 128, 16, 3, 2, 0, 1),
     ];
     for (b, h, w, cin, cout, k, stride, lo, hi) in cases {
-        let x = random::normal(&[b, h, w, cin], Dtype::F32, &random::key(7).unwrap()).unwrap();
-        let wt = random::normal(&[cout, k, k, cin], Dtype::F32, &random::key(8).unwrap()).unwrap();
-        let bias = random::normal(&[cout], Dtype::F32, &random::key(9).unwrap()).unwrap();
+        let (x, wt, bias) = conv_operands(b, h, w, cin, cout, k);
         let padded = ops::pad(&x, &[(0, 0), (lo, hi), (lo, hi), (0, 0)], 0.0).unwrap();
         let want = (ops::conv2d(&padded, &wt, (stride, stride), (0, 0), (1, 1), 1).unwrap()
             + &bias)
             .unwrap();
         let got = fast::conv2d(&x, &conv_matrix(&wt).unwrap(), &bias, k, stride, (lo, hi)).unwrap();
-        assert_eq!(
-            got.shape(),
-            want.shape(),
-            "{b}×{h}×{w}, k {k}, stride {stride}"
-        );
-        let diff = max_abs_diff(&got, &want);
-        let scale = ((k * k * cin) as f32).sqrt();
-        assert!(
-            diff < 1e-5 * scale,
-            "{b}×{h}×{w}×{cin} → {cout}, k {k}, stride {stride}: off by {diff}"
-        );
+        let case = format!("{b}×{h}×{w}×{cin} → {cout}, k {k}, stride {stride}");
+        assert_convolutions_agree(&got, &want, k * k * cin, &case);
     }
     // Padding as wide as the kernel is refused.
     let x = random::normal(&[1, 4, 4, 3], Dtype::F32, &random::key(7).unwrap()).unwrap();
