@@ -40,7 +40,7 @@ int scipy_openblas_get_num_threads(void);
  * threads between products, so each product left a worker spinning on a core those threads
  * wanted: on two cores the VAE encoder spent a quarter of its samples in that spin. OpenBLAS
  * (0.3.27 on) hands its jobs to a caller's runner when one is installed; ours runs them on
- * workers that sleep on a condition variable as soon as their job is done.
+ * workers that sleep on a condition variable once spin_ns pass without a job.
  *
  * A product's jobs wait on each other (each packs a share of B the others read), so all of
  * them must run at once: job 0 on the calling thread, job i on worker i − 1, and a thread of
