@@ -3,7 +3,7 @@
 //! `ZIMAGE_BLAS_THREADS=openblas` leaves OpenBLAS its own threads.
 #![cfg(target_os = "linux")]
 
-use zimage::mlx;
+use zimage::mlx::{self, random, Dtype};
 
 /// `a [m, k] · b [k, n]` in f64, the reference the products are held to.
 fn product(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
@@ -19,17 +19,14 @@ fn product(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
     c
 }
 
-/// Values in [-1, 1) from a seed, without a generator crate.
+/// `len` values in (-1, 1) from MLX's generator, seeded: tanh of unit normals.
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let shape = [i32::try_from(len).unwrap()];
+    (random::normal(&shape, Dtype::F32, &random::key(seed).unwrap()).unwrap())
+        .tanh()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
 }
 
 #[test]
@@ -43,15 +40,24 @@ fn split_products_from_several_threads_at_once_are_right() {
     // 192×256·256×224: large enough that OpenBLAS splits it into jobs on a machine of two cores
     // or more; four threads issue three each, so calls meet at the workers.
     let (m, n, k) = (192, 224, 256);
+    // The operands are drawn here, on one thread: only the products run concurrently.
+    let operands: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..4u64)
+        .map(|t| {
+            (0..3u64)
+                .map(|round| {
+                    let seed = t * 10 + round;
+                    (values(m * k, seed), values(k * n, seed + 100))
+                })
+                .collect()
+        })
+        .collect();
     std::thread::scope(|scope| {
-        for t in 0..4u64 {
+        for (t, rounds) in operands.iter().enumerate() {
             scope.spawn(move || {
-                for round in 0..3u64 {
-                    let a = values(m * k, t * 10 + round);
-                    let b = values(k * n, t * 10 + round + 100);
+                for (round, (a, b)) in rounds.iter().enumerate() {
                     let mut c = vec![0.0f32; m * n];
-                    mlx::blas_sgemm(m, n, k, &a, &b, &mut c).unwrap();
-                    let want = product(&a, &b, m, n, k);
+                    mlx::blas_sgemm(m, n, k, a, b, &mut c).unwrap();
+                    let want = product(a, b, m, n, k);
                     let worst = c
                         .iter()
                         .zip(&want)

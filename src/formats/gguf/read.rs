@@ -253,17 +253,14 @@ fn read_tensor_info<R: Read>(r: &mut Bounded<R>, i: u64) -> Result<TensorInfo> {
         name: name.clone(),
         id: type_id,
     })?;
-    // The non-zero dimensions alone must fit too: a zero among them would hide an overflow
-    // from this product, but not from one taken in another order.
-    let fits = |nonzero_only: bool| {
-        (dims.iter())
-            .filter(|&&d| !nonzero_only || d != 0)
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .filter(|&n| n <= i64::MAX as u64)
-    };
-    let numel = fits(false)
-        .filter(|_| fits(true).is_some())
+    // The product of the non-zero dimensions must fit: a zero taken first would hide an
+    // overflow from a product of them all, but not from one taken in another order.
+    let nonzero = (dims.iter())
+        .filter(|&&d| d != 0)
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
         .ok_or_else(|| bad(format!("dimensions {dims:?} hold more than 2^63 values")))?;
+    let numel = if dims.contains(&0) { 0 } else { nonzero };
     let inner = dims.first().copied().unwrap_or(1);
     if !inner.is_multiple_of(ggml_type.block_len()) {
         return Err(bad(format!(
