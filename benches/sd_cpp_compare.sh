@@ -14,8 +14,8 @@
 #            layout (the transformer with fused q|k|v, as sd.cpp reads it), then removed
 #   convert  `sd-cli -M convert --type T` of the transformer and the text encoder, per type
 #   import   `zimage create` of those same GGUF files (and the VAE) into a scratch store
-#   run      both programs; zimage once with its defaults (f32 products) and once with
-#            `--products bf16`
+#   run      both programs, each after reading its files once (a warm page cache for both);
+#            zimage once per `--products` choice (f32, its default, and bf16)
 #   table    one line per program, type and size
 # About 45 GB of disk at the peak of `model`; sd.cpp needs minutes per step on two cores.
 set -euo pipefail
@@ -29,6 +29,8 @@ stages: all (default), build, model, convert, import, run, table
   --sizes LIST    image sizes, comma-separated (default: 256,512)
   --steps N       denoising steps (default: 2)
   --types LIST    GGUF types, comma-separated (default: q4_0,q8_0)
+  --products LIST zimage's --products runs, comma-separated (default: f32,bf16; bf16 products
+                  need AVX512-BF16 and otherwise run as f32 ones)
   --sd-cli BIN    an sd-cli already built (default: the one the build stage makes)
   --zimage BIN    the zimage binary (default: target/release/zimage, built if missing)
 EOF
@@ -40,7 +42,7 @@ stage=all
 case "${1:-}" in
   all|build|model|convert|import|run|table) stage=$1; shift ;;
 esac
-work="$root/target/sd-cpp-compare"; sizes=256,512; steps=2; types=q4_0,q8_0; sd_cli=""; zimage=""
+work="$root/target/sd-cpp-compare"; sizes=256,512; steps=2; types=q4_0,q8_0; products=f32,bf16; sd_cli=""; zimage=""
 while [ $# -gt 0 ]; do
   [ "$1" = -h ] || [ "$1" = --help ] && { usage; exit 0; }
   [ $# -ge 2 ] || die "$1 needs a value (see --help)"
@@ -49,6 +51,7 @@ while [ $# -gt 0 ]; do
     --sizes) [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--sizes takes sizes like 256,512, got \`$2\`"; sizes=$2 ;;
     --steps) [[ $2 =~ ^[1-9][0-9]*$ ]] || die "--steps takes a positive whole number, got \`$2\`"; steps=$2 ;;
     --types) [[ $2 =~ ^(q4_0|q4_1|q5_0|q5_1|q8_0|q4_K|q5_K)(,(q4_0|q4_1|q5_0|q5_1|q8_0|q4_K|q5_K))*$ ]] || die "--types takes GGUF types like q4_0,q8_0, got \`$2\`"; types=$2 ;;
+    --products) [[ $2 =~ ^(f32|bf16)(,(f32|bf16))*$ ]] || die "--products takes f32 and/or bf16, got \`$2\`"; products=$2 ;;
     --sd-cli) sd_cli=$2 ;;
     --zimage) zimage=$2 ;;
     *) die "unknown option \`$1\` (see --help)" ;;
@@ -64,6 +67,7 @@ prompt="a lighthouse on a cliff at dusk"
 seed=5
 IFS=, read -r -a size_list <<<"$sizes"
 IFS=, read -r -a type_list <<<"$types"
+IFS=, read -r -a product_list <<<"$products"
 
 build() {
   [ -x "$sd_cli" ] || "$root/benches/build_sd_cli.sh" "$work/sd"
@@ -97,6 +101,14 @@ import() {
   done
 }
 
+# A run's input files read once beforehand, so that each program starts from the page cache
+# rather than from whatever the previous run happened to leave there.
+warm() { cat "$@" >/dev/null; }
+model_blobs() {
+  grep -o 'sha256:[0-9a-f]\{64\}' "$ZIMAGE_MODELS/manifests/registry.ollama.ai/library/synthetic/$1" |
+    sed "s|^sha256:|$ZIMAGE_MODELS/blobs/sha256-|"
+}
+
 # One measured run: LABEL, then the command.
 measure() {
   local label=$1; shift
@@ -107,14 +119,17 @@ measure() {
 run() {
   for t in "${type_list[@]}"; do
     for s in "${size_list[@]}"; do
+      warm "$work/diffusion_models-$t.gguf" "$work/text_encoders-$t.gguf" "$work/comfy/vae/synthetic.safetensors"
       measure "sd-cpp-$t-$s" "$sd_cli" --diffusion-model "$work/diffusion_models-$t.gguf" \
         --llm "$work/text_encoders-$t.gguf" --vae "$work/comfy/vae/synthetic.safetensors" \
         -p "$prompt" -W "$s" -H "$s" --steps "$steps" --cfg-scale 1.0 --seed "$seed" \
         -o "$work/sd-cpp-$t-$s.png"
-      for products in f32 bf16; do
-        measure "zimage-$products-$t-$s" "$zimage" generate "$prompt" --model "synthetic:$t" \
-          --width "$s" --height "$s" --steps "$steps" --seed "$seed" --products "$products" -v \
-          -o "$work/zimage-$products-$t-$s.png"
+      for p in "${product_list[@]}"; do
+        mapfile -t blobs < <(model_blobs "$t")
+        warm "${blobs[@]}"
+        measure "zimage-$p-$t-$s" "$zimage" generate "$prompt" --model "synthetic:$t" \
+          --width "$s" --height "$s" --steps "$steps" --seed "$seed" --products "$p" -v \
+          -o "$work/zimage-$p-$t-$s.png"
       done
     done
   done
@@ -126,7 +141,9 @@ table() {
     for s in "${size_list[@]}"; do
       ref="$work/logs/sd-cpp-$t-$s.log"
       [ -f "$ref" ] || continue
-      for label in "sd-cpp-$t-$s" "zimage-f32-$t-$s" "zimage-bf16-$t-$s"; do
+      labels=("sd-cpp-$t-$s")
+      for p in "${product_list[@]}"; do labels+=("zimage-$p-$t-$s"); done
+      for label in "${labels[@]}"; do
         log="$work/logs/$label.log"
         [ -f "$log" ] || continue
         awk -v label="${label%-$t-$s}" -v t="$t" -v s="$s" -v steps="$steps" -v ref="$ref" '
