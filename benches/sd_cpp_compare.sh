@@ -103,7 +103,8 @@ import() {
 
 # A run's input files read once beforehand, so that each program starts from the page cache
 # rather than from whatever the previous run happened to leave there.
-warm() { cat "$@" >/dev/null; }
+warm() { [ $# -gt 0 ] || die "nothing to read ahead"; cat "$@" >/dev/null; }
+# The blob files of stored model synthetic:TYPE, from its manifest.
 model_blobs() {
   grep -o 'sha256:[0-9a-f]\{64\}' "$ZIMAGE_MODELS/manifests/registry.ollama.ai/library/synthetic/$1" |
     sed "s|^sha256:|$ZIMAGE_MODELS/blobs/sha256-|"
@@ -118,6 +119,8 @@ measure() {
 
 run() {
   for t in "${type_list[@]}"; do
+    "$zimage" show "synthetic:$t" >/dev/null 2>&1 || die "synthetic:$t is not stored in $ZIMAGE_MODELS; run the import stage"
+    mapfile -t blobs < <(model_blobs "$t")
     for s in "${size_list[@]}"; do
       warm "$work/diffusion_models-$t.gguf" "$work/text_encoders-$t.gguf" "$work/comfy/vae/synthetic.safetensors"
       measure "sd-cpp-$t-$s" "$sd_cli" --diffusion-model "$work/diffusion_models-$t.gguf" \
@@ -125,7 +128,6 @@ run() {
         -p "$prompt" -W "$s" -H "$s" --steps "$steps" --cfg-scale 1.0 --seed "$seed" \
         -o "$work/sd-cpp-$t-$s.png"
       for p in "${product_list[@]}"; do
-        mapfile -t blobs < <(model_blobs "$t")
         warm "${blobs[@]}"
         measure "zimage-$p-$t-$s" "$zimage" generate "$prompt" --model "synthetic:$t" \
           --width "$s" --height "$s" --steps "$steps" --seed "$seed" --products "$p" -v \
