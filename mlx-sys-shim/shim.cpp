@@ -146,8 +146,8 @@ int mlxs_array_from_bytes(mlxs_array** out, const void* data, const int32_t* sha
   });
 }
 
-int mlxs_array_from_external(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
-                             void (*deleter)(void*), void* ctx) {
+static int wrap_external(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
+                         void (*deleter)(void*), void* ctx) {
   // If the array constructor throws before taking the deleter, release the memory here so the
   // caller's owner is dropped exactly once either way.
   bool handed_over = false;
@@ -174,9 +174,9 @@ static bool size_prefixed_buffers() {
   return yes;
 }
 
-int mlxs_array_from_mapped(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
-                           void (*deleter)(void*), void* ctx) {
-  if (!size_prefixed_buffers()) return mlxs_array_from_external(out, data, shape, ndim, dtype, deleter, ctx);
+int mlxs_array_wrap(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype, int mapped,
+                    void (*deleter)(void*), void* ctx) {
+  if (!mapped || !size_prefixed_buffers()) return wrap_external(out, data, shape, ndim, dtype, deleter, ctx);
   bool handed_over = false;
   int status = guard([&] {
     auto dt = to_dtype(dtype);

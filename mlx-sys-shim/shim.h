@@ -42,17 +42,15 @@ int mlxs_array_dtype(const mlxs_array* a);
 size_t mlxs_array_size(const mlxs_array* a);
 size_t mlxs_array_nbytes(const mlxs_array* a);
 
-/* Creation. from_bytes copies; from_external wraps without a copy where the backend allows and
- * calls deleter(ctx) once MLX no longer needs the memory. */
+/* Creation. from_bytes copies; wrap wraps external memory without a copy where the backend
+ * allows and calls deleter(ctx) once MLX no longer needs the memory. With `mapped` set, the memory
+ * is read-only (a file mapped into memory) and its 8 bytes before `data` are readable too: on the
+ * CPU it is wrapped without a copy wherever it lies (MLX's CPU allocator keeps a buffer's size in
+ * the 8 bytes before its data, and no longer than the array lives reads them), and the array
+ * never lends its memory to an output. */
 int mlxs_array_from_bytes(mlxs_array** out, const void* data, const int32_t* shape, size_t ndim, int dtype);
-int mlxs_array_from_external(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
-                             void (*deleter)(void* ctx), void* ctx);
-/* from_external for read-only memory (a file mapped into memory) whose 8 bytes before `data` are
- * readable too: on the CPU it is wrapped without a copy wherever it lies (MLX's CPU allocator
- * keeps a buffer's size in the 8 bytes before its data, and no longer than the array lives reads
- * them); elsewhere as from_external. The array never lends its memory to an output. */
-int mlxs_array_from_mapped(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype,
-                           void (*deleter)(void* ctx), void* ctx);
+int mlxs_array_wrap(mlxs_array** out, void* data, const int32_t* shape, size_t ndim, int dtype, int mapped,
+                    void (*deleter)(void* ctx), void* ctx);
 int mlxs_full(mlxs_array** out, const int32_t* shape, size_t ndim, double value, int dtype);
 int mlxs_arange(mlxs_array** out, double start, double stop, double step, int dtype);
 

@@ -8,6 +8,7 @@ use crate::memory_plan::TensorSize;
 use crate::mlx::{self, Dtype};
 use crate::models::controlnet_config::{ControlNetConfig, ControlNetVersion};
 use crate::models::{Checkpoint, ControlNet, DitConfig, ModelError, Residency};
+use crate::pipeline::control::LoadAs;
 use crate::pipeline::{ControlNetLoader, ModelSource, SourceError};
 use crate::safetensors::{read_header_file, Header, TensorInfo};
 use crate::store::import::{SourceTensor, TensorSource};
@@ -164,13 +165,13 @@ impl ControlNetLoader for ControlNetSource {
             .collect()
     }
 
-    fn load(
-        &self,
-        dit: &DitConfig,
-        dtype: Dtype,
-        residency: Residency,
-    ) -> Result<ControlNet, SourceError> {
-        Ok(ControlNetSource::load(self, dit, dtype, residency)?)
+    fn load(&self, at: LoadAs<'_>) -> Result<ControlNet, SourceError> {
+        Ok(ControlNetSource::load(
+            self,
+            at.dit,
+            at.dtype,
+            at.residency,
+        )?)
     }
 }
 
@@ -224,13 +225,8 @@ impl<S: ModelSource + Send> ControlNetLoader for StoredControlNet<S> {
         self.model.tensor_sizes(COMPONENT).unwrap_or_default()
     }
 
-    fn load(
-        &self,
-        dit: &DitConfig,
-        dtype: Dtype,
-        residency: Residency,
-    ) -> Result<ControlNet, SourceError> {
-        Ok(load_stored(&self.model, dit, dtype, residency)?)
+    fn load(&self, at: LoadAs<'_>) -> Result<ControlNet, SourceError> {
+        Ok(load_stored(&self.model, at.dit, at.dtype, at.residency)?)
     }
 }
 

@@ -360,6 +360,26 @@ impl Read for TempFile {
     }
 }
 
+/// Gives a format's error enum `in_file(path)`, which wraps an error in its `InFile { path,
+/// cause }` variant unless it names its file already (`InFile`, or a `File` error).
+macro_rules! in_file_error {
+    ($error:ty) => {
+        impl $error {
+            /// Attaches the file this error came from (once).
+            pub fn in_file(self, path: &std::path::Path) -> $error {
+                match self {
+                    e @ (Self::InFile { .. } | Self::File(_)) => e,
+                    e => Self::InFile {
+                        path: path.to_path_buf(),
+                        cause: Box::new(e),
+                    },
+                }
+            }
+        }
+    };
+}
+pub(crate) use in_file_error;
+
 #[cfg(test)]
 mod tests {
     use super::*;

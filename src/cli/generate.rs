@@ -1,25 +1,18 @@
-//! `zimage generate`: prompt → PNG.
+//! `zimage generate`: flags → a generation job → PNG files.
 use anyhow::{anyhow, bail, Context};
-use image::GenericImageView;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zimage::controlnet_source::{self, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
-use zimage::files;
-use zimage::generation;
+use zimage::generation::{
+    self, Cancel, ControlJob, ControlNetChoice, Engine, Hires, Job, ModelChoice, Picture,
+    PictureInput,
+};
 use zimage::image_in;
-use zimage::image_out;
-use zimage::loader::{ReadPath, StoreSource};
-use zimage::memory_plan::{self, gb, MemoryPlan};
+use zimage::memory_plan::gb;
 use zimage::mlx::fast::Products;
 use zimage::mlx::Dtype;
 use zimage::models::Residency;
-use zimage::pipeline::{
-    self, ControlNetLoader, ControlSpec, ModelSource, Pipeline, Progress, Request,
-};
-use zimage::safetensors;
 use zimage::store::{ImportOptions, Store};
 
 #[derive(clap::Args, Debug)]
@@ -36,21 +29,36 @@ pub struct GenerateArgs {
     /// Image height in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
     #[arg(long, allow_negative_numbers = true)]
     pub height: Option<u32>,
-    /// Denoising steps, 1 to 1000 (Turbo: 8).
-    #[arg(long, default_value_t = generation::DEFAULT_STEPS, allow_negative_numbers = true)]
-    pub steps: usize,
+    /// Denoising steps, 1 to 1000 (default: the model's; Turbo: 8).
+    #[arg(long, allow_negative_numbers = true)]
+    pub steps: Option<usize>,
     /// Seed of the initial noise (drawn as torch's CPU generator draws it).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Classifier-free guidance scale, ≥ 0; 0 turns it off (Turbo: 0).
-    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
-    pub guidance: f32,
+    #[arg(long, allow_hyphen_values = true)]
+    pub guidance: Option<f32>,
     /// Negative prompt, used when guidance > 0.
     #[arg(long)]
     pub negative: Option<String>,
-    /// Output PNG.
+    /// Output PNG; with --count N the images are numbered (`zimage-1.png` … `zimage-N.png`).
     #[arg(long, short, default_value = "zimage.png")]
     pub output: PathBuf,
+    /// How many images, the k-th drawn from seed + k − 1; the model loads once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=generation::MAX_COUNT as i64))]
+    pub count: u32,
+    /// A hires pass: the image made at the requested size, upscaled this many times in pixel
+    /// space (Lanczos-3), then reworked by image-to-image at the larger size (e.g. 1.5 or 2).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    pub hires_scale: Option<f32>,
+    /// How far the hires pass takes the upscaled picture back toward noise, in (0, 1]
+    /// (default 0.7).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub hires_strength: Option<f64>,
+    /// The hires pass's schedule length (default: --steps); as in image-to-image, only the last
+    /// steps × strength of them run.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub hires_steps: Option<usize>,
     /// Initial latents: a safetensors file with one f32 tensor `noise` of shape [1, 16, H/8, W/8].
     #[arg(long)]
     pub noise: Option<PathBuf>,
@@ -162,23 +170,36 @@ pub enum WeightsArg {
     Streamed,
 }
 
+impl WeightsArg {
+    fn residency(self) -> Option<Residency> {
+        match self {
+            WeightsArg::Auto => None,
+            WeightsArg::Compute => Some(Residency::Compute),
+            WeightsArg::Stored => Some(Residency::Stored),
+            WeightsArg::Streamed => Some(Residency::Streamed),
+        }
+    }
+}
+
 /// The embedded demo model (random weights), shipped in the source tree.
 const DEMO_NAME: &str = "zimage/z-image-tiny:demo";
 
-/// The model to run: `--model`, else a Z-Image in the store, else the demo imported into a
-/// small store of its own (so the user's store is left alone).
+/// The model to run: `--model` (a diffusers directory, or a stored name), else a Z-Image in
+/// the store, else the demo imported into a small store of its own (so the user's store is
+/// left alone); and whether it is the demo.
 fn resolve_model(
-    store: Option<PathBuf>,
+    store: Option<&Path>,
     requested: Option<&str>,
-) -> anyhow::Result<(StoreSource, bool)> {
-    let user_store = Store::locate(store.as_deref())?;
+) -> anyhow::Result<(ModelChoice, bool)> {
+    if let Some(dir) = requested.map(Path::new).filter(|p| p.is_dir()) {
+        return Ok((ModelChoice::Directory(dir.to_path_buf()), false));
+    }
+    let user_store = Store::locate(store)?;
     if let Some(name) = requested {
-        let model = user_store.open(name)?;
         return Ok((
-            StoreSource {
+            ModelChoice::Stored {
                 store: user_store,
-                model,
-                read_path: ReadPath::MlxLoader,
+                name: name.to_string(),
             },
             false,
         ));
@@ -189,18 +210,13 @@ fn resolve_model(
         Vec::new()
     });
     for m in models {
-        let is_zimage = user_store
-            .config_file(&m, "model_index.json")
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|j| j["_class_name"] == "ZImagePipeline");
-        if is_zimage && m.name.short() != DEMO_NAME {
+        let is_zimage =
+            m.name.short() != DEMO_NAME && generation::check_image_model(&user_store, &m).is_ok();
+        if is_zimage {
             return Ok((
-                StoreSource {
+                ModelChoice::Stored {
+                    name: m.name.to_string(),
                     store: user_store,
-                    model: m,
-                    read_path: ReadPath::MlxLoader,
                 },
                 false,
             ));
@@ -209,112 +225,26 @@ fn resolve_model(
     let cache = zimage::platform::cache_dir()
         .context("cannot place the demo store: set ZIMAGE_CACHE_DIR or HOME")?;
     let demo_store = Store::at(&cache.join("demo-store"));
-    let model = match demo_store.open(DEMO_NAME) {
-        Ok(m)
-            if demo_store
-                .verify(DEMO_NAME)
-                .map(|r| r.problems.is_empty())
-                .unwrap_or(false) =>
-        {
-            m
-        }
-        _ => {
-            let dir = DiffusersDir::open(&super::demo::unpacked(&cache)?)?;
-            demo_store.create(DEMO_NAME, &dir, &ImportOptions::default(), &|_| {})?;
-            demo_store.open(DEMO_NAME)?
-        }
-    };
+    let intact = demo_store.open(DEMO_NAME).is_ok()
+        && demo_store
+            .verify(DEMO_NAME)
+            .map(|r| r.problems.is_empty())
+            .unwrap_or(false);
+    if !intact {
+        let dir = DiffusersDir::open(&super::demo::unpacked(&cache)?)?;
+        demo_store.create(DEMO_NAME, &dir, &ImportOptions::default(), &|_| {})?;
+    }
     Ok((
-        StoreSource {
+        ModelChoice::Stored {
             store: demo_store,
-            model,
-            read_path: ReadPath::MlxLoader,
+            name: DEMO_NAME.to_string(),
         },
         true,
     ))
 }
 
-/// Checks that the request fits the memory budget and chooses how to hold the weights and
-/// decode; `--weights` overrides the choice of residency.
-fn plan_memory<S: ModelSource>(
-    pipeline: &Pipeline<S>,
-    req: &Request,
-    limit: Option<&str>,
-    weights: WeightsArg,
-) -> anyhow::Result<MemoryPlan> {
-    let forced = match weights {
-        // bf16 products read bf16 weights as they are: widening them first gains nothing.
-        WeightsArg::Auto if Products::for_process() == Products::Bf16 => {
-            Some(match pipeline.can_stream() {
-                true => Residency::Streamed,
-                false => Residency::Stored,
-            })
-        }
-        WeightsArg::Auto => None,
-        WeightsArg::Compute => Some(Residency::Compute),
-        WeightsArg::Stored => Some(Residency::Stored),
-        WeightsArg::Streamed => Some(Residency::Streamed),
-    };
-    Ok(generation::plan_memory(pipeline, req, limit, forced)?)
-}
-
-/// The most bytes a noise file may hold beyond its values: the length prefix and a header
-/// naming one tensor (with room for metadata).
-const NOISE_HEADER_LIMIT: u64 = 64 << 10;
-
-/// Reads `--noise`: one f32 tensor `noise` of shape [1, C, h, w]. The file is refused by its
-/// size before it is read, so a device or a huge file costs nothing.
-fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
-    let values: u64 = expected.iter().map(|&d| d as u64).product();
-    let limit = values * 4 + 8 + NOISE_HEADER_LIMIT;
-    let bytes = files::read_bounded(path, limit, "noise file for this size")
-        .map_err(|e| anyhow!("--noise: {e}"))?;
-    let header = safetensors::parse(&bytes).map_err(|e| e.in_file(path))?;
-    let t = header
-        .tensor("noise")
-        .with_context(|| format!("`{}` has no tensor `noise`", path.display()))?;
-    if t.dtype != safetensors::Dtype::F32 {
-        bail!(
-            "`{}`: tensor `noise` is {}, expected F32",
-            path.display(),
-            t.dtype
-        );
-    }
-    let want: Vec<u64> = std::iter::once(1)
-        .chain(expected.iter().map(|&d| d as u64))
-        .collect();
-    if t.shape != want {
-        bail!(
-            "`{}`: tensor `noise` has shape {:?}, expected {want:?}",
-            path.display(),
-            t.shape
-        );
-    }
-    let data = header
-        .data_start()
-        .checked_add(t.data_offsets.0)
-        .zip(header.data_start().checked_add(t.data_offsets.1))
-        .and_then(|(start, end)| bytes.get(start as usize..end as usize))
-        .with_context(|| format!("`{}`: tensor `noise` lies outside the file", path.display()))?;
-    Ok(data
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
-/// Checks every numeric flag against its bounds, before anything loads. A side left to the
-/// model's default is checked once the model is read; 16 stands in for it here, since it
-/// passes every bound on its own.
+/// Checks the combinations of flags that only the command line has, before anything is read.
 fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
-    let side = |v: Option<u32>| v.unwrap_or(16);
-    if let Some(e) =
-        pipeline::request_range_error(a.steps as u64, a.guidance, side(a.width), side(a.height))
-    {
-        bail!("{e}");
-    }
-    if let Some(limit) = &a.memory_limit {
-        memory_plan::parse_size(limit).map_err(|e| anyhow!("--memory-limit: {e}"))?;
-    }
     if a.image.is_none() {
         if let Some(mask) = &a.mask {
             bail!(
@@ -326,11 +256,6 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
             bail!(
                 "--strength needs --image: it says how far the picture is taken back toward noise"
             );
-        }
-    }
-    if let Some(s) = a.strength {
-        if !(s > 0.0 && s <= 1.0) {
-            bail!("--strength is {s}; it must be within (0, 1]");
         }
     }
     match (&a.control, &a.controlnet) {
@@ -347,75 +272,13 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
         }
         _ => {}
     }
-    if let Some(e) = a.control_scale.and_then(pipeline::control::scale_error) {
-        bail!("{e}");
+    if a.hires_scale.is_none() && (a.hires_strength.is_some() || a.hires_steps.is_some()) {
+        bail!("--hires-strength and --hires-steps need --hires-scale: how much larger the second pass is");
     }
-    if a.control.is_some() && a.image.is_some() && a.mask.is_none() {
-        bail!("--control with --image needs --mask: a ControlNet repaints the masked part of a picture; it does not rework a whole one");
+    if a.count > 1 && a.noise.is_some() {
+        bail!("--count with --noise: every image would start from the same latents; leave one out");
     }
     Ok(())
-}
-
-/// The picture `--control` names, decoded (before any model loads).
-fn read_control(a: &GenerateArgs) -> anyhow::Result<Option<image::DynamicImage>> {
-    let Some(path) = &a.control else {
-        return Ok(None);
-    };
-    match image_in::read(path, "--control") {
-        Ok(img) => Ok(Some(img)),
-        Err(e @ image_in::Error::Decode { .. }) => Err(e.into()),
-        Err(e) => Err(anyhow!("--control: {e}")),
-    }
-}
-
-/// `--controlnet`: a directory or file when one is there, else a name in the store.
-fn open_controlnet(store: Option<&Path>, arg: &str) -> anyhow::Result<Box<dyn ControlNetLoader>> {
-    let path = Path::new(arg);
-    if std::fs::symlink_metadata(path).is_ok() {
-        let source = ControlNetSource::open(path).map_err(|e| anyhow!("--controlnet: {e}"))?;
-        return Ok(Box::new(source));
-    }
-    let store = Store::locate(store)?;
-    match controlnet_source::open_stored(store, arg) {
-        Ok(stored) => Ok(Box::new(stored)),
-        Err(e @ controlnet_source::Error::Store(_)) => Err(anyhow!(
-            "--controlnet `{}` is neither a file, a directory nor a stored model: {e}",
-            arg.escape_debug()
-        )),
-        Err(e) => Err(anyhow!("--controlnet: {e}")),
-    }
-}
-
-/// The pictures `--image` and `--mask` name, decoded (before any model loads).
-struct Inputs {
-    image: image::DynamicImage,
-    mask: Option<image::DynamicImage>,
-}
-
-fn read_inputs(a: &GenerateArgs) -> anyhow::Result<Option<Inputs>> {
-    let Some(path) = &a.image else {
-        return Ok(None);
-    };
-    let image = image_in::read(path, "--image")?;
-    let mask = match &a.mask {
-        Some(m) => {
-            let mask = image_in::read(m, "--mask")?;
-            if mask.dimensions() != image.dimensions() {
-                bail!(
-                    "--mask `{}` is {}×{}, but --image `{}` is {}×{}; give a mask of the picture's size",
-                    m.display(),
-                    mask.width(),
-                    mask.height(),
-                    path.display(),
-                    image.width(),
-                    image.height()
-                );
-            }
-            Some(mask)
-        }
-        None => None,
-    };
-    Ok(Some(Inputs { image, mask }))
 }
 
 /// Refuses an output path that can never be written, before any work: a directory, or a
@@ -441,83 +304,211 @@ fn check_output(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--model` as a diffusers directory, when it names one.
-fn model_dir(model: Option<&str>) -> Option<&Path> {
-    model.map(Path::new).filter(|p| p.is_dir())
+/// The picture a flag names, decoded (before any model loads).
+fn read_picture(path: &Path, flag: &str) -> anyhow::Result<Picture> {
+    let image = match image_in::read(path, flag) {
+        Ok(img) => img,
+        Err(e @ image_in::Error::Decode { .. }) => return Err(e.into()),
+        Err(e) => return Err(anyhow!("{flag}: {e}")),
+    };
+    Ok(Picture {
+        image,
+        label: format!("{flag} `{}`", path.display()),
+    })
 }
 
-/// A diffusers directory as a pipeline source, checked to be a Z-Image pipeline.
-fn open_model_dir(dir: &Path) -> anyhow::Result<DiffusersDir> {
-    let source = DiffusersDir::open(dir)?;
-    let index = source
-        .config_file("model_index.json")
-        .map_err(|e| anyhow!("{e}"))?
-        .unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_slice(&index)
-        .with_context(|| format!("`{}`", dir.join("model_index.json").display()))?;
-    if json["_class_name"] != "ZImagePipeline" {
-        bail!(
-            "`{}`: `_class_name` is {}, not \"ZImagePipeline\"",
-            dir.join("model_index.json").display(),
-            json["_class_name"]
-        );
+/// `--controlnet`: a directory or file when one is there, else a name in the store.
+fn controlnet_choice(store: Option<&Path>, arg: &str) -> anyhow::Result<ControlNetChoice> {
+    let path = Path::new(arg);
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Ok(ControlNetChoice::Path(path.to_path_buf()));
     }
-    Ok(source)
+    Ok(ControlNetChoice::Stored {
+        store: Store::locate(store)?,
+        name: arg.to_string(),
+    })
+}
+
+/// The job the flags describe, without its pictures.
+fn settings(a: &GenerateArgs, model: ModelChoice) -> Job {
+    Job {
+        negative_prompt: a.negative.clone(),
+        width: a.width,
+        height: a.height,
+        steps: a.steps,
+        guidance: a.guidance,
+        seed: a.seed,
+        count: a.count,
+        noise: a.noise.clone(),
+        loras: a.loras.clone(),
+        lora_lenient: a.lora_lenient,
+        memory_limit: a.memory_limit.clone(),
+        residency: a.weights.residency(),
+        hires: a.hires_scale.map(|scale| Hires {
+            scale,
+            strength: a.hires_strength.unwrap_or(Hires::DEFAULT_STRENGTH),
+            steps: a.hires_steps,
+        }),
+        ..Job::new(model, a.prompt.clone())
+    }
+}
+
+/// `--image` with `--mask` and `--strength`, the pictures decoded.
+fn read_input(a: &GenerateArgs) -> anyhow::Result<Option<PictureInput>> {
+    let Some(path) = &a.image else {
+        return Ok(None);
+    };
+    Ok(Some(PictureInput {
+        picture: read_picture(path, "--image")?,
+        mask: a
+            .mask
+            .as_deref()
+            .map(|m| read_picture(m, "--mask"))
+            .transpose()?,
+        strength: a.strength,
+    }))
+}
+
+/// `--control` with `--controlnet` and `--control-scale`, the picture decoded.
+fn read_control(store: Option<&Path>, a: &GenerateArgs) -> anyhow::Result<Option<ControlJob>> {
+    let (Some(image), Some(net)) = (&a.control, &a.controlnet) else {
+        return Ok(None);
+    };
+    Ok(Some(ControlJob {
+        image: read_picture(image, "--control")?,
+        net: controlnet_choice(store, net)?,
+        scale: a
+            .control_scale
+            .unwrap_or(zimage::pipeline::control::DEFAULT_SCALE),
+    }))
 }
 
 pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
     check_flags(&a)?;
+    // Every bound is checked before a file is read or the model found.
+    let mut job = settings(&a, ModelChoice::Directory(PathBuf::new()));
+    job.check()?;
     check_output(&a.output)?;
-    let inputs = read_inputs(&a)?;
-    let control = match (read_control(&a)?, &a.controlnet) {
-        (Some(image), Some(net)) => Some(Control {
-            net: open_controlnet(store.as_deref(), net)?,
-            spec: ControlSpec {
-                controlnet: net.clone(),
-                image,
-                scale: a.control_scale.unwrap_or(pipeline::control::DEFAULT_SCALE),
-            },
-        }),
-        _ => None,
-    };
+    job.input = read_input(&a)?;
+    job.control = read_control(store.as_deref(), &a)?;
+    job.check()?;
+    let (model, demo) = resolve_model(store.as_deref(), a.model.as_deref())?;
+    job.model = model;
     zimage::platform::use_default_device()?;
     a.products.apply();
-    let dtype = match a.dtype {
-        Some(ComputeDtype::Bf16) => Dtype::BF16,
-        Some(ComputeDtype::F32) => Dtype::F32,
-        None => zimage::platform::default_compute_dtype(),
-    };
-    if let Some(dir) = model_dir(a.model.as_deref()) {
-        return generate(open_model_dir(dir)?, dtype, a, inputs, control);
-    }
-    let (source, demo) = resolve_model(store, a.model.as_deref())?;
+    let dtype = a.dtype.map(|d| match d {
+        ComputeDtype::Bf16 => Dtype::BF16,
+        ComputeDtype::F32 => Dtype::F32,
+    });
     if demo {
         eprintln!("note: no Z-Image in the store; running the embedded demo model, whose weights are random");
     }
-    generate(source, dtype, a, inputs, control)
+    let keep_models = a.runs > 1 || a.count > 1 || a.hires_scale.is_some();
+    let mut engine = Engine::new(dtype, keep_models);
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} steps {elapsed}")
+            .expect("valid template"),
+    );
+    let mut outcome = None;
+    for run in 1..=a.runs {
+        bar.reset();
+        let out = generation::run(
+            &job,
+            &mut engine,
+            &mut |p| {
+                let label = match p.images {
+                    1 => p.phase.to_string(),
+                    n => format!("{} {}/{n}", p.phase, p.image),
+                };
+                bar.set_message(label);
+                bar.set_length(p.steps as u64);
+                bar.set_position(p.step as u64);
+            },
+            &Cancel::new(),
+        );
+        bar.finish_and_clear();
+        let out = out?;
+        if run == 1 {
+            note_skipped_lora_keys(&out.loras);
+        }
+        if a.verbose && a.runs > 1 {
+            eprintln!("run {run} of {}:", a.runs);
+        }
+        if a.verbose && (run < a.runs || a.runs > 1) {
+            for image in &out.images {
+                print_phases(image);
+            }
+        }
+        outcome = Some(out);
+    }
+    let out = outcome.expect("at least one run");
+    let paths = output_paths(&a.output, out.images.len());
+    for (image, path) in out.images.iter().zip(&paths) {
+        zimage::files::write_output(path, &image.png)?;
+    }
+    if a.verbose {
+        if a.runs == 1 {
+            for image in &out.images {
+                print_phases(image);
+            }
+        }
+        print_memory(&out, engine.dtype());
+    }
+    for (image, path) in out.images.iter().zip(&paths) {
+        let wrote = format!(
+            "wrote {} ({}×{}, {} steps, seed {})",
+            path.display(),
+            image.width,
+            image.height,
+            image.steps,
+            image.seed
+        );
+        // A PNG written to stdout (`-o /dev/stdout`) must not be followed by text there.
+        if is_stdout(path) {
+            eprintln!("{wrote}");
+        } else {
+            println!("{wrote}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// `--control`'s picture, decoded, with the scale, and the ControlNet `--controlnet` names,
-/// opened.
-struct Control {
-    spec: ControlSpec,
-    net: Box<dyn ControlNetLoader>,
+/// Where each image goes: `output` itself for one, else `stem-1.png` … `stem-N.png` beside it.
+fn output_paths(output: &Path, count: usize) -> Vec<PathBuf> {
+    if count == 1 {
+        return vec![output.to_path_buf()];
+    }
+    let stem = output
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "zimage".into());
+    let ext = output
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "png".into());
+    (1..=count)
+        .map(|k| output.with_file_name(format!("{stem}-{k}.{ext}")))
+        .collect()
+}
+
+fn note_skipped_lora_keys(loras: &[zimage::lora::Applied]) {
+    for applied in loras {
+        if !applied.skipped.is_empty() {
+            eprintln!(
+                "note: LoRA `{}`: skipped {} keys that fit no layout or name no layer of the model (first: `{}`)",
+                applied.file.display(),
+                applied.skipped.len(),
+                applied.skipped[0].escape_debug()
+            );
+        }
+    }
 }
 
 /// Each phase's time and peak memory, then the mean step and the total, and the part of a step
 /// the ControlNet's hints took.
-/// The denoising steps a request runs: image input skips the schedule's first ones.
-fn steps_run(req: &pipeline::Request) -> usize {
-    let skipped = req.input.as_ref().map_or(0, |i| i.first_step(req.steps));
-    (req.steps - skipped).max(1)
-}
-
-fn print_phases(
-    phases: &[zimage::pipeline::PhaseReport],
-    steps: usize,
-    control_seconds: Option<f64>,
-) {
-    for p in phases {
+fn print_phases(image: &generation::Image) {
+    for p in &image.phases {
         let rss = p
             .peak_resident_bytes
             .map(|b| format!("   peak RSS so far {:>8.1} MB", b as f64 / 1e6))
@@ -529,14 +520,11 @@ fn print_phases(
             p.peak_bytes as f64 / 1e6
         );
     }
-    let step = phases
-        .iter()
-        .find(|p| p.phase == "denoise")
-        .map(|p| p.seconds / steps as f64)
-        .unwrap_or(0.0);
-    let total: f64 = phases.iter().map(|p| p.seconds).sum();
+    let steps = image.steps_run.max(1);
+    let step = image.seconds("denoise").as_secs_f64() / steps as f64;
+    let total: f64 = image.phases.iter().map(|p| p.seconds).sum();
     eprintln!("step     {step:>8.3} s   total {total:.3} s");
-    if let Some(s) = control_seconds {
+    if let Some(s) = image.control_seconds {
         eprintln!(
             "control  {:>8.3} s   per step, the ControlNet's hints (part of the step above)",
             s / steps as f64
@@ -544,210 +532,42 @@ fn print_phases(
     }
 }
 
-/// Runs one request on `source` (`--runs` times) and writes the PNG.
-fn generate<S: ModelSource>(
-    source: S,
-    dtype: Dtype,
-    a: GenerateArgs,
-    inputs: Option<Inputs>,
-    control: Option<Control>,
-) -> anyhow::Result<ExitCode> {
-    let model_name = source.name();
-    let identity = source.identity();
-    let mut pipeline = Pipeline::new(source, dtype, a.runs > 1)?;
-    let control_spec = match control {
-        Some(c) => {
-            pipeline.set_controlnet(Some(c.net))?;
-            Some(c.spec)
-        }
-        None => None,
-    };
-    let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
-    // Without --width/--height an input picture gives the size, rounded as diffusers rounds it.
-    let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
-    let (default_w, default_h) = match &inputs {
-        Some(i) => {
-            image_in::default_size(i.image.width(), i.image.height(), cell).ok_or_else(|| {
-                anyhow!(
-                    "--image is {}×{}; a picture needs at least {cell} pixels each way",
-                    i.image.width(),
-                    i.image.height()
-                )
-            })?
-        }
-        None => match control_spec.as_ref().map(|c| &c.image) {
-            Some(c) => image_in::default_size(c.width(), c.height(), cell).ok_or_else(|| {
-                anyhow!(
-                    "--control is {}×{}; a control image needs at least {cell} pixels each way",
-                    c.width(),
-                    c.height()
-                )
-            })?,
-            None => (sample, sample),
+/// How the weights were held and decoded, the estimate beside the measured peak.
+fn print_memory(out: &generation::Outcome, dtype: Dtype) {
+    let plan = &out.plan;
+    let e = &plan.estimate;
+    eprintln!(
+        "memory   weights {}, decode {}; estimate: text {}, encode {}, denoise {}, decode {}, process {}",
+        match plan.residency {
+            Residency::Compute => "in the compute dtype",
+            Residency::Stored => "as stored",
+            Residency::Streamed => "streamed from the store, one block at a time",
         },
-    };
-    let mut req = Request {
-        prompt: a.prompt.clone(),
-        negative_prompt: a.negative.clone(),
-        width: a.width.unwrap_or(default_w),
-        height: a.height.unwrap_or(default_h),
-        steps: a.steps,
-        guidance: a.guidance,
-        seed: a.seed,
-        noise: None,
-        input: None,
-    };
-    pipeline.validate(&req)?;
-    if let Some(i) = &inputs {
-        let strength = a.strength.unwrap_or(if i.mask.is_some() {
-            pipeline::condition::DEFAULT_INPAINT_STRENGTH
-        } else {
-            pipeline::condition::DEFAULT_STRENGTH
-        });
-        req.input = Some(pipeline::ImageInput {
-            rgb: image_in::picture(&i.image, req.width, req.height).into_raw(),
-            mask: i
-                .mask
-                .as_ref()
-                .map(|m| image_in::mask(m, req.width, req.height)),
-            strength,
-        });
-    }
-    pipeline.validate(&req)?;
-    if let Some(path) = &a.noise {
-        req.noise = Some(read_noise(path, pipeline.latent_shape(&req))?);
-        pipeline.validate(&req)?;
-    }
-    let control = control_spec.map(|c| c.input(req.width, req.height));
-    if let Some(c) = &control {
-        pipeline.validate_control(&req, c)?;
-    }
-    let adapters = pipeline.load_adapters(&a.loras, a.lora_lenient)?;
-    for applied in &adapters.applied {
-        if !applied.skipped.is_empty() {
-            eprintln!(
-                "note: LoRA `{}`: skipped {} keys that fit no layout or name no layer of the model (first: `{}`)",
-                applied.file.display(),
-                applied.skipped.len(),
-                applied.skipped[0].escape_debug()
-            );
-        }
-    }
-    if !adapters.applied.is_empty() {
-        pipeline.set_adapters(adapters);
-    }
-    let plan = plan_memory(&pipeline, &req, a.memory_limit.as_deref(), a.weights)?;
-    pipeline.set_residency(plan.residency);
-    pipeline.set_tiling(plan.tiling);
-
-    let bar = ProgressBar::new(req.steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>8} [{bar:30}] {pos}/{len} steps {elapsed}")
-            .expect("valid template"),
-    );
-    let verbose = a.verbose;
-    let mut run = 1;
-    let out = loop {
-        bar.reset();
-        let out = pipeline.generate_controlled(&req, control.as_ref(), &mut |p| {
-            match p {
-                Progress::Phase(name) => bar.set_message(name),
-                Progress::Step { index, .. } => bar.set_position(index as u64),
-            }
-            ControlFlow::Continue(())
-        });
-        bar.finish_and_clear();
-        let out = out?;
-        if run == a.runs {
-            break out;
-        }
-        if verbose {
-            eprintln!("run {run} of {}:", a.runs);
-            print_phases(&out.phases, steps_run(&req), out.control_seconds);
-        }
-        run += 1;
-    };
-
-    let steered = generation::ControlProvenance::of(&pipeline, control.as_ref());
-    let (parameters, request_json) = generation::png_text_controlled(
-        &req,
-        &generation::Provenance {
-            model_name: &model_name,
-            identity: &identity,
-            dtype,
-            noise_file: a.noise.as_deref(),
-            loras: &pipeline.adapters().applied,
-            shift: pipeline.configs.scheduler.shift,
+        match &plan.tiling {
+            Some(t) => format!("in tiles of {} latent pixels", t.tile_latent),
+            None => "whole".into(),
         },
-        steered.as_ref(),
+        gb(e.text),
+        gb(e.encode),
+        gb(e.denoise),
+        gb(e.decode),
+        gb(e.base)
     );
-    image_out::write_png(
-        &a.output,
-        &out.rgb,
-        out.width,
-        out.height,
-        &[
-            (image_out::PARAMETERS_KEY, &parameters),
-            (image_out::ZIMAGE_KEY, &request_json),
-        ],
-    )?;
-    if verbose {
-        if a.runs > 1 {
-            eprintln!("run {run} of {}:", a.runs);
-        }
-        print_phases(&out.phases, steps_run(&req), out.control_seconds);
-        let e = &plan.estimate;
+    if let Some(held) = out.controlnet_weights {
         eprintln!(
-            "memory   weights {}, decode {}; estimate: text {}, encode {}, denoise {}, decode {}, process {}",
-            match plan.residency {
-                Residency::Compute => "in the compute dtype",
-                Residency::Stored => "as stored",
-                Residency::Streamed => "streamed from the store, one block at a time",
-            },
-            match &plan.tiling {
-                Some(t) => format!("in tiles of {} latent pixels", t.tile_latent),
-                None => "whole".into(),
-            },
-            gb(e.text),
-            gb(e.encode),
-            gb(e.denoise),
-            gb(e.decode),
-            gb(e.base)
-        );
-        if pipeline.controlnet().is_some() {
-            let sizes = pipeline.tensor_sizes()?;
-            let held = pipeline
-                .model_sizes(&sizes)
-                .controlnet_weights(plan.residency, dtype.size_bytes() as u64);
-            eprintln!(
-                "memory   the denoise estimate holds the ControlNet's weights, {}",
-                gb(held)
-            );
-        }
-        let measured = zimage::platform::peak_resident_bytes().unwrap_or(0);
-        eprintln!(
-            "peak RSS {} measured, {} estimated ({:+.1}%), budget {}",
-            gb(measured),
-            gb(e.peak()),
-            (e.peak() as f64 / measured.max(1) as f64 - 1.0) * 100.0,
-            gb(plan.budget)
+            "memory   the denoise estimate holds the ControlNet's weights, {}",
+            gb(held)
         );
     }
-    let wrote = format!(
-        "wrote {} ({}×{}, {} steps, seed {})",
-        a.output.display(),
-        out.width,
-        out.height,
-        req.steps,
-        req.seed
+    let _ = dtype;
+    let measured = zimage::platform::peak_resident_bytes().unwrap_or(0);
+    eprintln!(
+        "peak RSS {} measured, {} estimated ({:+.1}%), budget {}",
+        gb(measured),
+        gb(e.peak()),
+        (e.peak() as f64 / measured.max(1) as f64 - 1.0) * 100.0,
+        gb(plan.budget)
     );
-    // A PNG written to stdout (`-o /dev/stdout`) must not be followed by text there.
-    if is_stdout(&a.output) {
-        eprintln!("{wrote}");
-    } else {
-        println!("{wrote}");
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Whether `path` is the file this process's stdout writes to.

@@ -223,16 +223,13 @@ impl Array {
             // `owner` (this function's contract), and MLX only reads them; `ctx` is handed over
             // with `release`, which the shim calls exactly once.
             unsafe {
-                let wrap = match mapped {
-                    true => ffi::mlxs_array_from_mapped,
-                    false => ffi::mlxs_array_from_external,
-                };
-                wrap(
+                ffi::mlxs_array_wrap(
                     out,
                     ptr as *mut c_void,
                     shape.as_ptr(),
                     shape.len(),
                     code,
+                    c_int::from(mapped),
                     release,
                     ctx,
                 )

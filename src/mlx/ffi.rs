@@ -114,21 +114,13 @@ shim_api! {
         ndim: usize,
         dtype: c_int,
     ) -> c_int;
-    pub fn mlxs_array_from_external(
+    pub fn mlxs_array_wrap(
         out: Out,
         data: *mut c_void,
         shape: *const i32,
         ndim: usize,
         dtype: c_int,
-        deleter: unsafe extern "C" fn(*mut c_void),
-        ctx: *mut c_void,
-    ) -> c_int;
-    pub fn mlxs_array_from_mapped(
-        out: Out,
-        data: *mut c_void,
-        shape: *const i32,
-        ndim: usize,
-        dtype: c_int,
+        mapped: c_int,
         deleter: unsafe extern "C" fn(*mut c_void),
         ctx: *mut c_void,
     ) -> c_int;

@@ -174,20 +174,9 @@ impl ControlNetConfig {
     pub fn validate(&self) -> Result<(), String> {
         use super::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
         const WHAT: &str = "controlnet";
-        if self.all_patch_size != [2] || self.all_f_patch_size != [1] {
-            return Err(format!(
-                "controlnet `all_patch_size` {:?} / `all_f_patch_size` {:?} are not supported (Z-Image uses [2]/[1])",
-                self.all_patch_size, self.all_f_patch_size
-            ));
-        }
-        check_range(WHAT, "dim", self.dim, 1..=MAX_WIDTH)?;
-        check_range(WHAT, "n_heads", self.n_heads, 1..=MAX_COUNT)?;
-        check_range(
-            WHAT,
-            "n_refiner_layers",
-            self.n_refiner_layers,
-            0..=MAX_COUNT,
-        )?;
+        let (patch, f_patch) = (&self.all_patch_size, &self.all_f_patch_size);
+        let widths = [self.dim, self.n_heads, self.n_refiner_layers];
+        super::check_dit_shape(WHAT, patch, f_patch, widths)?;
         check_range(WHAT, "control_in_dim", self.control_in_dim, 1..=MAX_WIDTH)?;
         check_finite(WHAT, "norm_eps", self.norm_eps as f64, true)?;
         if !self.qk_norm {

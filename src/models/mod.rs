@@ -48,6 +48,25 @@ pub(crate) fn check_range(
     ))
 }
 
+/// Checks what a Z-Image DiT (the transformer or a ControlNet) is shaped by: patch sizes of 2
+/// in space and 1 in time (the only ones its patching supports), and its width, heads and
+/// refiner layers within bounds.
+pub(crate) fn check_dit_shape(
+    what: &str,
+    patch: &[i32],
+    f_patch: &[i32],
+    [dim, n_heads, n_refiner_layers]: [i32; 3],
+) -> Result<(), String> {
+    if patch != [2] || f_patch != [1] {
+        return Err(format!(
+            "{what} `all_patch_size` {patch:?} / `all_f_patch_size` {f_patch:?} are not supported (Z-Image uses [2]/[1])"
+        ));
+    }
+    check_range(what, "dim", dim, 1..=MAX_WIDTH)?;
+    check_range(what, "n_heads", n_heads, 1..=MAX_COUNT)?;
+    check_range(what, "n_refiner_layers", n_refiner_layers, 0..=MAX_COUNT)
+}
+
 /// Checks that a floating-point `key` is finite and, when `positive`, above 0.
 pub(crate) fn check_finite(
     what: &str,

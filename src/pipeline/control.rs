@@ -89,13 +89,17 @@ pub trait ControlNetLoader: Send {
     fn config(&self) -> &ControlNetConfig;
     /// Its tensors' sizes, read without loading them (for the memory plan).
     fn tensor_sizes(&self) -> Vec<TensorSize>;
-    /// Loads it for a transformer of configuration `dit`.
-    fn load(
-        &self,
-        dit: &DitConfig,
-        dtype: Dtype,
-        residency: Residency,
-    ) -> Result<ControlNet, SourceError>;
+    /// Loads it as `at` says.
+    fn load(&self, at: LoadAs<'_>) -> Result<ControlNet, SourceError>;
+}
+
+/// How a ControlNet is loaded: for a transformer of configuration `dit`, computing in `dtype`,
+/// its weights held as `residency` says.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadAs<'a> {
+    pub dit: &'a DitConfig,
+    pub dtype: Dtype,
+    pub residency: Residency,
 }
 
 /// The control latents the ControlNet reads, `[c, h, w]` f32: the control image's (`c` = C), or

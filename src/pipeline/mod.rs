@@ -466,7 +466,11 @@ impl<S: ModelSource> Pipeline<S> {
             .as_ref()
             .ok_or_else(|| Error::Request("no ControlNet is set".into()))?;
         loader
-            .load(&self.configs.transformer, self.dtype, self.residency)
+            .load(control::LoadAs {
+                dit: &self.configs.transformer,
+                dtype: self.dtype,
+                residency: self.residency,
+            })
             .map_err(|cause| Error::Source {
                 model: loader.name(),
                 cause,

@@ -298,14 +298,41 @@ pub fn base64_field(api: Api, field: &str, text: &str) -> Result<Vec<u8>, ApiErr
         .map_err(|e| ApiError::bad_request(api, format!("field `{field}` is not base64: {e}")))
 }
 
+/// The ControlNet fields of a JSON body, as they come: the stored name, the control image in
+/// base64, the scale.
+pub struct ControlFields<'a> {
+    pub controlnet: Option<&'a str>,
+    pub control_image: Option<&'a str>,
+    pub control_scale: Option<f32>,
+}
+
+/// [`request_control`] for a JSON body's fields, the image decoded from base64 first.
+pub fn body_control(
+    store: &Store,
+    api: Api,
+    fields: ControlFields,
+) -> Result<Option<crate::generation::ControlJob>, ApiError> {
+    let image = (fields.control_image)
+        .map(|t| base64_field(api, "control_image", t))
+        .transpose()?;
+    request_control(
+        store,
+        api,
+        fields.controlnet,
+        image.as_deref(),
+        fields.control_scale,
+    )
+}
+
 /// A request's ControlNet fields: `controlnet` (a stored name), `control_image` (its bytes) and
 /// `control_scale`, checked as `--controlnet/--control/--control-scale` are and the image decoded.
 pub fn request_control(
+    store: &Store,
     api: Api,
     controlnet: Option<&str>,
     control_image: Option<&[u8]>,
     scale: Option<f32>,
-) -> Result<Option<crate::pipeline::control::ControlSpec>, ApiError> {
+) -> Result<Option<crate::generation::ControlJob>, ApiError> {
     let bad = |m: String| ApiError::bad_request(api, m);
     let (controlnet, bytes) = match (controlnet, control_image) {
         (None, None) if scale.is_some() => {
@@ -334,9 +361,15 @@ pub fn request_control(
     }
     let image = crate::image_in::decode(bytes, "field", "control_image")
         .map_err(|e| bad(e.to_string()).with_param("control_image"))?;
-    Ok(Some(crate::pipeline::control::ControlSpec {
-        controlnet: name.to_string(),
-        image,
+    Ok(Some(crate::generation::ControlJob {
+        net: crate::generation::ControlNetChoice::Stored {
+            store: store.clone(),
+            name: name.to_string(),
+        },
+        image: crate::generation::Picture {
+            image,
+            label: "field `control_image`".into(),
+        },
         scale,
     }))
 }
@@ -476,15 +509,28 @@ pub async fn open_model(
     let store = state.store.clone();
     let full = name.to_string();
     let opened = tokio::task::spawn_blocking(move || {
-        let model = store.open(&full).map_err(worker::open_error)?;
+        let model = store.open(&full).map_err(crate::generation::open_error)?;
         if must_generate {
-            worker::check_image_model(&store, &model)?;
+            crate::generation::check_image_model(&store, &model)?;
         }
-        Ok::<_, worker::JobError>(model)
+        Ok::<_, crate::generation::Error>(model)
     })
     .await
     .map_err(|e| ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    opened.map_err(|e| job_error(api, e))
+    opened.map_err(|e| job_error(api, e.into()))
+}
+
+/// `name` in this server's store, as a job's model.
+pub fn stored(state: &AppState, name: &crate::store::ModelName) -> crate::generation::ModelChoice {
+    crate::generation::ModelChoice::Stored {
+        store: state.store.clone(),
+        name: name.to_string(),
+    }
+}
+
+/// A job's checks as an answer: the command line's flags named as the API's fields.
+pub fn check_job(api: Api, job: &crate::generation::Job) -> Result<(), ApiError> {
+    job.check().map_err(|e| job_error(api, e.into()))
 }
 
 /// A worker's error as an answer.

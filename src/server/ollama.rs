@@ -3,7 +3,7 @@
 //! routes, answered from the store.
 
 use super::errors::{Api, ApiError};
-use super::worker::{CancelGuard, Event, Finished, Job, JobError, Spec};
+use super::worker::{CancelGuard, Event, Finished, Job, JobError};
 use super::{open_model, rfc3339, with_model, AppState};
 use crate::store::name::DEFAULT_TAG;
 use crate::store::{ModelName, Store, StoredModel};
@@ -212,7 +212,7 @@ pub async fn delete(
     tokio::task::spawn_blocking(move || store.remove(&full))
         .await
         .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| super::job_error(API, super::worker::open_error(e)))?;
+        .map_err(|e| super::job_error(API, crate::generation::open_error(e).into()))?;
     state.worker.evict(name);
     Ok(with_model(StatusCode::OK.into_response(), &body.model))
 }
@@ -249,7 +249,7 @@ pub struct GenerateBody {
 
 /// The img2img input of a request: its first picture, decoded under the input limits, with
 /// the strength from `options` (or the top level).
-fn request_input(body: &GenerateBody) -> Result<Option<super::worker::SpecInput>, ApiError> {
+fn request_input(body: &GenerateBody) -> Result<Option<crate::generation::PictureInput>, ApiError> {
     let strength = body
         .options
         .as_ref()
@@ -263,28 +263,14 @@ fn request_input(body: &GenerateBody) -> Result<Option<super::worker::SpecInput>
     let bytes = super::base64_field(API, "images[0]", first)?;
     let image = crate::image_in::decode(&bytes, "field `images`", "images[0]")
         .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
-    Ok(Some(super::worker::SpecInput {
-        image,
+    Ok(Some(crate::generation::PictureInput {
+        picture: crate::generation::Picture {
+            image,
+            label: "field `images[0]`".into(),
+        },
         mask: None,
         strength,
     }))
-}
-
-/// The numbers of a request checked before it is queued; the sides left to the model are
-/// checked once it is loaded.
-pub fn check_ranges(
-    api: Api,
-    steps: u64,
-    guidance: f32,
-    width: Option<u32>,
-    height: Option<u32>,
-) -> Result<(), ApiError> {
-    let side = |v: Option<u32>| v.unwrap_or(16);
-    match crate::pipeline::request_range_error(steps, guidance, side(width), side(height)) {
-        // The bounds are worded for the command line's flags; the API's fields have no dashes.
-        Some(e) => Err(ApiError::bad_request(api, e.replace("--", ""))),
-        None => Ok(()),
-    }
 }
 
 /// Ollama's timestamp for now.
@@ -314,9 +300,9 @@ fn final_line(model: &str, finished: &Finished) -> Value {
     if let Some(image) = finished.images.first() {
         line["image"] = json!(base64::engine::general_purpose::STANDARD.encode(&image.png));
         line["prompt_eval_count"] = json!(image.prompt_tokens);
-        line["prompt_eval_duration"] = json!(nanos(image.text));
+        line["prompt_eval_duration"] = json!(nanos(image.seconds("text")));
         line["eval_count"] = json!(image.steps);
-        line["eval_duration"] = json!(nanos(image.denoise + image.decode));
+        line["eval_duration"] = json!(nanos(image.seconds("denoise") + image.seconds("decode")));
     }
     line
 }
@@ -338,55 +324,40 @@ pub async fn generate(
     State(state): State<Arc<AppState>>,
     super::Named { body, name }: super::Named<GenerateBody>,
 ) -> Result<Response, ApiError> {
-    let steps = body
-        .steps
-        .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
-    let guidance = body.guidance.unwrap_or(0.0);
-    check_ranges(API, steps, guidance, body.width, body.height)?;
+    let seed = match body.options.as_ref().and_then(|o| o.seed) {
+        Some(s) if s >= 0 => s as u64,
+        // Ollama's clients send -1 (or nothing) for a random seed.
+        _ => super::random_seed(),
+    };
+    // The numbers are checked first, as the command line checks its flags before any file.
+    let mut job = crate::generation::Job {
+        negative_prompt: body.negative_prompt.clone(),
+        width: body.width,
+        height: body.height,
+        // A count beyond usize is out of range all the same.
+        steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
+        guidance: body.guidance,
+        seed,
+        ..crate::generation::Job::new(super::stored(&state, &name), body.prompt.clone())
+    };
+    super::check_job(API, &job)?;
     let keep_alive = body
         .keep_alive
         .as_ref()
         .map(super::parse_keep_alive)
         .transpose()
         .map_err(|e| ApiError::bad_request(API, e))?;
-    let loras = super::request_loras(&state, API, body.loras.as_deref())?;
-    let input = request_input(&body)?;
-    let control_image = (body.control_image.as_deref())
-        .map(|t| super::base64_field(API, "control_image", t))
-        .transpose()?;
-    let control = super::request_control(
-        API,
-        body.controlnet.as_deref(),
-        control_image.as_deref(),
-        body.control_scale,
-    )?;
+    job.loras = super::request_loras(&state, API, body.loras.as_deref())?;
+    job.input = request_input(&body)?;
+    job.control = super::body_control(&state.store, API, body.control_fields())?;
+    super::check_job(API, &job)?;
     open_model(&state, API, &name, true).await?;
-    let seed = match body.options.as_ref().and_then(|o| o.seed) {
-        Some(s) if s >= 0 => s as u64,
-        // Ollama's clients send -1 (or nothing) for a random seed.
-        _ => super::random_seed(),
-    };
-    let specs = if body.prompt.is_empty() {
-        vec![]
-    } else {
-        vec![Spec {
-            prompt: body.prompt.clone(),
-            negative_prompt: body.negative_prompt.clone(),
-            width: body.width,
-            height: body.height,
-            // `steps` is within 1..=MAX_STEPS, checked above.
-            steps: steps as usize,
-            guidance,
-            seed,
-            input,
-            control,
-        }]
-    };
+    // No prompt: the model is only loaded (or unloaded).
+    let generate = (!body.prompt.is_empty()).then_some(job);
     let label = format!("POST /api/generate {}", body.model.escape_debug());
     let (guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
         model: name,
-        specs,
-        loras,
+        generate,
         keep_alive,
         cancel,
         events,
@@ -442,9 +413,7 @@ fn stream_answer(model: String, rx: UnboundedReceiver<Event>, guard: CancelGuard
             let mut guard = guard?;
             let line = match first_event(&mut rx).await {
                 Event::Started => json!(null),
-                Event::Step {
-                    completed, total, ..
-                } => progress_line(&model, completed, total),
+                Event::Progress(p) => progress_line(&model, p.step, p.steps),
                 Event::Done(Ok(finished)) => {
                     guard.finish();
                     let line = final_line(&model, &finished);
@@ -481,6 +450,16 @@ impl super::NamesModel for ModelBody {
 
     fn model(&self) -> &str {
         &self.model
+    }
+}
+
+impl GenerateBody {
+    fn control_fields(&self) -> super::ControlFields<'_> {
+        super::ControlFields {
+            controlnet: self.controlnet.as_deref(),
+            control_image: self.control_image.as_deref(),
+            control_scale: self.control_scale,
+        }
     }
 }
 

@@ -3,10 +3,10 @@
 //! answered with base64 PNGs (there is no file host for `url`), and `GET /v1/models`.
 
 use super::errors::{Api, ApiError};
-use super::ollama::{check_ranges, display_name, wait_done};
-use super::worker::{Job, Spec, SpecInput};
+use super::ollama::{display_name, wait_done};
+use super::worker::Job;
 use super::{open_model, unix_seconds, with_model, AppState, MAX_IMAGES_PER_REQUEST};
-use crate::pipeline::control::ControlSpec;
+use crate::generation::{ControlJob, PictureInput};
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -86,14 +86,14 @@ pub async fn generate(
     super::Named { body, name }: super::Named<ImagesBody>,
 ) -> Result<Response, ApiError> {
     super::check_strength(API, body.strength, false)?;
-    let control_image = (body.control_image.as_deref())
-        .map(|t| super::base64_field(API, "control_image", t))
-        .transpose()?;
-    let control = super::request_control(
+    let control = super::body_control(
+        &state.store,
         API,
-        body.controlnet.as_deref(),
-        control_image.as_deref(),
-        body.control_scale,
+        super::ControlFields {
+            controlnet: body.controlnet.as_deref(),
+            control_image: body.control_image.as_deref(),
+            control_scale: body.control_scale,
+        },
     )?;
     run(
         state,
@@ -111,8 +111,8 @@ async fn run(
     state: Arc<AppState>,
     name: crate::store::ModelName,
     body: ImagesBody,
-    input: Option<SpecInput>,
-    control: Option<ControlSpec>,
+    input: Option<PictureInput>,
+    control: Option<ControlJob>,
     route: &str,
 ) -> Result<Response, ApiError> {
     if body.prompt.is_empty() {
@@ -147,36 +147,30 @@ async fn run(
         Some(s) => parse_size(s)?,
         None => (None, None),
     };
-    let steps = body
-        .steps
-        .unwrap_or(crate::generation::DEFAULT_STEPS as u64);
-    let guidance = body.guidance.unwrap_or(0.0);
-    check_ranges(API, steps, guidance, width, height)?;
-    let loras = super::request_loras(&state, API, body.loras.as_deref())?;
-    open_model(&state, API, &name, true).await?;
     let seed = match body.seed {
         Some(s) if s >= 0 => s as u64,
         _ => super::random_seed(),
     };
-    let specs = (0..n)
-        .map(|i| Spec {
-            prompt: body.prompt.clone(),
-            negative_prompt: body.negative_prompt.clone(),
-            width,
-            height,
-            steps: steps as usize,
-            guidance,
-            // Each image of a request gets the next seed, so any one can be made again alone.
-            seed: seed.wrapping_add(i),
-            input: input.clone(),
-            control: control.clone(),
-        })
-        .collect();
+    let job = crate::generation::Job {
+        negative_prompt: body.negative_prompt.clone(),
+        width,
+        height,
+        steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
+        guidance: body.guidance,
+        seed,
+        // Each image of a request gets the next seed, so any one can be made again alone.
+        count: n as u32,
+        input,
+        control,
+        loras: super::request_loras(&state, API, body.loras.as_deref())?,
+        ..crate::generation::Job::new(super::stored(&state, &name), body.prompt.clone())
+    };
+    super::check_job(API, &job)?;
+    open_model(&state, API, &name, true).await?;
     let label = format!("{route} {}", body.model.escape_debug());
     let (mut guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
         model: name,
-        specs,
-        loras,
+        generate: Some(job),
         keep_alive: None,
         cancel,
         events,
@@ -225,10 +219,16 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     super::check_strength(API, body.strength, true)?;
     let strength = body.strength;
     let (controlnet, scale) = (body.controlnet.clone(), body.control_scale);
+    let store = state.store.clone();
     let (input, control) = tokio::task::spawn_blocking(move || {
         let input = decode_edit(&image, mask.as_deref(), strength)?;
-        let control =
-            super::request_control(API, controlnet.as_deref(), control_image.as_deref(), scale)?;
+        let control = super::request_control(
+            &store,
+            API,
+            controlnet.as_deref(),
+            control_image.as_deref(),
+            scale,
+        )?;
         Ok::<_, ApiError>((input, control))
     })
     .await
@@ -358,7 +358,7 @@ fn decode_edit(
     image: &[u8],
     mask: Option<&[u8]>,
     strength: Option<f64>,
-) -> Result<SpecInput, ApiError> {
+) -> Result<PictureInput, ApiError> {
     let bad = |e: crate::image_in::Error| ApiError::bad_request(API, e.to_string());
     let picture = crate::image_in::decode(image, "field", "image").map_err(bad)?;
     let mask = match mask {
@@ -381,9 +381,15 @@ fn decode_edit(
             Some(crate::image_in::mask_from_alpha(&mask))
         }
     };
-    Ok(SpecInput {
-        image: picture,
-        mask,
+    Ok(PictureInput {
+        picture: crate::generation::Picture {
+            image: picture,
+            label: "field `image`".into(),
+        },
+        mask: mask.map(|image| crate::generation::Picture {
+            image,
+            label: "field `mask`".into(),
+        }),
         strength,
     })
 }

@@ -3,14 +3,11 @@
 //! each reports its steps and its result over a channel, and stops at the next step boundary
 //! once its client has gone.
 
-use crate::generation::{self, Provenance};
-use crate::loader::{ReadPath, StoreSource};
+use crate::generation::{self, Engine, ErrorClass, ModelChoice};
 use crate::mlx::Dtype;
-use crate::pipeline::{self, Pipeline, Progress, Request};
-use crate::store::{ModelName, Store, StoreError, StoredModel};
+use crate::store::{ModelName, Store, StoredModel};
 use std::collections::VecDeque;
-use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc::UnboundedSender;
@@ -22,61 +19,19 @@ pub enum KeepAlive {
     Forever,
 }
 
-/// One image to make; the sides left out take the model's default.
-#[derive(Debug, Clone)]
-pub struct Spec {
-    pub prompt: String,
-    pub negative_prompt: Option<String>,
-    pub width: Option<u32>,
-    pub height: Option<u32>,
-    pub steps: usize,
-    pub guidance: f32,
-    pub seed: u64,
-    /// The picture to start from (img2img, or inpaint with a mask), decoded.
-    pub input: Option<SpecInput>,
-    /// The ControlNet (a stored name) and the control image that steers it.
-    pub control: Option<pipeline::control::ControlSpec>,
-}
-
-/// A request's input picture, decoded but not yet sized: the size is settled once the model
-/// is loaded, as `zimage generate` settles it.
-#[derive(Debug, Clone)]
-pub struct SpecInput {
-    pub image: image::DynamicImage,
-    /// White (or, for OpenAI's masks, transparent) repaints.
-    pub mask: Option<image::DynamicImage>,
-    /// `None`: the CLI's default for the task.
-    pub strength: Option<f64>,
-}
-
 /// What a job reports, in order: `Started` once the model is ready, `Step` per denoising
 /// step, then `Done`.
 #[derive(Debug)]
 pub enum Event {
     Started,
-    Step {
-        image: usize,
-        completed: usize,
-        total: usize,
-    },
+    Progress(generation::Progress),
     Done(Result<Finished, JobError>),
-}
-
-/// One generated image.
-#[derive(Debug)]
-pub struct Image {
-    pub png: Vec<u8>,
-    pub prompt_tokens: usize,
-    pub steps: usize,
-    pub text: Duration,
-    pub denoise: Duration,
-    pub decode: Duration,
 }
 
 /// A finished job.
 #[derive(Debug)]
 pub struct Finished {
-    pub images: Vec<Image>,
+    pub images: Vec<generation::Image>,
     /// Time spent reading the model's configs and tokenizer (zero when it was resident).
     pub load: Duration,
     /// From the job's start on the worker to its end.
@@ -108,17 +63,37 @@ impl JobError {
     }
 }
 
+impl From<generation::Error> for JobError {
+    fn from(e: generation::Error) -> JobError {
+        let kind = match e.class() {
+            // A request too large for the machine is the request's to change.
+            ErrorClass::BadRequest | ErrorClass::DoesNotFit => JobErrorKind::BadRequest,
+            ErrorClass::NotFound => JobErrorKind::NotFound,
+            ErrorClass::Stopped => JobErrorKind::Stopped,
+            ErrorClass::Internal => JobErrorKind::Internal,
+        };
+        let message = match &e {
+            generation::Error::DoesNotFit(_) => {
+                format!("{e}; ask for a smaller width and height")
+            }
+            // The messages name the command line's flags; the APIs' fields have no dashes.
+            _ => e.to_string().replace("--", ""),
+        };
+        JobError::new(kind, message)
+    }
+}
+
 /// A request's link to its client: set when the client goes, read at each step boundary.
 #[derive(Debug, Default)]
 pub struct Cancel {
-    gone: AtomicBool,
+    gone: generation::Cancel,
     steps_done: AtomicUsize,
     left_after: AtomicUsize,
 }
 
 impl Cancel {
     pub fn is_cancelled(&self) -> bool {
-        self.gone.load(Ordering::SeqCst)
+        self.gone.is_cancelled()
     }
 }
 
@@ -152,7 +127,7 @@ impl Drop for CancelGuard {
         if !self.finished {
             let done = self.cancel.steps_done.load(Ordering::SeqCst);
             self.cancel.left_after.store(done, Ordering::SeqCst);
-            self.cancel.gone.store(true, Ordering::SeqCst);
+            self.cancel.gone.cancel();
         }
     }
 }
@@ -160,10 +135,8 @@ impl Drop for CancelGuard {
 /// One request for the worker.
 pub struct Job {
     pub model: ModelName,
-    /// The images to make; none just loads the model (or unloads it, with `keep_alive` 0).
-    pub specs: Vec<Spec>,
-    /// LoRAs applied on top of the model's own, for this request only.
-    pub loras: Vec<crate::lora::LoraSpec>,
+    /// The images to make; `None` just loads the model (or unloads it, with `keep_alive` 0).
+    pub generate: Option<generation::Job>,
     pub keep_alive: Option<KeepAlive>,
     pub cancel: Arc<Cancel>,
     pub events: UnboundedSender<Event>,
@@ -210,7 +183,7 @@ struct Queue {
 
 /// What the worker does next.
 enum Work {
-    Job(Job),
+    Job(Box<Job>),
     Evict(ModelName),
     Expired,
 }
@@ -233,7 +206,7 @@ impl Queue {
                     eprintln!("{}: the client left while queued; not run", job.label);
                     continue;
                 }
-                return Work::Job(job);
+                return Work::Job(Box::new(job));
             }
             match deadline {
                 Some(d) => {
@@ -318,162 +291,47 @@ impl Worker {
     }
 }
 
-/// The loaded model.
+/// The loaded model and when it goes.
 struct Resident {
-    model: StoredModel,
-    pipeline: Pipeline<StoreSource>,
+    engine: Engine,
     expires: Option<Instant>,
-    /// The request LoRAs the pipeline's adapters were bound for (`None`: none bound yet, not
-    /// even the model's own).
-    loras: Option<Vec<LoraStamp>>,
-    /// The stored ControlNet set on the pipeline; it stays loaded with the model until a
-    /// request names another.
-    controlnet: Option<String>,
 }
 
-/// A request LoRA as bound: its file's size and time of change tell an edited file from the
-/// one bound before.
-#[derive(Debug, Clone, PartialEq)]
-struct LoraStamp {
-    spec: crate::lora::LoraSpec,
-    len: u64,
-    modified: Option<SystemTime>,
-}
-
-impl LoraStamp {
-    fn of(spec: &crate::lora::LoraSpec) -> LoraStamp {
-        let meta = std::fs::metadata(&spec.path).ok();
-        LoraStamp {
-            spec: spec.clone(),
-            len: meta.as_ref().map_or(0, |m| m.len()),
-            modified: meta.and_then(|m| m.modified().ok()),
-        }
+impl Resident {
+    fn model(&self) -> Option<&StoredModel> {
+        self.engine.stored_model()
     }
-}
-
-/// Binds the model's own LoRAs and the job's to the resident pipeline, unless those are
-/// bound already. A file that is no LoRA, or does not fit the model, is the request's fault.
-fn bind_loras(job: &Job, r: &mut Resident) -> Result<(), JobError> {
-    let wanted: Vec<LoraStamp> = job.loras.iter().map(LoraStamp::of).collect();
-    if r.loras.as_ref() == Some(&wanted) {
-        return Ok(());
-    }
-    let adapters = r
-        .pipeline
-        .load_adapters(&job.loras, false)
-        .map_err(|e| match e {
-            pipeline::Error::Lora(
-                crate::lora::Error::File { .. }
-                | crate::lora::Error::Read(_)
-                | crate::lora::Error::Format(_)
-                | crate::lora::Error::Spec(..),
-            ) => JobError::new(JobErrorKind::BadRequest, e.to_string()),
-            other => JobError::new(JobErrorKind::Internal, other.to_string()),
-        })?;
-    r.pipeline.set_adapters(adapters);
-    r.loras = Some(wanted);
-    Ok(())
-}
-
-/// Whether a stored model is one this server generates with: a Z-Image pipeline. Text models
-/// (and other image pipelines) in the same store are refused by name.
-pub fn check_image_model(store: &Store, model: &StoredModel) -> Result<(), JobError> {
-    let name = model.name.short();
-    let index = store
-        .config_file(model, "model_index.json")
-        .map_err(|e| JobError::new(JobErrorKind::Internal, e.to_string()))?;
-    let Some(index) = index else {
-        return Err(JobError::new(
-            JobErrorKind::BadRequest,
-            format!("model `{name}` is not an image model (it has no model_index.json); zimage serves Z-Image models only, so run text models with Ollama"),
-        ));
-    };
-    let class = serde_json::from_slice::<serde_json::Value>(&index)
-        .ok()
-        .and_then(|j| j["_class_name"].as_str().map(str::to_string));
-    if class.as_deref() != Some("ZImagePipeline") {
-        return Err(JobError::new(
-            JobErrorKind::BadRequest,
-            format!(
-                "model `{name}` is a {} pipeline, not a Z-Image one; zimage serves Z-Image models only",
-                class.as_deref().unwrap_or("unknown")
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// A store lookup's failure as a job error.
-pub fn open_error(e: StoreError) -> JobError {
-    match e {
-        StoreError::NotFound(_) => JobError::new(
-            JobErrorKind::NotFound,
-            format!("{e}; import it with `zimage create`"),
-        ),
-        StoreError::Name(_) => JobError::new(JobErrorKind::BadRequest, e.to_string()),
-        other => JobError::new(JobErrorKind::Internal, other.to_string()),
-    }
-}
-
-/// Sets the stored ControlNet `name` on the resident pipeline, unless it is set already.
-fn set_controlnet(r: &mut Resident, settings: &Settings, name: &str) -> Result<(), JobError> {
-    if r.controlnet.as_deref() == Some(name) {
-        return Ok(());
-    }
-    let net =
-        crate::controlnet_source::open_stored(settings.store.clone(), name).map_err(
-            |e| match e {
-                crate::controlnet_source::Error::Store(e) => {
-                    let mut e = open_error(e);
-                    e.message = format!("controlnet: {}", e.message);
-                    e
-                }
-                other => JobError::new(JobErrorKind::BadRequest, format!("controlnet: {other}")),
-            },
-        )?;
-    r.controlnet = None;
-    r.pipeline
-        .set_controlnet(Some(Box::new(net)))
-        .map_err(|e| JobError::new(JobErrorKind::BadRequest, e.to_string().replace("--", "")))?;
-    r.controlnet = Some(name.to_string());
-    Ok(())
-}
-
-fn release_memory() {
-    crate::mlx::memory::clear_cache();
-    crate::platform::trim_freed_memory();
 }
 
 fn run(handle: Worker, settings: Settings) {
     if let Err(e) = crate::platform::use_default_device() {
         eprintln!("warning: cannot select the default MLX device: {e}");
     }
-    let dtype = settings
-        .dtype
-        .unwrap_or_else(crate::platform::default_compute_dtype);
-    let mut resident: Option<Resident> = None;
+    let mut resident = Resident {
+        engine: Engine::new(settings.dtype, true),
+        expires: None,
+    };
     loop {
-        let deadline = resident.as_ref().and_then(|r| r.expires);
+        let deadline = resident.model().and(resident.expires);
         match handle.queue.next(deadline) {
             Work::Expired => {
-                if let Some(r) = resident.take() {
-                    eprintln!("unloaded {} (keep_alive elapsed)", r.model.name.short());
+                if let Some(m) = resident.model() {
+                    eprintln!("unloaded {} (keep_alive elapsed)", m.name.short());
                 }
-                release_memory();
+                resident.engine.unload();
                 handle.set_resident(None);
             }
             Work::Evict(name) => {
-                if resident.as_ref().is_some_and(|r| r.model.name == name) {
-                    resident = None;
-                    release_memory();
+                if resident.model().is_some_and(|m| m.name == name) {
+                    resident.engine.unload();
                     handle.set_resident(None);
                 }
             }
             Work::Job(job) => {
-                let result = run_job(&job, &mut resident, &settings, dtype);
-                let info = resident.as_ref().map(|r| ResidentInfo {
-                    model: r.model.clone(),
-                    expires_at: r
+                let result = run_job(&job, &mut resident, &settings);
+                let info = resident.model().map(|m| ResidentInfo {
+                    model: m.clone(),
+                    expires_at: resident
                         .expires
                         .map(|e| SystemTime::now() + e.saturating_duration_since(Instant::now())),
                 });
@@ -490,55 +348,7 @@ fn run(handle: Worker, settings: Settings) {
     }
 }
 
-/// Makes `job.model` the resident model, loading it if another (or none) is loaded.
-fn ensure_resident<'a>(
-    job: &Job,
-    resident: &'a mut Option<Resident>,
-    settings: &Settings,
-    dtype: Dtype,
-) -> Result<&'a mut Resident, JobError> {
-    let model = settings
-        .store
-        .open(&job.model.to_string())
-        .map_err(open_error)?;
-    let current = resident.as_ref().is_some_and(|r| {
-        r.model.name == model.name && r.model.manifest_digest == model.manifest_digest
-    });
-    if !current {
-        if let Some(old) = resident.take() {
-            eprintln!(
-                "unloaded {} to load {}",
-                old.model.name.short(),
-                model.name.short()
-            );
-            drop(old);
-            release_memory();
-        }
-        check_image_model(&settings.store, &model)?;
-        let source = StoreSource {
-            store: settings.store.clone(),
-            model: model.clone(),
-            read_path: ReadPath::MlxLoader,
-        };
-        let pipeline = Pipeline::new(source, dtype, true)
-            .map_err(|e| JobError::new(JobErrorKind::Internal, e.to_string()))?;
-        *resident = Some(Resident {
-            model,
-            pipeline,
-            expires: None,
-            loras: None,
-            controlnet: None,
-        });
-    }
-    Ok(resident.as_mut().expect("set above"))
-}
-
-fn run_job(
-    job: &Job,
-    resident: &mut Option<Resident>,
-    settings: &Settings,
-    dtype: Dtype,
-) -> Result<Finished, JobError> {
+fn run_job(job: &Job, resident: &mut Resident, settings: &Settings) -> Result<Finished, JobError> {
     let start = Instant::now();
     if job.cancel.is_cancelled() {
         return Err(JobError::new(
@@ -547,11 +357,14 @@ fn run_job(
         ));
     }
     let keep_alive = job.keep_alive.unwrap_or(settings.keep_alive);
-    if job.specs.is_empty() && keep_alive == KeepAlive::For(Duration::ZERO) {
-        let unloaded = resident.as_ref().is_some_and(|r| r.model.name == job.model);
-        if unloaded {
-            *resident = None;
-            release_memory();
+    let unloads = keep_alive == KeepAlive::For(Duration::ZERO);
+    let model = ModelChoice::Stored {
+        store: settings.store.clone(),
+        name: job.model.to_string(),
+    };
+    if job.generate.is_none() && unloads {
+        if resident.model().is_some_and(|m| m.name == job.model) {
+            resident.engine.unload();
         }
         return Ok(Finished {
             images: Vec::new(),
@@ -560,180 +373,91 @@ fn run_job(
             unloaded: true,
         });
     }
-    let load_start = Instant::now();
-    let r = ensure_resident(job, resident, settings, dtype)?;
-    bind_loras(job, r)?;
-    let load = load_start.elapsed();
-    let _ = job.events.send(Event::Started);
-    let mut images = Vec::with_capacity(job.specs.len());
-    let mut outcome = Ok(());
-    for (index, spec) in job.specs.iter().enumerate() {
-        match generate_one(job, r, spec, index, settings, dtype) {
-            Ok(image) => images.push(image),
-            Err(e) => {
-                outcome = Err(e);
-                break;
+    if let Some(old) = resident.model().filter(|m| m.name != job.model) {
+        eprintln!(
+            "unloaded {} to load {}",
+            old.name.short(),
+            job.model.short()
+        );
+    }
+    let (images, load) = match &job.generate {
+        None => {
+            let load = Instant::now();
+            resident.engine.load(&model)?;
+            let _ = job.events.send(Event::Started);
+            (Vec::new(), load.elapsed())
+        }
+        Some(generate) => {
+            let generate = generation::Job {
+                model,
+                memory_limit: generate
+                    .memory_limit
+                    .clone()
+                    .or_else(|| settings.memory_limit.clone()),
+                ..generate.clone()
+            };
+            let mut started = false;
+            let mut done_before = 0;
+            let mut image_now = 0;
+            let outcome = generation::run(
+                &generate,
+                &mut resident.engine,
+                &mut |p| {
+                    if !started && p.phase != "load" {
+                        started = true;
+                        let _ = job.events.send(Event::Started);
+                    }
+                    if p.image != image_now {
+                        image_now = p.image;
+                        done_before = job.cancel.steps_done.load(Ordering::SeqCst);
+                    }
+                    if p.steps > 0 {
+                        job.cancel
+                            .steps_done
+                            .store(done_before + p.step, Ordering::SeqCst);
+                        let _ = job.events.send(Event::Progress(p.clone()));
+                    }
+                },
+                &job.cancel.gone,
+            );
+            let outcome = outcome.map_err(|e| match e {
+                generation::Error::Stopped { image, step, total } => JobError::new(
+                    JobErrorKind::Stopped,
+                    format!(
+                        "the client left after step {} of the run; stopped after step {} (image {image}: step {step} of {total})",
+                        job.cancel.left_after.load(Ordering::SeqCst),
+                        job.cancel.steps_done.load(Ordering::SeqCst),
+                    ),
+                ),
+                other => other.into(),
+            });
+            match outcome {
+                Ok(o) => (o.images, o.load),
+                Err(e) => {
+                    resident.expires = expiry(keep_alive);
+                    if unloads {
+                        resident.engine.unload();
+                    }
+                    return Err(e);
+                }
             }
         }
-    }
-    r.expires = match keep_alive {
-        KeepAlive::Forever => None,
-        KeepAlive::For(d) => Some(Instant::now() + d),
     };
-    let unloaded = keep_alive == KeepAlive::For(Duration::ZERO);
-    if unloaded {
-        *resident = None;
-        release_memory();
+    resident.expires = expiry(keep_alive);
+    if unloads {
+        resident.engine.unload();
     }
-    outcome?;
     Ok(Finished {
         images,
         load,
         total: start.elapsed(),
-        unloaded,
+        unloaded: unloads,
     })
 }
 
-fn generate_one(
-    job: &Job,
-    r: &mut Resident,
-    spec: &Spec,
-    index: usize,
-    settings: &Settings,
-    dtype: Dtype,
-) -> Result<Image, JobError> {
-    let bad = |e: String| JobError::new(JobErrorKind::BadRequest, e);
-    let sample = r.pipeline.configs.vae.sample_size.unwrap_or(1024);
-    // Built as `zimage generate` builds it, so that a seed gives the CLI's pixels: without a
-    // size, an input picture gives it, rounded as diffusers rounds it.
-    let cell = 2 * r.pipeline.configs.vae.scale_factor() as u32;
-    let given = (spec.input.as_ref().map(|i| ("input picture", &i.image)))
-        .or_else(|| spec.control.as_ref().map(|c| ("control image", &c.image)));
-    let (default_w, default_h) = match given {
-        Some((what, image)) => crate::image_in::default_size(image.width(), image.height(), cell)
-            .ok_or_else(|| {
-            bad(format!(
-                "the {what} is {}×{}; it needs at least {cell} pixels each way",
-                image.width(),
-                image.height()
-            ))
-        })?,
-        None => (sample, sample),
-    };
-    let mut req = Request {
-        prompt: spec.prompt.clone(),
-        negative_prompt: spec.negative_prompt.clone(),
-        width: spec.width.unwrap_or(default_w),
-        height: spec.height.unwrap_or(default_h),
-        steps: spec.steps,
-        guidance: spec.guidance,
-        seed: spec.seed,
-        noise: None,
-        input: None,
-    };
-    r.pipeline.validate(&req).map_err(|e| bad(e.to_string()))?;
-    if let Some(i) = &spec.input {
-        let strength = i.strength.unwrap_or(if i.mask.is_some() {
-            pipeline::condition::DEFAULT_INPAINT_STRENGTH
-        } else {
-            pipeline::condition::DEFAULT_STRENGTH
-        });
-        req.input = Some(pipeline::ImageInput {
-            rgb: crate::image_in::picture(&i.image, req.width, req.height).into_raw(),
-            mask: i
-                .mask
-                .as_ref()
-                .map(|m| crate::image_in::mask(m, req.width, req.height)),
-            strength,
-        });
-        r.pipeline.validate(&req).map_err(|e| bad(e.to_string()))?;
+fn expiry(keep_alive: KeepAlive) -> Option<Instant> {
+    match keep_alive {
+        KeepAlive::Forever => None,
+        KeepAlive::For(d) => Some(Instant::now() + d),
     }
-    let control = match &spec.control {
-        Some(c) => {
-            set_controlnet(r, settings, &c.controlnet)?;
-            let input = c.input(req.width, req.height);
-            r.pipeline
-                .validate_control(&req, &input)
-                .map_err(|e| bad(e.to_string().replace("--", "")))?;
-            Some(input)
-        }
-        None => None,
-    };
-    let prompt_tokens = r
-        .pipeline
-        .token_ids(&req.prompt)
-        .map_err(|e| bad(e.to_string()))?
-        .len();
-    let plan = generation::plan_memory(&r.pipeline, &req, settings.memory_limit.as_deref(), None)
-        .map_err(|e| match e {
-        generation::Error::DoesNotFit(e) => bad(format!("{e}; ask for a smaller width and height")),
-        other => JobError::new(JobErrorKind::Internal, other.to_string()),
-    })?;
-    r.pipeline.set_residency(plan.residency);
-    r.pipeline.set_tiling(plan.tiling);
-    let done_before = job.cancel.steps_done.load(Ordering::SeqCst);
-    let out = r
-        .pipeline
-        .generate_controlled(&req, control.as_ref(), &mut |p| {
-            if let Progress::Step { index: step, total } = p {
-                job.cancel
-                    .steps_done
-                    .store(done_before + step, Ordering::SeqCst);
-                let _ = job.events.send(Event::Step {
-                    image: index,
-                    completed: step,
-                    total,
-                });
-            }
-            if job.cancel.is_cancelled() {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
-    let out = out.map_err(|e| match e {
-        pipeline::Error::Stopped { step, total } => JobError::new(
-            JobErrorKind::Stopped,
-            format!(
-                "the client left after step {} of the run; stopped after step {} (image {}: step {step} of {total})",
-                job.cancel.left_after.load(Ordering::SeqCst),
-                job.cancel.steps_done.load(Ordering::SeqCst),
-                index + 1
-            ),
-        ),
-        pipeline::Error::Request(m) => bad(m),
-        other => JobError::new(JobErrorKind::Internal, other.to_string()),
-    })?;
-    let seconds = |phase: &str| {
-        out.phases
-            .iter()
-            .find(|p| p.phase == phase)
-            .map(|p| Duration::from_secs_f64(p.seconds))
-            .unwrap_or_default()
-    };
-    let name = r.model.name.short();
-    let identity = r.model.manifest.model_identity();
-    let steered = generation::ControlProvenance::of(&r.pipeline, control.as_ref());
-    let png = generation::encode_png_controlled(
-        &out,
-        &req,
-        &Provenance {
-            model_name: &name,
-            identity: &identity,
-            dtype,
-            noise_file: None,
-            loras: &r.pipeline.adapters().applied,
-            shift: r.pipeline.configs.scheduler.shift,
-        },
-        steered.as_ref(),
-    )
-    .map_err(|e| JobError::new(JobErrorKind::Internal, e.to_string()))?;
-    Ok(Image {
-        png,
-        prompt_tokens,
-        steps: req.steps,
-        text: seconds("text"),
-        denoise: seconds("denoise"),
-        decode: seconds("decode"),
-    })
 }

@@ -121,3 +121,4 @@ pub fn write_safetensors_with_metadata(
     std::fs::write(path, bytes).unwrap();
 }
 pub mod controlnet;
+pub mod server;

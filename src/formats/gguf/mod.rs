@@ -227,18 +227,7 @@ pub enum Error {
     InFile { path: PathBuf, cause: Box<Error> },
 }
 
-impl Error {
-    /// Attaches the file this error came from (once).
-    pub fn in_file(self, path: &Path) -> Error {
-        match self {
-            e @ (Error::InFile { .. } | Error::File(_)) => e,
-            e => Error::InFile {
-                path: path.to_path_buf(),
-                cause: Box::new(e),
-            },
-        }
-    }
-}
+crate::files::in_file_error!(Error);
 
 pub type Result<T> = std::result::Result<T, Error>;
 

@@ -1,51 +1,11 @@
-//! The one generation path `zimage generate` and `zimage serve` share: the memory plan for a
-//! request, and the PNG with its metadata (A1111 infotext and the request as JSON), so an
-//! image from the server and one from the command line are the same file for the same request.
+//! A generated image's metadata: the A1111 infotext and the request as JSON, written into its
+//! PNG, so an image from the server and one from the command line are the same file for the
+//! same request.
 
 use crate::formats::infotext;
-use crate::memory_plan::{self, DoesNotFit, MemoryPlan};
 use crate::mlx::{self, Dtype};
-use crate::models::Residency;
-use crate::pipeline::{self, Generated, ModelSource, Pipeline, Request};
+use crate::pipeline::{self, ModelSource, Pipeline, Request};
 use std::path::Path;
-
-/// Denoising steps when a request names none (Z-Image Turbo's setting).
-pub const DEFAULT_STEPS: usize = 8;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The memory budget setting itself is wrong (`--memory-limit`, `ZIMAGE_MEMORY_LIMIT`).
-    #[error("{0}")]
-    Budget(String),
-    #[error(transparent)]
-    DoesNotFit(#[from] DoesNotFit),
-    #[error(transparent)]
-    Pipeline(#[from] pipeline::Error),
-    #[error("encoding the PNG: {0}")]
-    Png(String),
-}
-
-/// Checks that the request fits the memory budget (`limit`, else `ZIMAGE_MEMORY_LIMIT`, else
-/// most of the machine) and chooses how to hold the weights and decode; `residency` overrides
-/// the choice of how weights are held.
-pub fn plan_memory<S: ModelSource>(
-    pipeline: &Pipeline<S>,
-    req: &Request,
-    limit: Option<&str>,
-    residency: Option<Residency>,
-) -> Result<MemoryPlan, Error> {
-    let (budget, source) = memory_plan::budget(limit).map_err(Error::Budget)?;
-    let sizes = pipeline.tensor_sizes()?;
-    let model = pipeline.model_sizes(&sizes);
-    let shape = pipeline.request_shape(req)?;
-    let base = crate::platform::peak_resident_bytes().unwrap_or(0);
-    let mut plan = model.plan(&shape, budget, &source, base, pipeline.can_stream())?;
-    if let Some(residency) = residency.filter(|r| *r != plan.residency) {
-        plan.residency = residency;
-        plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);
-    }
-    Ok(plan)
-}
 
 /// Where an image came from, for its metadata.
 pub struct Provenance<'a> {
@@ -86,16 +46,29 @@ impl ControlProvenance {
     }
 }
 
-/// The two text chunks of a generated PNG: (`parameters` infotext, `zimage` request JSON).
-pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
-    png_text_controlled(req, from, None)
+/// The hires pass an image was refined by, for its metadata.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HiresProvenance {
+    pub scale: f32,
+    /// The second pass's schedule length (`None`: the first pass's).
+    pub steps: Option<usize>,
+    pub strength: f64,
+    pub first_width: u32,
+    pub first_height: u32,
 }
 
-/// [`png_text`] for an image steered by a ControlNet (`None`: not steered).
-pub fn png_text_controlled(
+/// The two text chunks of a generated PNG: (`parameters` infotext, `zimage` request JSON).
+pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
+    png_text_full(req, from, None, None)
+}
+
+/// [`png_text`] for an image steered by a ControlNet (`control`) or refined by a hires pass
+/// (`hires`); `req` is the first pass's request.
+pub fn png_text_full(
     req: &Request,
     from: &Provenance,
     control: Option<&ControlProvenance>,
+    hires: Option<&HiresProvenance>,
 ) -> (String, String) {
     let hash10 = from.identity.get(..10).unwrap_or("").to_string();
     let mut fields = vec![
@@ -120,6 +93,15 @@ pub fn png_text_controlled(
     ];
     if let Some(input) = &req.input {
         fields.push(("Denoising strength", input.strength.to_string()));
+    }
+    if let Some(h) = hires {
+        // As A1111 writes a hires fix: the pass's strength as the denoising strength.
+        fields.push(("Denoising strength", h.strength.to_string()));
+        fields.push(("Hires upscale", h.scale.to_string()));
+        if let Some(steps) = h.steps {
+            fields.push(("Hires steps", steps.to_string()));
+        }
+        fields.push(("Hires upscaler", "Lanczos".into()));
     }
     if let Some(c) = control {
         fields.push(("ControlNet", c.controlnet.clone()));
@@ -157,30 +139,8 @@ pub fn png_text_controlled(
     if let Some(c) = control {
         request_json["control"] = serde_json::json!(c);
     }
+    if let Some(h) = hires {
+        request_json["hires"] = serde_json::json!(h);
+    }
     (parameters, request_json.to_string())
-}
-
-/// The generated image as PNG bytes, with its metadata.
-pub fn encode_png(out: &Generated, req: &Request, from: &Provenance) -> Result<Vec<u8>, Error> {
-    encode_png_controlled(out, req, from, None)
-}
-
-/// [`encode_png`] for an image steered by a ControlNet (`None`: not steered).
-pub fn encode_png_controlled(
-    out: &Generated,
-    req: &Request,
-    from: &Provenance,
-    control: Option<&ControlProvenance>,
-) -> Result<Vec<u8>, Error> {
-    let (parameters, json) = png_text_controlled(req, from, control);
-    crate::image_out::encode_png(
-        &out.rgb,
-        out.width,
-        out.height,
-        &[
-            (crate::image_out::PARAMETERS_KEY, &parameters),
-            (crate::image_out::ZIMAGE_KEY, &json),
-        ],
-    )
-    .map_err(Error::Png)
 }

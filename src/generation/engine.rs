@@ -1,0 +1,180 @@
+//! The engine: the model a front end keeps loaded between jobs (the command line's `--runs`
+//! and batches, the server's keep-alive), with the LoRAs and the ControlNet bound to it.
+
+use super::source::{ModelChoice, ModelKey, Source};
+use super::Error;
+use crate::controlnet_source::{self, ControlNetSource};
+use crate::mlx::Dtype;
+use crate::pipeline::{ControlNetLoader, Pipeline};
+use crate::store::{Store, StoredModel};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+/// The ControlNet a job names.
+#[derive(Debug, Clone)]
+pub enum ControlNetChoice {
+    /// A diffusers directory or a published single file (the command line allows paths).
+    Path(PathBuf),
+    /// A ControlNet in `store`, by name.
+    Stored { store: Store, name: String },
+}
+
+impl ControlNetChoice {
+    fn key(&self) -> String {
+        match self {
+            ControlNetChoice::Path(p) => format!("path:{}", p.display()),
+            ControlNetChoice::Stored { store, name } => {
+                format!("stored:{}:{name}", store.root.display())
+            }
+        }
+    }
+
+    fn open(&self) -> Result<Box<dyn ControlNetLoader>, Error> {
+        match self {
+            ControlNetChoice::Path(path) => ControlNetSource::open(path)
+                .map(|s| Box::new(s) as Box<dyn ControlNetLoader>)
+                .map_err(|e| Error::ControlNet(format!("--controlnet: {e}"))),
+            ControlNetChoice::Stored { store, name } => {
+                match controlnet_source::open_stored(store.clone(), name) {
+                    Ok(s) => Ok(Box::new(s)),
+                    Err(controlnet_source::Error::Store(e)) => match super::source::open_error(e) {
+                        Error::NotFound(m) => Err(Error::NotFound(format!("--controlnet: {m}"))),
+                        other => Err(Error::ControlNet(format!("--controlnet: {other}"))),
+                    },
+                    Err(e) => Err(Error::ControlNet(format!("--controlnet: {e}"))),
+                }
+            }
+        }
+    }
+}
+
+/// A request LoRA as bound: its file's size and time of change tell an edited file from the
+/// one bound before.
+#[derive(Debug, Clone, PartialEq)]
+struct LoraStamp {
+    spec: crate::lora::LoraSpec,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl LoraStamp {
+    fn of(spec: &crate::lora::LoraSpec) -> LoraStamp {
+        let meta = std::fs::metadata(&spec.path).ok();
+        LoraStamp {
+            spec: spec.clone(),
+            len: meta.as_ref().map_or(0, |m| m.len()),
+            modified: meta.and_then(|m| m.modified().ok()),
+        }
+    }
+}
+
+/// The loaded model.
+pub(super) struct Loaded {
+    pub key: ModelKey,
+    pub pipeline: Pipeline<Source>,
+    /// The LoRAs the pipeline's adapters were bound for (`None`: none bound yet, not even the
+    /// model's own), with whether unknown keys were skipped.
+    loras: Option<(Vec<LoraStamp>, bool)>,
+    /// The ControlNet set on the pipeline; it stays with the model until a job names another.
+    controlnet: Option<String>,
+}
+
+/// Keeps one model loaded between jobs.
+pub struct Engine {
+    dtype: Dtype,
+    /// Keep the transformer and VAE between images (more memory, no reload).
+    keep_models: bool,
+    loaded: Option<Loaded>,
+}
+
+impl Engine {
+    /// An engine computing in `dtype` (`None`: bf16 on a GPU, f32 on the CPU).
+    pub fn new(dtype: Option<Dtype>, keep_models: bool) -> Engine {
+        Engine {
+            dtype: dtype.unwrap_or_else(crate::platform::default_compute_dtype),
+            keep_models,
+            loaded: None,
+        }
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The stored model loaded, if any.
+    pub fn stored_model(&self) -> Option<&StoredModel> {
+        self.loaded
+            .as_ref()
+            .and_then(|l| l.pipeline.source().stored())
+    }
+
+    /// Whether the model `key` names is the one loaded.
+    pub fn holds(&self, key: &ModelKey) -> bool {
+        self.loaded.as_ref().is_some_and(|l| &l.key == key)
+    }
+
+    /// Lets go of the loaded model and returns its memory to the system.
+    pub fn unload(&mut self) {
+        if self.loaded.take().is_some() {
+            crate::mlx::memory::clear_cache();
+            crate::platform::trim_freed_memory();
+        }
+    }
+
+    /// Makes `model` the loaded one, loading it if another (or none) is loaded; reports
+    /// whether it loaded anything.
+    pub fn load(&mut self, model: &ModelChoice) -> Result<bool, Error> {
+        if model.key().is_some_and(|k| self.holds(&k)) {
+            return Ok(false);
+        }
+        self.unload();
+        let source = Source::open(model)?;
+        let key = source.key();
+        let pipeline = Pipeline::new(source, self.dtype, self.keep_models)?;
+        self.loaded = Some(Loaded {
+            key,
+            pipeline,
+            loras: None,
+            controlnet: None,
+        });
+        Ok(true)
+    }
+
+    /// The loaded model; [`Engine::load`] first.
+    pub(super) fn loaded(&mut self) -> &mut Loaded {
+        self.loaded
+            .as_mut()
+            .expect("a model is loaded before it is used")
+    }
+}
+
+impl Loaded {
+    /// Binds the model's own LoRAs and `specs` to the pipeline, unless those are bound already.
+    pub fn bind_loras(
+        &mut self,
+        specs: &[crate::lora::LoraSpec],
+        lenient: bool,
+    ) -> Result<(), Error> {
+        let wanted: (Vec<LoraStamp>, bool) = (specs.iter().map(LoraStamp::of).collect(), lenient);
+        if self.loras.as_ref() == Some(&wanted) {
+            return Ok(());
+        }
+        let adapters = self.pipeline.load_adapters(specs, lenient)?;
+        self.pipeline.set_adapters(adapters);
+        self.loras = Some(wanted);
+        Ok(())
+    }
+
+    /// Sets the ControlNet `choice` names on the pipeline, unless it is set already.
+    pub fn set_controlnet(&mut self, choice: &ControlNetChoice) -> Result<(), Error> {
+        let key = choice.key();
+        if self.controlnet.as_deref() == Some(key.as_str()) {
+            return Ok(());
+        }
+        let net = choice.open()?;
+        self.controlnet = None;
+        self.pipeline.set_controlnet(Some(net))?;
+        self.controlnet = Some(key);
+        Ok(())
+    }
+}

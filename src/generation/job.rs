@@ -1,0 +1,206 @@
+//! A generation job: everything one call produces, as plain data. The command line builds one
+//! from its flags, each server API from its body, the page from its form; [`super::run`] makes
+//! the images. [`Job::check`] is the one validation before anything loads, so a bad request gets
+//! the same answer wherever it came from.
+
+use super::{ControlNetChoice, Error, ModelChoice};
+use crate::models::Residency;
+use crate::pipeline;
+use std::path::PathBuf;
+
+/// The most images one job makes.
+pub const MAX_COUNT: u32 = 100;
+/// The hires pass's bounds on its scale.
+pub const MIN_HIRES_SCALE: f32 = 1.0;
+pub const MAX_HIRES_SCALE: f32 = 4.0;
+
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub model: ModelChoice,
+    pub prompt: String,
+    /// Used only with guidance > 0.
+    pub negative_prompt: Option<String>,
+    /// `None`: from the input picture (rounded as diffusers rounds it), else the model's
+    /// default size.
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    /// `None`: the model's default (Turbo's 8).
+    pub steps: Option<usize>,
+    /// `None`: the model's default (Turbo's 0).
+    pub guidance: Option<f32>,
+    /// Image k of the job is drawn from `seed + k`.
+    pub seed: u64,
+    /// How many images, each from the next seed.
+    pub count: u32,
+    /// Initial latents from a safetensors file instead of the seed.
+    pub noise: Option<PathBuf>,
+    /// The picture to start from (image-to-image, or inpainting with a mask).
+    pub input: Option<PictureInput>,
+    pub control: Option<ControlJob>,
+    /// LoRAs applied on top of the model's own, for this job.
+    pub loras: Vec<crate::lora::LoraSpec>,
+    /// Skip LoRA keys that name no layer of the model instead of refusing the file.
+    pub lora_lenient: bool,
+    /// The memory budget (`12GB`); `None`: `ZIMAGE_MEMORY_LIMIT`, else most of the machine.
+    pub memory_limit: Option<String>,
+    /// How weights are held; `None`: the memory plan chooses.
+    pub residency: Option<Residency>,
+    /// A second pass at a larger size (generate, upscale, refine).
+    pub hires: Option<Hires>,
+}
+
+/// A decoded picture, with what the request called it (`--image \`a.png\``, `field \`image\``)
+/// for messages.
+#[derive(Debug, Clone)]
+pub struct Picture {
+    pub image: image::DynamicImage,
+    pub label: String,
+}
+
+/// An image-to-image or inpaint input.
+#[derive(Debug, Clone)]
+pub struct PictureInput {
+    pub picture: Picture,
+    /// White repaints, black keeps.
+    pub mask: Option<Picture>,
+    /// `None`: 0.6 for image-to-image, 1.0 for inpainting.
+    pub strength: Option<f64>,
+}
+
+/// A control image and the ControlNet it steers.
+#[derive(Debug, Clone)]
+pub struct ControlJob {
+    pub net: ControlNetChoice,
+    pub image: Picture,
+    pub scale: f32,
+}
+
+/// A hires pass: the first image upscaled `scale` times in pixel space (Lanczos-3), then
+/// reworked by image-to-image at that size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hires {
+    pub scale: f32,
+    /// How far the upscaled picture is taken back toward noise, in (0, 1].
+    pub strength: f64,
+    /// The second pass's schedule length; `None`: the first pass's. As in image-to-image,
+    /// only the last `steps × strength` of them run.
+    pub steps: Option<usize>,
+}
+
+impl Hires {
+    /// The hires strength when a request names none (A1111's default).
+    pub const DEFAULT_STRENGTH: f64 = 0.7;
+
+    /// The second pass's size for a first pass of `width`×`height`: each side scaled and
+    /// rounded down to a multiple of `cell`.
+    pub fn size(&self, width: u32, height: u32, cell: u32) -> (u32, u32) {
+        let side = |s: u32| ((s as f64 * self.scale as f64) as u32 / cell * cell).max(cell);
+        (side(width), side(height))
+    }
+}
+
+impl Job {
+    /// A text → image job of one image with every setting left to the model.
+    pub fn new(model: ModelChoice, prompt: impl Into<String>) -> Job {
+        Job {
+            model,
+            prompt: prompt.into(),
+            negative_prompt: None,
+            width: None,
+            height: None,
+            steps: None,
+            guidance: None,
+            seed: 42,
+            count: 1,
+            noise: None,
+            input: None,
+            control: None,
+            loras: Vec::new(),
+            lora_lenient: false,
+            memory_limit: None,
+            residency: None,
+            hires: None,
+        }
+    }
+
+    /// Checks every bound and combination that needs no model, before anything loads. A
+    /// setting left to the model is checked once the model is read.
+    pub fn check(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Request(m));
+        let side = |v: Option<u32>| v.unwrap_or(16);
+        if let Some(e) = pipeline::request_range_error(
+            self.steps.unwrap_or(1) as u64,
+            self.guidance.unwrap_or(0.0),
+            side(self.width),
+            side(self.height),
+        ) {
+            return bad(e);
+        }
+        if !(1..=MAX_COUNT).contains(&self.count) {
+            return bad(format!(
+                "--count is {}; it must be within 1..={MAX_COUNT}",
+                self.count
+            ));
+        }
+        if let Some(limit) = &self.memory_limit {
+            crate::memory_plan::parse_size(limit)
+                .map_err(|e| Error::Budget(format!("--memory-limit: {e}")))?;
+        }
+        if let Some(input) = &self.input {
+            if let Some(s) = input.strength {
+                if !(s > 0.0 && s <= 1.0) {
+                    return bad(format!("--strength is {s}; it must be within (0, 1]"));
+                }
+            }
+            if let Some(mask) = &input.mask {
+                let (p, m) = (&input.picture, mask);
+                if (m.image.width(), m.image.height()) != (p.image.width(), p.image.height()) {
+                    return bad(format!(
+                        "{} is {}×{}, but {} is {}×{}; give a mask of the picture's size",
+                        m.label,
+                        m.image.width(),
+                        m.image.height(),
+                        p.label,
+                        p.image.width(),
+                        p.image.height()
+                    ));
+                }
+            }
+        }
+        if let Some(c) = &self.control {
+            if let Some(e) = pipeline::control::scale_error(c.scale) {
+                return bad(e);
+            }
+            match &self.input {
+                Some(i) if i.mask.is_none() => return bad(
+                    "--control with --image needs --mask: a ControlNet repaints the masked part of a picture; it does not rework a whole one".into(),
+                ),
+                _ => {}
+            }
+        }
+        if let Some(h) = &self.hires {
+            if !(h.scale > MIN_HIRES_SCALE && h.scale <= MAX_HIRES_SCALE) {
+                return bad(format!(
+                    "--hires-scale is {}; it must be within ({MIN_HIRES_SCALE}, {MAX_HIRES_SCALE}]",
+                    h.scale
+                ));
+            }
+            if !(h.strength > 0.0 && h.strength <= 1.0) {
+                return bad(format!(
+                    "--hires-strength is {}; it must be within (0, 1]",
+                    h.strength
+                ));
+            }
+            if let Some(e) = h.steps.and_then(|s| {
+                pipeline::request_range_error(s as u64, 0.0, 16, 16)
+                    .map(|e| e.replace("--steps", "--hires-steps"))
+            }) {
+                return bad(e);
+            }
+            if self.noise.is_some() {
+                return bad("--hires-scale with --noise: the second pass draws its noise from the seed; leave one out".into());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,59 @@
+//! One path from a request to images. A front end (the command line, each server API, the
+//! page) parses what it is given into a [`Job`]; [`run`] makes the images on an [`Engine`] that
+//! keeps the model loaded between jobs, reporting [`Progress`] and stopping on [`Cancel`]; the
+//! front end writes or encodes the [`Image`]s that come back. Nothing above this module calls
+//! the pipeline to generate.
+
+mod engine;
+mod error;
+mod job;
+pub mod metadata;
+mod noise;
+mod progress;
+mod run;
+mod source;
+
+pub use engine::{ControlNetChoice, Engine};
+pub use error::{Error, ErrorClass};
+pub use job::{ControlJob, Hires, Job, Picture, PictureInput, MAX_COUNT};
+pub use metadata::{png_text, png_text_full, ControlProvenance, HiresProvenance, Provenance};
+pub use progress::{Cancel, Progress};
+pub use run::{run, Image, Outcome};
+pub use source::{check_image_model, open_error, ModelChoice, ModelKey};
+
+use crate::memory_plan::{self, MemoryPlan};
+use crate::mlx::fast::Products;
+use crate::models::Residency;
+use crate::pipeline::{ModelSource, Pipeline, Request};
+
+/// Denoising steps when a request names none (Z-Image Turbo's setting).
+pub const DEFAULT_STEPS: usize = 8;
+
+/// Checks that the request fits the memory budget (`limit`, else `ZIMAGE_MEMORY_LIMIT`, else
+/// most of the machine) and chooses how to hold the weights and decode; `residency` overrides
+/// the choice of how weights are held.
+pub fn plan_memory<S: ModelSource>(
+    pipeline: &Pipeline<S>,
+    req: &Request,
+    limit: Option<&str>,
+    residency: Option<Residency>,
+) -> Result<MemoryPlan, Error> {
+    // bf16 products read bf16 weights as they are: widening them first gains nothing.
+    let residency = residency.or_else(|| {
+        (Products::for_process() == Products::Bf16).then(|| match pipeline.can_stream() {
+            true => Residency::Streamed,
+            false => Residency::Stored,
+        })
+    });
+    let (budget, source) = memory_plan::budget(limit).map_err(Error::Budget)?;
+    let sizes = pipeline.tensor_sizes()?;
+    let model = pipeline.model_sizes(&sizes);
+    let shape = pipeline.request_shape(req)?;
+    let base = crate::platform::peak_resident_bytes().unwrap_or(0);
+    let mut plan = model.plan(&shape, budget, &source, base, pipeline.can_stream())?;
+    if let Some(residency) = residency.filter(|r| *r != plan.residency) {
+        plan.residency = residency;
+        plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);
+    }
+    Ok(plan)
+}

@@ -1,0 +1,52 @@
+//! Progress and cancel as data: what a running job reports (read by the command line's bar,
+//! Ollama's stream, the servers' progress answers) and the switch any front end flips to stop
+//! it at the next step boundary.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a job is. Reported when a phase starts and after every denoising step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// The image being made, 1-based, of `images`.
+    pub image: usize,
+    pub images: usize,
+    /// `load`, `text`, `encode`, `denoise`, `decode`, or `hires` (the second pass's upscale).
+    pub phase: &'static str,
+    /// Denoising steps done of `steps` in this image's current pass (0 before the first).
+    pub step: usize,
+    pub steps: usize,
+    /// Since the job started.
+    pub elapsed: Duration,
+}
+
+impl Progress {
+    /// The share of the whole job done, in [0, 1]: images done plus this one's steps.
+    pub fn fraction(&self) -> f64 {
+        let images = self.images.max(1) as f64;
+        let within = match self.steps {
+            0 => 0.0,
+            n => self.step as f64 / n as f64,
+        };
+        ((self.image.saturating_sub(1)) as f64 + within.min(1.0)) / images
+    }
+}
+
+/// Stops a job at its next step boundary. Clones share one switch.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,405 @@
+//! The one runner: a [`Job`] in, images with their metadata out. It settles what the job left
+//! to the model (size, steps, guidance), plans the memory, binds LoRAs and the ControlNet,
+//! makes each image of the batch from its own seed, runs the hires pass, and writes each PNG's
+//! metadata; front ends only parse requests into jobs and encode what comes back.
+
+use super::metadata::{self, ControlProvenance, HiresProvenance, Provenance};
+use super::{plan_memory, Cancel, Engine, Error, Hires, Job, Progress};
+use crate::memory_plan::MemoryPlan;
+use crate::pipeline::{self, ControlInput, ModelSource, PhaseReport, Pipeline, Request};
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+/// One image a job made.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// The PNG with its metadata (A1111 infotext and the request as JSON).
+    pub png: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+    pub seed: u64,
+    /// The schedule's length (of the last pass).
+    pub steps: usize,
+    /// The denoising steps that ran, over every pass.
+    pub steps_run: usize,
+    pub prompt_tokens: usize,
+    /// Each phase's time and peak memory, the first pass's then the hires pass's.
+    pub phases: Vec<PhaseReport>,
+    /// Seconds the ControlNet's hints took over the denoise (`None` without control).
+    pub control_seconds: Option<f64>,
+    /// The A1111 infotext written into the PNG.
+    pub infotext: String,
+}
+
+impl Image {
+    /// The time of every phase called `phase`, over the passes.
+    pub fn seconds(&self, phase: &str) -> Duration {
+        Duration::from_secs_f64(
+            self.phases
+                .iter()
+                .filter(|p| p.phase == phase)
+                .map(|p| p.seconds)
+                .sum(),
+        )
+    }
+}
+
+/// What a job made, and how.
+#[derive(Debug)]
+pub struct Outcome {
+    pub images: Vec<Image>,
+    /// The plan of the job's largest pass.
+    pub plan: MemoryPlan,
+    /// Time spent loading the model's configs and binding LoRAs (zero when all was loaded).
+    pub load: Duration,
+    pub model_name: String,
+    /// The LoRAs applied, with the keys `lora_lenient` skipped.
+    pub loras: Vec<crate::lora::Applied>,
+    /// The ControlNet's weights the denoise estimate holds, when one steers.
+    pub controlnet_weights: Option<u64>,
+}
+
+/// Forwards the pipeline's progress as the job's.
+struct Reporter<'a> {
+    progress: &'a mut dyn FnMut(&Progress),
+    started: Instant,
+    images: usize,
+    image: usize,
+    phase: &'static str,
+}
+
+impl Reporter<'_> {
+    fn report(&mut self, step: usize, steps: usize) {
+        (self.progress)(&Progress {
+            image: self.image,
+            images: self.images,
+            phase: self.phase,
+            step,
+            steps,
+            elapsed: self.started.elapsed(),
+        })
+    }
+
+    fn phase(&mut self, name: &'static str) {
+        self.phase = name;
+        self.report(0, 0);
+    }
+
+    fn pipeline(&mut self, p: pipeline::Progress) {
+        match p {
+            pipeline::Progress::Phase(name) => self.phase(name),
+            pipeline::Progress::Step { index, total } => self.report(index, total),
+        }
+    }
+}
+
+/// One pass of one image: the request and the control input at its size.
+struct Pass {
+    req: Request,
+    control: Option<ControlInput>,
+}
+
+/// Makes the job's images on `engine`, reporting to `progress`, stopping at the next step
+/// boundary once `cancel` is set.
+pub fn run(
+    job: &Job,
+    engine: &mut Engine,
+    progress: &mut dyn FnMut(&Progress),
+    cancel: &Cancel,
+) -> Result<Outcome, Error> {
+    job.check()?;
+    let mut reporter = Reporter {
+        progress,
+        started: Instant::now(),
+        images: job.count as usize,
+        image: 1,
+        phase: "load",
+    };
+    reporter.phase("load");
+    engine.load(&job.model)?;
+    let dtype = engine.dtype();
+    let loaded = engine.loaded();
+    loaded.bind_loras(&job.loras, job.lora_lenient)?;
+    if let Some(c) = &job.control {
+        loaded.set_controlnet(&c.net)?;
+    }
+    let load = reporter.started.elapsed();
+    let pipeline = &mut loaded.pipeline;
+
+    let first = first_pass(job, pipeline)?;
+    let hires = match &job.hires {
+        Some(h) => Some(hires_request(job, h, pipeline, &first.req)?),
+        None => None,
+    };
+    let first_plan = plan_memory(
+        pipeline,
+        &first.req,
+        job.memory_limit.as_deref(),
+        job.residency,
+    )?;
+    let hires_plan = match &hires {
+        Some(r) => Some(plan_memory(
+            pipeline,
+            r,
+            job.memory_limit.as_deref(),
+            job.residency,
+        )?),
+        None => None,
+    };
+    let prompt_tokens = pipeline.token_ids(&job.prompt)?.len();
+    let model_name = pipeline.source().name();
+    let identity = pipeline.source().identity();
+    let shift = pipeline.configs.scheduler.shift;
+
+    let mut out = Vec::with_capacity(job.count as usize);
+    for k in 0..job.count as usize {
+        let image = k + 1;
+        reporter.image = image;
+        let seed = job.seed.wrapping_add(k as u64);
+        let mut req = first.req.clone();
+        req.seed = seed;
+        let generated = run_pass(
+            pipeline,
+            &first_plan,
+            &req,
+            first.control.as_ref(),
+            cancel,
+            image,
+            &mut |p| reporter.pipeline(p),
+        )?;
+        let mut phases = generated.phases.clone();
+        let mut steps_run = steps_run_of(&req);
+        let mut control_seconds = generated.control_seconds;
+        let (rgb, width, height, last_req, hires_from) = match (&hires, &job.hires, &hires_plan) {
+            (Some(second), Some(h), Some(plan)) => {
+                reporter.phase("hires");
+                let mut second = second.clone();
+                second.seed = seed;
+                let picture =
+                    image::RgbImage::from_raw(generated.width, generated.height, generated.rgb)
+                        .ok_or_else(|| {
+                            Error::Png("the first pass's picture has the wrong size".into())
+                        })?;
+                let picture = image::DynamicImage::ImageRgb8(picture);
+                if let Some(input) = second.input.as_mut() {
+                    input.rgb =
+                        crate::image_in::picture(&picture, second.width, second.height).into_raw();
+                }
+                let refined = run_pass(pipeline, plan, &second, None, cancel, image, &mut |p| {
+                    reporter.pipeline(p)
+                })?;
+                phases.extend(refined.phases.iter().cloned());
+                steps_run += steps_run_of(&second);
+                control_seconds = control_seconds.or(refined.control_seconds);
+                (
+                    refined.rgb,
+                    refined.width,
+                    refined.height,
+                    second,
+                    Some(HiresProvenance {
+                        scale: h.scale,
+                        steps: h.steps,
+                        strength: h.strength,
+                        first_width: req.width,
+                        first_height: req.height,
+                    }),
+                )
+            }
+            _ => (
+                generated.rgb,
+                generated.width,
+                generated.height,
+                req.clone(),
+                None,
+            ),
+        };
+        let steered = ControlProvenance::of(pipeline, first.control.as_ref());
+        let from = Provenance {
+            model_name: &model_name,
+            identity: &identity,
+            dtype,
+            noise_file: job.noise.as_deref(),
+            loras: &pipeline.adapters().applied,
+            shift,
+        };
+        // The metadata speaks of the request as asked: the first pass's size and schedule,
+        // with the hires pass's settings beside them.
+        let (infotext, json) =
+            metadata::png_text_full(&req, &from, steered.as_ref(), hires_from.as_ref());
+        let png = crate::image_out::encode_png(
+            &rgb,
+            width,
+            height,
+            &[
+                (crate::image_out::PARAMETERS_KEY, &infotext),
+                (crate::image_out::ZIMAGE_KEY, &json),
+            ],
+        )
+        .map_err(Error::Png)?;
+        out.push(Image {
+            png,
+            width,
+            height,
+            seed,
+            steps: last_req.steps,
+            steps_run,
+            prompt_tokens,
+            phases,
+            control_seconds,
+            infotext,
+        });
+    }
+    let plan = match hires_plan {
+        Some(p) if p.estimate.peak() > first_plan.estimate.peak() => p,
+        _ => first_plan,
+    };
+    let controlnet_weights = match pipeline.controlnet() {
+        Some(_) => {
+            let sizes = pipeline.tensor_sizes()?;
+            Some(
+                pipeline
+                    .model_sizes(&sizes)
+                    .controlnet_weights(plan.residency, dtype.size_bytes() as u64),
+            )
+        }
+        None => None,
+    };
+    Ok(Outcome {
+        images: out,
+        plan,
+        load,
+        model_name,
+        loras: pipeline.adapters().applied.clone(),
+        controlnet_weights,
+    })
+}
+
+/// Generates one pass with `plan`'s residency and tiling.
+fn run_pass<S: ModelSource>(
+    pipeline: &mut Pipeline<S>,
+    plan: &MemoryPlan,
+    req: &Request,
+    control: Option<&ControlInput>,
+    cancel: &Cancel,
+    image: usize,
+    progress: &mut dyn FnMut(pipeline::Progress),
+) -> Result<pipeline::Generated, Error> {
+    pipeline.set_residency(plan.residency);
+    pipeline.set_tiling(plan.tiling);
+    pipeline
+        .generate_controlled(req, control, &mut |p| {
+            progress(p);
+            if cancel.is_cancelled() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .map_err(|e| match e {
+            pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
+            other => other.into(),
+        })
+}
+
+/// The denoising steps a request runs: image input skips the schedule's first ones.
+fn steps_run_of(req: &Request) -> usize {
+    let skipped = req.input.as_ref().map_or(0, |i| i.first_step(req.steps));
+    (req.steps - skipped).max(1)
+}
+
+/// The job's first (or only) pass as a request: the size, steps and guidance it left to the
+/// model settled, the input picture and control image at that size, all checked.
+fn first_pass<S: ModelSource>(job: &Job, pipeline: &Pipeline<S>) -> Result<Pass, Error> {
+    let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
+    // Without a size an input picture gives it, rounded as diffusers rounds it.
+    let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
+    let given = (job.input.as_ref().map(|i| &i.picture)).or(job.control.as_ref().map(|c| &c.image));
+    let (default_w, default_h) = match given {
+        Some(p) => crate::image_in::default_size(p.image.width(), p.image.height(), cell)
+            .ok_or_else(|| {
+                Error::Request(format!(
+                    "{} is {}×{}; a picture needs at least {cell} pixels each way",
+                    p.label,
+                    p.image.width(),
+                    p.image.height()
+                ))
+            })?,
+        None => (sample, sample),
+    };
+    let mut req = Request {
+        prompt: job.prompt.clone(),
+        negative_prompt: job.negative_prompt.clone(),
+        width: job.width.unwrap_or(default_w),
+        height: job.height.unwrap_or(default_h),
+        steps: job.steps.unwrap_or(super::DEFAULT_STEPS),
+        guidance: job.guidance.unwrap_or(0.0),
+        seed: job.seed,
+        noise: None,
+        input: None,
+    };
+    pipeline.validate(&req)?;
+    if let Some(i) = &job.input {
+        let strength = i.strength.unwrap_or(if i.mask.is_some() {
+            pipeline::condition::DEFAULT_INPAINT_STRENGTH
+        } else {
+            pipeline::condition::DEFAULT_STRENGTH
+        });
+        req.input = Some(pipeline::ImageInput {
+            rgb: crate::image_in::picture(&i.picture.image, req.width, req.height).into_raw(),
+            mask: i
+                .mask
+                .as_ref()
+                .map(|m| crate::image_in::mask(&m.image, req.width, req.height)),
+            strength,
+        });
+        pipeline.validate(&req)?;
+    }
+    if let Some(path) = &job.noise {
+        req.noise = Some(super::noise::read(path, pipeline.latent_shape(&req))?);
+        pipeline.validate(&req)?;
+    }
+    let control = job.control.as_ref().map(|c| ControlInput {
+        rgb: crate::image_in::picture(&c.image.image, req.width, req.height).into_raw(),
+        scale: c.scale,
+    });
+    if let Some(c) = &control {
+        pipeline.validate_control(&req, c)?;
+    }
+    Ok(Pass { req, control })
+}
+
+/// The hires pass's request: image-to-image of the first picture (filled in per image) at the
+/// scaled size, from the same seed.
+fn hires_request<S: ModelSource>(
+    job: &Job,
+    hires: &Hires,
+    pipeline: &Pipeline<S>,
+    first: &Request,
+) -> Result<Request, Error> {
+    if job.input.as_ref().is_some_and(|i| i.mask.is_some()) || job.control.is_some() {
+        return Err(Error::Request(
+            "--hires-scale works on text → image and image-to-image; inpainting and ControlNet jobs have no hires pass".into(),
+        ));
+    }
+    let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
+    let (width, height) = hires.size(first.width, first.height, cell);
+    let req = Request {
+        width,
+        height,
+        steps: hires.steps.unwrap_or(first.steps),
+        noise: None,
+        input: Some(pipeline::ImageInput {
+            // A placeholder of the right size, so the request checks; each image's first
+            // pass replaces it.
+            rgb: vec![0; width as usize * height as usize * 3],
+            mask: None,
+            strength: hires.strength,
+        }),
+        ..first.clone()
+    };
+    pipeline.validate(&req).map_err(|e| match e {
+        pipeline::Error::Request(m) => Error::Request(format!("the hires pass: {m}")),
+        other => other.into(),
+    })?;
+    Ok(req)
+}

@@ -1,0 +1,182 @@
+//! Which model a job runs and how it is opened: a stored model or a diffusers directory, both
+//! checked to be a Z-Image pipeline, behind one [`ModelSource`].
+
+use super::Error;
+use crate::diffusers_dir::DiffusersDir;
+use crate::loader::{ReadPath, StoreSource};
+use crate::memory_plan::TensorSize;
+use crate::pipeline::{ComponentWeights, ModelSource, SourceError};
+use crate::store::{Store, StoredModel};
+use std::path::{Path, PathBuf};
+
+/// The model a job names.
+#[derive(Debug, Clone)]
+pub enum ModelChoice {
+    /// A model in `store`, by name.
+    Stored { store: Store, name: String },
+    /// A diffusers directory, read in place.
+    Directory(PathBuf),
+}
+
+/// What tells one loaded model from another: a model re-created under the same name is
+/// another model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelKey {
+    Stored {
+        root: PathBuf,
+        name: String,
+        manifest_digest: String,
+    },
+    Directory(PathBuf),
+}
+
+/// A job's model, opened.
+pub enum Source {
+    Stored(Box<StoreSource>),
+    Directory(DiffusersDir),
+}
+
+impl Source {
+    /// Opens `choice` and checks it is a Z-Image pipeline.
+    pub fn open(choice: &ModelChoice) -> Result<Source, Error> {
+        match choice {
+            ModelChoice::Stored { store, name } => {
+                let model = store.open(name).map_err(open_error)?;
+                check_image_model(store, &model)?;
+                Ok(Source::Stored(Box::new(StoreSource {
+                    store: store.clone(),
+                    model,
+                    read_path: ReadPath::MlxLoader,
+                })))
+            }
+            ModelChoice::Directory(dir) => {
+                let source = DiffusersDir::open(dir)?;
+                check_directory(&source, dir)?;
+                Ok(Source::Directory(source))
+            }
+        }
+    }
+
+    pub fn key(&self) -> ModelKey {
+        match self {
+            Source::Stored(s) => ModelKey::Stored {
+                root: s.store.root.clone(),
+                name: s.model.name.to_string(),
+                manifest_digest: s.model.manifest_digest.clone(),
+            },
+            Source::Directory(d) => ModelKey::Directory(d.root.clone()),
+        }
+    }
+
+    /// The stored model, when it is one.
+    pub fn stored(&self) -> Option<&StoredModel> {
+        match self {
+            Source::Stored(s) => Some(&s.model),
+            Source::Directory(_) => None,
+        }
+    }
+}
+
+impl ModelChoice {
+    /// The key the model would have once opened, read without loading anything; `None` when
+    /// it cannot be read (opening it then says why).
+    pub fn key(&self) -> Option<ModelKey> {
+        match self {
+            ModelChoice::Stored { store, name } => {
+                let model = store.open(name).ok()?;
+                Some(ModelKey::Stored {
+                    root: store.root.clone(),
+                    name: model.name.to_string(),
+                    manifest_digest: model.manifest_digest,
+                })
+            }
+            ModelChoice::Directory(dir) => Some(ModelKey::Directory(dir.clone())),
+        }
+    }
+}
+
+/// A store lookup's failure, with what to do about a missing model.
+pub fn open_error(e: crate::store::StoreError) -> Error {
+    match e {
+        crate::store::StoreError::NotFound(_) => {
+            Error::NotFound(format!("{e}; import it with `zimage create`"))
+        }
+        other => Error::Store(other),
+    }
+}
+
+/// Whether a stored model is one zimage generates with: a Z-Image pipeline. Text models (and
+/// other image pipelines) in the same store are refused by name.
+pub fn check_image_model(store: &Store, model: &StoredModel) -> Result<(), Error> {
+    let name = model.name.short();
+    let Some(index) = store.config_file(model, "model_index.json")? else {
+        return Err(Error::Request(format!(
+            "model `{name}` is not an image model (it has no model_index.json); zimage serves Z-Image models only, so run text models with Ollama"
+        )));
+    };
+    let class = serde_json::from_slice::<serde_json::Value>(&index)
+        .ok()
+        .and_then(|j| j["_class_name"].as_str().map(str::to_string));
+    if class.as_deref() != Some("ZImagePipeline") {
+        return Err(Error::Request(format!(
+            "model `{name}` is a {} pipeline, not a Z-Image one; zimage generates with Z-Image models only",
+            class.as_deref().unwrap_or("unknown")
+        )));
+    }
+    Ok(())
+}
+
+fn check_directory(source: &DiffusersDir, dir: &Path) -> Result<(), Error> {
+    let path = dir.join("model_index.json");
+    let index = source
+        .config_file("model_index.json")
+        .map_err(|e| Error::Request(format!("`{}`: {e}", path.display())))?
+        .unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_slice(&index)
+        .map_err(|e| Error::Request(format!("`{}`: {e}", path.display())))?;
+    if json["_class_name"] != "ZImagePipeline" {
+        return Err(Error::Request(format!(
+            "`{}`: `_class_name` is {}, not \"ZImagePipeline\"",
+            path.display(),
+            json["_class_name"]
+        )));
+    }
+    Ok(())
+}
+
+/// Each call goes to the source it is.
+macro_rules! either {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            Source::Stored($s) => $e,
+            Source::Directory($s) => $e,
+        }
+    };
+}
+
+impl ModelSource for Source {
+    fn name(&self) -> String {
+        either!(self, s => s.name())
+    }
+    fn identity(&self) -> String {
+        either!(self, s => s.identity())
+    }
+    fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, SourceError> {
+        either!(self, s => s.config_file(path))
+    }
+    fn component(&self, component: &str) -> Result<ComponentWeights, SourceError> {
+        either!(self, s => s.component(component))
+    }
+    fn maps_weights(&self) -> bool {
+        either!(self, s => s.maps_weights())
+    }
+    fn mapped_component(&self, component: &str) -> Result<ComponentWeights, SourceError> {
+        either!(self, s => s.mapped_component(component))
+    }
+    fn tensor_sizes(&self, component: &str) -> Result<Vec<TensorSize>, SourceError> {
+        either!(self, s => s.tensor_sizes(component))
+    }
+    fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
+        either!(self, s => s.loras())
+    }
+}
