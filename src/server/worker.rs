@@ -627,6 +627,8 @@ fn generate_one(
         height: spec.height.unwrap_or(default_h),
         steps: spec.steps,
         guidance: spec.guidance,
+        cfg_normalization: false,
+        cfg_truncation: pipeline::NO_TRUNCATION,
         seed: spec.seed,
         noise: None,
         input: None,
