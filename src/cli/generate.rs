@@ -9,6 +9,7 @@ use zimage::controlnet_source::{self, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::files;
 use zimage::generation;
+use zimage::generation_defaults::GenerationDefaults;
 use zimage::image_in;
 use zimage::image_out;
 use zimage::loader::{ReadPath, StoreSource};
@@ -36,18 +37,27 @@ pub struct GenerateArgs {
     /// Image height in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
     #[arg(long, allow_negative_numbers = true)]
     pub height: Option<u32>,
-    /// Denoising steps, 1 to 1000 (Turbo: 8).
-    #[arg(long, default_value_t = generation::DEFAULT_STEPS, allow_negative_numbers = true)]
-    pub steps: usize,
+    /// Denoising steps, 1 to 1000 (default: the model's recorded default, else 8 as for Turbo).
+    #[arg(long, allow_negative_numbers = true)]
+    pub steps: Option<usize>,
     /// Seed of the initial noise (drawn as torch's CPU generator draws it).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Classifier-free guidance scale, ≥ 0; 0 turns it off (Turbo: 0).
-    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
-    pub guidance: f32,
-    /// Negative prompt, used when guidance > 0.
+    /// Classifier-free guidance scale, ≥ 0; 0 turns it off (default: the model's recorded
+    /// default, else 0 as for Turbo).
+    #[arg(long, allow_hyphen_values = true)]
+    pub guidance: Option<f32>,
+    /// Negative prompt, used when guidance > 0 (default: the model's recorded one, if any).
     #[arg(long)]
     pub negative: Option<String>,
+    /// With guidance, cap each step's guided prediction at the norm of the prompt's own
+    /// (diffusers' `cfg_normalization`).
+    #[arg(long)]
+    pub cfg_normalization: bool,
+    /// With guidance, run unguided once the model time (0 at pure noise, 1 at the end) passes
+    /// F, within [0, 1] (diffusers' `cfg_truncation`; default 1: guided throughout).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub cfg_truncation: Option<f64>,
     /// Output PNG.
     #[arg(long, short, default_value = "zimage.png")]
     pub output: PathBuf,
@@ -307,9 +317,15 @@ fn read_noise(path: &Path, expected: [i32; 3]) -> anyhow::Result<Vec<f32>> {
 /// passes every bound on its own.
 fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
     let side = |v: Option<u32>| v.unwrap_or(16);
-    if let Some(e) =
-        pipeline::request_range_error(a.steps as u64, a.guidance, side(a.width), side(a.height))
-    {
+    if let Some(e) = pipeline::request_range_error(
+        a.steps.unwrap_or(generation::DEFAULT_STEPS) as u64,
+        a.guidance.unwrap_or(0.0),
+        side(a.width),
+        side(a.height),
+    ) {
+        bail!("{e}");
+    }
+    if let Some(e) = a.cfg_truncation.and_then(pipeline::cfg_truncation_error) {
         bail!("{e}");
     }
     if let Some(limit) = &a.memory_limit {
@@ -586,13 +602,22 @@ fn generate<S: ModelSource>(
             None => (sample, sample),
         },
     };
+    // What the command leaves unsaid, the model's recorded defaults say (Turbo records none).
+    let defaults = GenerationDefaults::of(pipeline.source())?;
+    if let Some(shift) = defaults.shift {
+        pipeline.configs.scheduler.shift = shift;
+    }
+    let (steps, guidance, negative) = defaults.resolve(a.steps, a.guidance, a.negative.clone());
     let mut req = Request {
         prompt: a.prompt.clone(),
-        negative_prompt: a.negative.clone(),
+        negative_prompt: negative,
         width: a.width.unwrap_or(default_w),
         height: a.height.unwrap_or(default_h),
-        steps: a.steps,
-        guidance: a.guidance,
+        steps,
+        guidance,
+        cfg_normalization: a.cfg_normalization || defaults.cfg_normalization.unwrap_or(false),
+        cfg_truncation: (a.cfg_truncation.or(defaults.cfg_truncation))
+            .unwrap_or(pipeline::NO_TRUNCATION),
         seed: a.seed,
         noise: None,
         input: None,
