@@ -65,6 +65,16 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
             format!("gives a head size of {head_dim}, which does not divide the projections ({q}, {kv} rows)"),
         ));
     }
+    let k_norm = "model.layers.0.self_attn.k_norm.weight";
+    if t.map.contains_key(k_norm) && t.dim(k_norm, 1, 0)? != head_dim {
+        return Err(t.bad(
+            k_norm,
+            format!(
+                "has {} weights, but the query norm gives a head size of {head_dim}",
+                t.dim(k_norm, 1, 0)?
+            ),
+        ));
+    }
     let layers = t.count("model.layers.");
     let intermediate = t.dim("model.layers.0.mlp.gate_proj.weight", 2, 0)?;
     let config = serde_json::json!({
