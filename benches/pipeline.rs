@@ -122,6 +122,8 @@ fn pipeline_case() {
         height: size,
         steps: 8,
         guidance: 0.0,
+        cfg_normalization: false,
+        cfg_truncation: 1.0,
         seed: 42,
         noise: None,
         input: None,

@@ -89,6 +89,8 @@ fn main() {
             height: size,
             steps,
             guidance: 0.0,
+            cfg_normalization: false,
+            cfg_truncation: 1.0,
             seed: 42,
             noise: None,
             input: None,

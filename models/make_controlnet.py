@@ -241,6 +241,9 @@ def run_pipeline(pipe, case, inpaint):
                   guidance_scale=case["guidance"], control_image=control_image(w, h),
                   controlnet_conditioning_scale=case["scale"], negative_prompt=case.get("negative_prompt"),
                   generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
+    for option in ("cfg_normalization", "cfg_truncation"):
+        if option in case:
+            kwargs[option] = case[option]
     if inpaint:
         # The image to repaint is the control image mirrored, so the two differ.
         kwargs["image"] = control_image(w, h).transpose(0)

@@ -119,7 +119,8 @@ CASES = {
 }
 
 
-def run_case(pipes, name, case):
+def run_case(pipes, name, case, options=None):
+    """One hooked run; `options` are further pipeline arguments (the guidance options)."""
     model, kind, size, prompt, negative, steps, guidance, strength, seed = case
     pipe = pipes[(model, kind)]
     image = Image.open(os.path.join(INPUT_DIR, f"picture-{size}.png"))
@@ -158,6 +159,7 @@ def run_case(pipes, name, case):
                 max_sequence_length=512)
     if negative is not None:
         args["negative_prompt"] = negative
+    args.update(options or {})
     if kind == "inpaint":
         args["mask_image"] = Image.open(os.path.join(INPUT_DIR, f"mask-{size}.png"))
     with torch.no_grad():

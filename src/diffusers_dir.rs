@@ -16,9 +16,14 @@ use std::path::{Path, PathBuf};
 /// Components whose weights a Z-Image pipeline stores, in the order Ollama writes them.
 pub const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", "vae"];
 
+/// zimage's record of the settings a model is meant to run with (see
+/// `generation_defaults`), at the model's root.
+pub const DEFAULTS_FILE: &str = "generation_defaults.json";
+
 /// Files other than weights that a pipeline needs, relative to the model directory.
-pub const CONFIG_FILES: [&str; 10] = [
+pub const CONFIG_FILES: [&str; 11] = [
     "model_index.json",
+    DEFAULTS_FILE,
     "scheduler/scheduler_config.json",
     "text_encoder/config.json",
     "transformer/config.json",

@@ -22,6 +22,7 @@ pub mod embedded;
 pub mod files;
 pub mod formats;
 pub mod generation;
+pub mod generation_defaults;
 pub mod ggml;
 pub mod image_in;
 pub mod image_out;

@@ -102,6 +102,8 @@ impl Case {
             height,
             steps: m["steps"].as_u64().unwrap() as usize,
             guidance: m["guidance"].as_f64().unwrap() as f32,
+            cfg_normalization: m["cfg_normalization"].as_bool().unwrap_or(false),
+            cfg_truncation: m["cfg_truncation"].as_f64().unwrap_or(1.0),
             seed: m["seed"].as_u64().unwrap(),
             noise: None,
             input: self.inpaint().then(|| ImageInput {
@@ -242,6 +244,13 @@ fn heldout_controlnet_1_0_with_guidance_matches_diffusers() {
 #[test]
 fn heldout_controlnet_inpaint_2_1_matches_diffusers() {
     check("controlnet-inpaint-heldout-2.1");
+}
+
+/// `cfg_normalization` and `cfg_truncation` together, both branches steered
+/// (`models/make_guidance_reference.py`).
+#[test]
+fn heldout_controlnet_with_both_guidance_options_matches_diffusers() {
+    check("guided-controlnet-heldout-2.1");
 }
 
 /// The inputs a command-line run reads, written as files.

@@ -58,6 +58,8 @@ impl Case {
             height,
             steps: m["steps"].as_u64().unwrap() as usize,
             guidance: m["guidance"].as_f64().unwrap() as f32,
+            cfg_normalization: m["cfg_normalization"].as_bool().unwrap_or(false),
+            cfg_truncation: m["cfg_truncation"].as_f64().unwrap_or(1.0),
             seed: m["seed"].as_u64().unwrap(),
             noise: None,
             input: Some(ImageInput {
@@ -183,6 +185,17 @@ fn heldout_img2img_with_guidance_matches_diffusers() {
 #[test]
 fn heldout_inpaint_matches_diffusers() {
     check("heldout-inpaint");
+}
+
+/// `cfg_normalization` and `cfg_truncation` together (`models/make_guidance_reference.py`).
+#[test]
+fn img2img_with_both_guidance_options_matches_diffusers() {
+    check("guided-img2img-both");
+}
+
+#[test]
+fn heldout_inpaint_with_both_guidance_options_matches_diffusers() {
+    check("guided-heldout-inpaint-both");
 }
 
 /// The command line makes the same inpaint picture as diffusers, with the size taken from the

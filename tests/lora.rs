@@ -31,6 +31,8 @@ fn request() -> Request {
         height: SIDE,
         steps: 1,
         guidance: 0.0,
+        cfg_normalization: false,
+        cfg_truncation: 1.0,
         seed: 7,
         noise: None,
         input: None,

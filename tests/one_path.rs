@@ -448,3 +448,77 @@ fn the_same_request_gives_the_same_answer_from_every_front_end() {
         Answer::Png(_)
     ));
 }
+
+#[test]
+fn a_models_recorded_defaults_hold_wherever_the_request_is_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    let created = common::zimage_in(
+        &store,
+        &[
+            "create",
+            "base",
+            "--from",
+            s(&tiny),
+            "--default-steps",
+            "3",
+            "--default-guidance",
+            "2.5",
+            "--default-negative",
+            "blurry",
+            "--default-cfg-truncation",
+            "0.5",
+        ],
+    );
+    assert!(created.status.success(), "{created:?}");
+    let size = ["--width", "64", "--height", "48", "--seed", "3"];
+    let mut silent = flags(&["--model", "base"]);
+    silent.extend(flags(&size));
+    let mut spelled = flags(&[
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--guidance",
+        "2.5",
+        "--negative",
+        "blurry",
+        "--cfg-truncation",
+        "0.5",
+    ]);
+    spelled.extend(flags(&size));
+    let rgb = |png: &[u8]| image::load_from_memory(png).unwrap().to_rgb8().into_raw();
+    let Answer::Png(spelled) = cli(&store, dir.path(), &spelled) else {
+        panic!("the spelled-out run was refused")
+    };
+    let mut plain = flags(&["--model", "tiny"]);
+    plain.extend(flags(&size));
+    let Answer::Png(turbo) = cli(&store, dir.path(), &plain) else {
+        panic!("the plain run was refused")
+    };
+    assert!(rgb(&spelled) != rgb(&turbo), "the defaults changed nothing");
+
+    let server = Server::start(&store, &[], &[]);
+    let body = r#"{"model":"base","prompt":"a red fox in the snow","width":64,"height":48,"stream":false,"options":{"seed":3},"seed":3}"#;
+    let answers = [
+        ("command line", cli(&store, dir.path(), &silent)),
+        ("Ollama", ollama(server.port, body)),
+        (
+            "OpenAI",
+            openai(
+                server.port,
+                &OpenAi::Json(body.replace(r#""width":64,"height":48"#, r#""size":"64x48""#)),
+            ),
+        ),
+    ];
+    for (front, answer) in answers {
+        let Answer::Png(png) = answer else {
+            panic!("{front} refused a silent request: {answer:?}")
+        };
+        assert!(
+            rgb(&png) == rgb(&spelled),
+            "{front} did not use the model's defaults"
+        );
+    }
+}

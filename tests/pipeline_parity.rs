@@ -46,6 +46,8 @@ impl Reference {
             height: m["height"].as_u64().unwrap() as u32,
             steps: m["steps"].as_u64().unwrap() as usize,
             guidance: m["guidance"].as_f64().unwrap() as f32,
+            cfg_normalization: m["cfg_normalization"].as_bool().unwrap_or(false),
+            cfg_truncation: m["cfg_truncation"].as_f64().unwrap_or(1.0),
             seed: m["seed"].as_u64().unwrap(),
             noise: None,
             input: None,

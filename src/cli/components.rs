@@ -1,13 +1,21 @@
 //! `create NAME --transformer FILE --text-encoder FILE --vae FILE [--tokenizer …] [--from DIR]`:
 //! a model composed from component checkpoints in whatever layout they come in.
-use super::store::CreateArgs;
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::layouts::files::{read_tokenizer, turbo_defaults, Checkpoint, ComposedModel};
 use zimage::layouts::{Component, Layout};
 
-pub fn compose(a: &CreateArgs) -> anyhow::Result<ComposedModel> {
+/// The component files `create` was given, and what they replace or take their tokenizer from.
+pub struct ComponentFiles<'a> {
+    pub from: Option<&'a std::path::Path>,
+    pub transformer: &'a [PathBuf],
+    pub text_encoder: &'a [PathBuf],
+    pub vae: &'a [PathBuf],
+    pub tokenizer: Option<&'a std::path::Path>,
+}
+
+pub fn compose(a: &ComponentFiles) -> anyhow::Result<ComposedModel> {
     let base = match &a.from {
         Some(dir) if dir.is_dir() => Some(DiffusersDir::open(dir)?),
         Some(other) => bail!(
@@ -16,10 +24,10 @@ pub fn compose(a: &CreateArgs) -> anyhow::Result<ComposedModel> {
         ),
         None => None,
     };
-    let given: [(Component, &Vec<PathBuf>); 3] = [
-        (Component::Transformer, &a.transformer),
-        (Component::TextEncoder, &a.text_encoder),
-        (Component::Vae, &a.vae),
+    let given: [(Component, &[PathBuf]); 3] = [
+        (Component::Transformer, a.transformer),
+        (Component::TextEncoder, a.text_encoder),
+        (Component::Vae, a.vae),
     ];
     let mut parts = Vec::new();
     for (component, files) in given {
@@ -33,7 +41,7 @@ pub fn compose(a: &CreateArgs) -> anyhow::Result<ComposedModel> {
             .with_context(|| format!("reading the {} from {described}", component.dir()))?;
         parts.push((mapped, described));
     }
-    let tokenizer = a.tokenizer.as_deref().map(read_tokenizer).transpose()?;
+    let tokenizer = a.tokenizer.map(read_tokenizer).transpose()?;
     let model = ComposedModel::compose(
         base.as_ref(),
         turbo_defaults(zimage::embedded::DEMO_FILES),

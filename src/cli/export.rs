@@ -15,6 +15,11 @@ pub struct ExportArgs {
     /// Where to write: ComfyUI's `models/` folder (files go to `diffusion_models/`,
     /// `text_encoders/` and `vae/` inside it; the GGUF transformer to `diffusion_models/`).
     pub dir: PathBuf,
+    /// Leave out the config zimage writes into each file's metadata (so the files are as
+    /// plain as those published elsewhere, and an import infers the config or takes it from
+    /// `--from`).
+    #[arg(long)]
+    pub no_config: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +39,7 @@ pub fn run(store: Option<PathBuf>, a: ExportArgs) -> anyhow::Result<ExitCode> {
     let stem = file_stem(&model.name.short());
     match a.format {
         ExportFormat::Comfy => {
-            for f in export_comfy(&store, &model, &a.dir, &stem)? {
+            for f in export_comfy(&store, &model, &a.dir, &stem, !a.no_config)? {
                 println!(
                     "{}: {} ({} tensors, {} bytes)",
                     f.component.dir(),
@@ -45,7 +50,7 @@ pub fn run(store: Option<PathBuf>, a: ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
         ExportFormat::Gguf => {
-            let e = export_gguf(&store, &model, &a.dir, &stem)?;
+            let e = export_gguf(&store, &model, &a.dir, &stem, !a.no_config)?;
             println!(
                 "transformer: {} ({} tensors, {} bytes)",
                 e.path.display(),

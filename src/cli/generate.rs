@@ -29,18 +29,27 @@ pub struct GenerateArgs {
     /// Image height in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
     #[arg(long, allow_negative_numbers = true)]
     pub height: Option<u32>,
-    /// Denoising steps, 1 to 1000 (default: the model's; Turbo: 8).
+    /// Denoising steps, 1 to 1000 (default: the model's recorded default, else 8 as for Turbo).
     #[arg(long, allow_negative_numbers = true)]
     pub steps: Option<usize>,
     /// Seed of the initial noise (drawn as torch's CPU generator draws it).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Classifier-free guidance scale, ≥ 0; 0 turns it off (Turbo: 0).
+    /// Classifier-free guidance scale, ≥ 0; 0 turns it off (default: the model's recorded
+    /// default, else 0 as for Turbo).
     #[arg(long, allow_hyphen_values = true)]
     pub guidance: Option<f32>,
-    /// Negative prompt, used when guidance > 0.
+    /// Negative prompt, used when guidance > 0 (default: the model's recorded one, if any).
     #[arg(long)]
     pub negative: Option<String>,
+    /// With guidance, cap each step's guided prediction at the norm of the prompt's own
+    /// (diffusers' `cfg_normalization`).
+    #[arg(long)]
+    pub cfg_normalization: bool,
+    /// With guidance, run unguided once the model time (0 at pure noise, 1 at the end) passes
+    /// F, within [0, 1] (diffusers' `cfg_truncation`; default 1: guided throughout).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub cfg_truncation: Option<f64>,
     /// Output PNG; with --count N the images are numbered (`zimage-1.png` … `zimage-N.png`).
     #[arg(long, short, default_value = "zimage.png")]
     pub output: PathBuf,
@@ -337,6 +346,9 @@ fn settings(a: &GenerateArgs, model: ModelChoice) -> Job {
         height: a.height,
         steps: a.steps,
         guidance: a.guidance,
+        // The flag turns it on; left out, the model's default holds.
+        cfg_normalization: a.cfg_normalization.then_some(true),
+        cfg_truncation: a.cfg_truncation,
         seed: a.seed,
         count: a.count,
         noise: a.noise.clone(),

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use zimage::controlnet_source::{recognise_file, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::{dfsn, ztensor, FileKind};
+use zimage::generation_defaults::{GenerationDefaults, WithDefaults};
 use zimage::loader::{self, ReadPath};
 use zimage::memory_plan;
 use zimage::models::Residency;
@@ -59,6 +60,69 @@ pub struct CreateArgs {
     /// instead of refusing the file.
     #[arg(long, requires = "loras")]
     pub lora_lenient: bool,
+    /// The denoising steps `generate` uses for this model when a request names none (over
+    /// what the source records; without either, 8).
+    #[arg(long, value_name = "N", conflicts_with = "loras")]
+    pub default_steps: Option<usize>,
+    /// The guidance scale used when a request names none (without it, 0: no guidance).
+    #[arg(
+        long,
+        value_name = "F",
+        allow_hyphen_values = true,
+        conflicts_with = "loras"
+    )]
+    pub default_guidance: Option<f32>,
+    /// The negative prompt used when a request names none.
+    #[arg(long, value_name = "TEXT", conflicts_with = "loras")]
+    pub default_negative: Option<String>,
+    /// The scheduler shift used instead of the scheduler config's.
+    #[arg(
+        long,
+        value_name = "F",
+        allow_hyphen_values = true,
+        conflicts_with = "loras"
+    )]
+    pub default_shift: Option<f32>,
+    /// Guided runs cap the guided prediction's norm at the prompt's own (`--cfg-normalization`).
+    #[arg(long, conflicts_with = "loras")]
+    pub default_cfg_normalization: bool,
+    /// Guided runs stop guiding past this model time (`--cfg-truncation`), within [0, 1].
+    #[arg(
+        long,
+        value_name = "F",
+        allow_hyphen_values = true,
+        conflicts_with = "loras"
+    )]
+    pub default_cfg_truncation: Option<f64>,
+}
+
+impl CreateArgs {
+    /// The generation defaults the options give, checked.
+    fn defaults(&self) -> anyhow::Result<GenerationDefaults> {
+        let d = GenerationDefaults {
+            steps: self.default_steps,
+            guidance: self.default_guidance,
+            shift: self.default_shift,
+            negative_prompt: self.default_negative.clone(),
+            cfg_normalization: self.default_cfg_normalization.then_some(true),
+            cfg_truncation: self.default_cfg_truncation,
+        };
+        d.validate().map_err(|e| {
+            // `steps` → `--default-steps`, as the user typed it.
+            let flag = |field: &str| format!("--default-{}", field.replace('_', "-"));
+            let e = [
+                "negative_prompt",
+                "cfg_truncation",
+                "steps",
+                "guidance",
+                "shift",
+            ]
+            .iter()
+            .fold(e, |e, f| e.replace(&format!("`{f}`"), &flag(f)));
+            anyhow::anyhow!(e.replace("--default-negative-prompt", "--default-negative"))
+        })?;
+        Ok(d)
+    }
 }
 
 /// The float dtypes an import can convert to.
@@ -146,10 +210,17 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
     if !a.loras.is_empty() {
         return create_derived(&store, &a);
     }
+    let defaults = a.defaults()?;
     let composed = !(a.transformer.is_empty() && a.text_encoder.is_empty() && a.vae.is_empty())
         || a.tokenizer.is_some();
     let (source, from): (Box<dyn TensorSourceSync>, String) = if composed {
-        let model = super::components::compose(&a)?;
+        let model = super::components::compose(&super::components::ComponentFiles {
+            from: a.from.as_deref(),
+            transformer: &a.transformer,
+            text_encoder: &a.text_encoder,
+            vae: &a.vae,
+            tokenizer: a.tokenizer.as_deref(),
+        })?;
         (Box::new(model), "the component files".to_string())
     } else {
         let from = a.from.as_deref().context("--from is needed")?;
@@ -175,9 +246,12 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
         .expect("valid template")
         .progress_chars("=> "),
     );
-    let summary = store.create(&a.name, source.as_ref(), &opts, &|done| {
-        bar.set_position(done)
-    });
+    let source = WithDefaults {
+        inner: source.as_ref(),
+        given: defaults,
+        source_name: a.from.clone().unwrap_or_default(),
+    };
+    let summary = store.create(&a.name, &source, &opts, &|done| bar.set_position(done));
     bar.finish_and_clear();
     let summary = summary.with_context(|| format!("importing {from} as `{}`", a.name))?;
     println!(
@@ -431,6 +505,13 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     };
     let runtime = runtime_memory(&store, &model);
     let loras = zimage::lora::stored::records(&store, &model)?;
+    let source = zimage::loader::StoreSource {
+        store: store.clone(),
+        model: model.clone(),
+        read_path: ReadPath::Mmap,
+    };
+    let defaults = GenerationDefaults::of(&source)?;
+    let configs = zimage::layouts::resolve::stored_origins(&store, &model)?;
     if a.json {
         let json = serde_json::json!({
             "runtime_memory": runtime.as_ref().map(|r| serde_json::json!({
@@ -448,6 +529,8 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             "shared_bytes": shared_bytes,
             "loras": loras.iter().map(|(_, r)| r).collect::<Vec<_>>(),
             "controlnet": controlnet_note(&store, &model),
+            "generation_defaults": defaults,
+            "configs": configs.iter().map(|(path, values)| (path.clone(), values.clone())).collect::<std::collections::BTreeMap<_, _>>(),
         });
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
@@ -469,6 +552,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             r.hash
         );
     }
+    println!("defaults    {}", describe_defaults(&defaults));
     if let Some(r) = &runtime {
         println!(
             "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored",
@@ -505,7 +589,63 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
         shared.len(),
         human(shared_bytes)
     );
+    print_config_origins(&configs);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The generation defaults a model records, in a line.
+fn describe_defaults(d: &GenerationDefaults) -> String {
+    if d.is_empty() {
+        return format!(
+            "none recorded: {} steps, no guidance, the scheduler's shift",
+            zimage::generation::DEFAULT_STEPS
+        );
+    }
+    let mut parts = Vec::new();
+    if let Some(s) = d.steps {
+        parts.push(format!("{s} steps"));
+    }
+    if let Some(g) = d.guidance {
+        parts.push(format!("guidance {g}"));
+    }
+    if let Some(n) = &d.negative_prompt {
+        parts.push(format!("negative {n:?}"));
+    }
+    if let Some(s) = d.shift {
+        parts.push(format!("shift {s}"));
+    }
+    if d.cfg_normalization == Some(true) {
+        parts.push("cfg normalization".into());
+    }
+    if let Some(t) = d.cfg_truncation {
+        parts.push(format!("cfg truncation {t}"));
+    }
+    parts.join(", ")
+}
+
+/// Each config value with where it came from; a model imported whole says its files gave all.
+fn print_config_origins(configs: &[(String, Vec<zimage::layouts::resolve::SourcedValue>)]) {
+    use zimage::layouts::resolve::Origin;
+    if configs
+        .iter()
+        .all(|(_, v)| v.iter().all(|s| s.origin == Origin::File))
+    {
+        println!("configs     every value from the model's own config files");
+        return;
+    }
+    println!();
+    println!("{:<26} {:<26} {:<24} FROM", "CONFIG", "KEY", "VALUE");
+    for (path, values) in configs {
+        for v in values {
+            println!(
+                "{:<26} {:<26} {:<24} {}",
+                path,
+                v.key,
+                v.value.to_string(),
+                v.origin.describe()
+            );
+        }
+    }
 }
 
 pub fn rm(s: Option<PathBuf>, a: RmArgs) -> anyhow::Result<ExitCode> {

@@ -4,6 +4,7 @@
 use super::source::{ModelChoice, ModelKey, Source};
 use super::Error;
 use crate::controlnet_source::{self, ControlNetSource};
+use crate::generation_defaults::GenerationDefaults;
 use crate::mlx::Dtype;
 use crate::pipeline::{ControlNetLoader, Pipeline};
 use crate::store::{Store, StoredModel};
@@ -72,6 +73,8 @@ impl LoraStamp {
 pub(super) struct Loaded {
     pub key: ModelKey,
     pub pipeline: Pipeline<Source>,
+    /// What the model says a request should use when it names nothing.
+    pub defaults: GenerationDefaults,
     /// The LoRAs the pipeline's adapters were bound for (`None`: none bound yet, not even the
     /// model's own), with whether unknown keys were skipped.
     loras: Option<(Vec<LoraStamp>, bool)>,
@@ -130,10 +133,15 @@ impl Engine {
         self.unload();
         let source = Source::open(model)?;
         let key = source.key();
-        let pipeline = Pipeline::new(source, self.dtype, self.keep_models)?;
+        let mut pipeline = Pipeline::new(source, self.dtype, self.keep_models)?;
+        let defaults = GenerationDefaults::of(pipeline.source())?;
+        if let Some(shift) = defaults.shift {
+            pipeline.configs.scheduler.shift = shift;
+        }
         self.loaded = Some(Loaded {
             key,
             pipeline,
+            defaults,
             loras: None,
             controlnet: None,
         });

@@ -28,6 +28,12 @@ pub struct Job {
     pub steps: Option<usize>,
     /// `None`: the model's default (Turbo's 0).
     pub guidance: Option<f32>,
+    /// With guidance, cap each step's guided prediction at the norm of the prompt's own
+    /// (diffusers' `cfg_normalization`); `None`: the model's default (off).
+    pub cfg_normalization: Option<bool>,
+    /// With guidance, run unguided once the model time passes this, within [0, 1] (diffusers'
+    /// `cfg_truncation`); `None`: the model's default (1, guided throughout).
+    pub cfg_truncation: Option<f64>,
     /// Image k of the job is drawn from `seed + k`.
     pub seed: u64,
     /// How many images, each from the next seed.
@@ -110,6 +116,8 @@ impl Job {
             height: None,
             steps: None,
             guidance: None,
+            cfg_normalization: None,
+            cfg_truncation: None,
             seed: 42,
             count: 1,
             noise: None,
@@ -134,6 +142,9 @@ impl Job {
             side(self.width),
             side(self.height),
         ) {
+            return bad(e);
+        }
+        if let Some(e) = self.cfg_truncation.and_then(pipeline::cfg_truncation_error) {
             return bad(e);
         }
         if !(1..=MAX_COUNT).contains(&self.count) {

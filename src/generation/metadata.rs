@@ -91,6 +91,12 @@ pub fn png_text_full(
         ("Model hash", hash10),
         ("Model", from.model_name.to_string()),
     ];
+    if req.cfg_normalization {
+        fields.push(("CFG normalization", "True".into()));
+    }
+    if req.cfg_truncation != pipeline::NO_TRUNCATION {
+        fields.push(("CFG truncation", req.cfg_truncation.to_string()));
+    }
     if let Some(input) = &req.input {
         fields.push(("Denoising strength", input.strength.to_string()));
     }

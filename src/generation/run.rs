@@ -5,6 +5,7 @@
 
 use super::metadata::{self, ControlProvenance, HiresProvenance, Provenance};
 use super::{plan_memory, Cancel, Engine, Error, Hires, Job, Progress};
+use crate::generation_defaults::GenerationDefaults;
 use crate::memory_plan::MemoryPlan;
 use crate::pipeline::{self, ControlInput, ModelSource, PhaseReport, Pipeline, Request};
 use std::ops::ControlFlow;
@@ -124,9 +125,9 @@ pub fn run(
         loaded.set_controlnet(&c.net)?;
     }
     let load = reporter.started.elapsed();
-    let pipeline = &mut loaded.pipeline;
 
-    let first = first_pass(job, pipeline)?;
+    let first = first_pass(job, &loaded.pipeline, &loaded.defaults)?;
+    let pipeline = &mut loaded.pipeline;
     let hires = match &job.hires {
         Some(h) => Some(hires_request(job, h, pipeline, &first.req)?),
         None => None,
@@ -309,7 +310,11 @@ fn steps_run_of(req: &Request) -> usize {
 
 /// The job's first (or only) pass as a request: the size, steps and guidance it left to the
 /// model settled, the input picture and control image at that size, all checked.
-fn first_pass<S: ModelSource>(job: &Job, pipeline: &Pipeline<S>) -> Result<Pass, Error> {
+fn first_pass<S: ModelSource>(
+    job: &Job,
+    pipeline: &Pipeline<S>,
+    defaults: &GenerationDefaults,
+) -> Result<Pass, Error> {
     let sample = pipeline.configs.vae.sample_size.unwrap_or(1024);
     // Without a size an input picture gives it, rounded as diffusers rounds it.
     let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
@@ -326,13 +331,22 @@ fn first_pass<S: ModelSource>(job: &Job, pipeline: &Pipeline<S>) -> Result<Pass,
             })?,
         None => (sample, sample),
     };
+    // What the job leaves unsaid, the model's recorded defaults say (Turbo records none).
+    let (steps, guidance, negative_prompt) =
+        defaults.resolve(job.steps, job.guidance, job.negative_prompt.clone());
     let mut req = Request {
         prompt: job.prompt.clone(),
-        negative_prompt: job.negative_prompt.clone(),
+        negative_prompt,
         width: job.width.unwrap_or(default_w),
         height: job.height.unwrap_or(default_h),
-        steps: job.steps.unwrap_or(super::DEFAULT_STEPS),
-        guidance: job.guidance.unwrap_or(0.0),
+        steps,
+        guidance,
+        cfg_normalization: (job.cfg_normalization)
+            .or(defaults.cfg_normalization)
+            .unwrap_or(false),
+        cfg_truncation: (job.cfg_truncation)
+            .or(defaults.cfg_truncation)
+            .unwrap_or(pipeline::NO_TRUNCATION),
         seed: job.seed,
         noise: None,
         input: None,

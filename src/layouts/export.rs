@@ -56,12 +56,15 @@ struct Stored {
 
 /// Writes `model`'s three components under `dir` (`diffusion_models/`, `text_encoders/`,
 /// `vae/`, each `{stem}.safetensors`). All three are written to temporary files first and
-/// renamed into place together, so a failure leaves no partial export.
+/// renamed into place together, so a failure leaves no partial export. `with_config` writes
+/// each component's config into its file's metadata; without it the files are as plain as
+/// those published elsewhere.
 pub fn export_comfy(
     store: &Store,
     model: &StoredModel,
     dir: &Path,
     stem: &str,
+    with_config: bool,
 ) -> Result<Vec<ExportedFile>, Error> {
     let name = model.name.short();
     let fail = |reason: String| Error::Model {
@@ -115,7 +118,8 @@ pub fn export_comfy(
             ))
         })?;
         let path = comfy_path(dir, component, stem);
-        let (tmp, bytes) = write_file(&path, &joined, tensors, &config, &fail)?;
+        let config = with_config.then_some(&config);
+        let (tmp, bytes) = write_file(&path, &joined, tensors, config, &fail)?;
         pending.push((tmp, path.clone()));
         written.push(ExportedFile {
             component,
@@ -136,7 +140,7 @@ fn write_file(
     path: &Path,
     joined: &[Joined],
     stored: &BTreeMap<String, Stored>,
-    config: &serde_json::Value,
+    config: Option<&serde_json::Value>,
     fail: &dyn Fn(String) -> Error,
 ) -> Result<(TempFile, u64), Error> {
     let mut specs = Vec::with_capacity(joined.len());
@@ -170,7 +174,9 @@ fn write_file(
         sources.push(parts);
     }
     let mut meta = BTreeMap::new();
-    meta.insert(CONFIG_METADATA_KEY.to_string(), config.to_string());
+    if let Some(config) = config {
+        meta.insert(CONFIG_METADATA_KEY.to_string(), config.to_string());
+    }
     meta.insert("format".to_string(), "pt".to_string());
     let header = safetensors::header_bytes(&specs, Some(&meta), 8)?;
     let parent = path.parent().unwrap_or(Path::new("."));

@@ -407,12 +407,13 @@ fn quantized(
 }
 
 /// Writes `model`'s transformer to `gguf_path(dir, stem)` through a temporary file renamed into
-/// place when whole.
+/// place when whole; `with_config` writes the transformer's config into the metadata.
 pub fn export_gguf(
     store: &Store,
     model: &StoredModel,
     dir: &Path,
     stem: &str,
+    with_config: bool,
 ) -> Result<GgufExport, Error> {
     let name = model.name.short();
     let fail = |reason: String| Error::Model {
@@ -459,17 +460,19 @@ pub fn export_gguf(
         .ok_or_else(|| fail("has no `transformer/config.json`".into()))?;
     let config: serde_json::Value = serde_json::from_slice(&config)
         .map_err(|e| fail(format!("`transformer/config.json` is not JSON: {e}")))?;
-    let metadata = vec![
+    let mut metadata = vec![
         (
             "general.architecture".to_string(),
             Value::String("lumina2".into()),
         ),
         ("general.quantization_version".to_string(), Value::U32(2)),
-        (
+    ];
+    if with_config {
+        metadata.push((
             CONFIG_METADATA_KEY.to_string(),
             Value::String(config.to_string()),
-        ),
-    ];
+        ));
+    }
     let (header, alignment) = gguf::header(&metadata, &heads)
         .map_err(|e| fail(format!("cannot lay out the GGUF file: {e}")))?;
 

@@ -2,7 +2,7 @@
 //! as tensors, and a model composed from them: the source `zimage create --transformer FILE
 //! --text-encoder FILE --vae FILE` imports.
 
-use super::{to_diffusers, Component, Layout, LayoutError, Mapped, CONFIG_METADATA_KEY};
+use super::{resolve, to_diffusers, Component, Layout, LayoutError, Mapped, CONFIG_METADATA_KEY};
 use crate::diffusers_dir::{self, DiffusersDir};
 use crate::formats::FileKind;
 use crate::store::{SafetensorsFile, SourceTensor, StoreError, TensorSource};
@@ -288,12 +288,34 @@ impl ComposedModel {
             }
         };
         let mut origins = Vec::new();
+        let mut sources = BTreeMap::new();
         for (mapped, source) in components {
             let dir = mapped.component.dir();
+            let path = format!("{dir}/config.json");
+            // The directory's own config of the component, which says what shapes cannot.
+            let given = match base {
+                Some(b) => configs
+                    .iter()
+                    .find(|(p, _)| *p == path)
+                    .map(|(_, bytes)| {
+                        serde_json::from_slice::<serde_json::Value>(bytes)
+                            .map_err(|e| bad(&b.root.join(&path), format!("is not JSON: {e}")))
+                    })
+                    .transpose()?
+                    .map(|v| (v, format!("`{}`", b.root.join(&path).display()))),
+                None => None,
+            };
+            let resolved = resolve::resolve(
+                &mapped,
+                &source,
+                given.as_ref().map(|(v, name)| (v, name.as_str())),
+            )?;
             tensors.retain(|t| t.component != dir);
-            configs.retain(|(p, _)| p != &format!("{dir}/config.json"));
-            let config = serde_json::to_vec_pretty(&mapped.config).expect("JSON values serialize");
-            configs.push((format!("{dir}/config.json"), config));
+            configs.retain(|(p, _)| *p != path);
+            let config =
+                serde_json::to_vec_pretty(&resolved.config).expect("JSON values serialize");
+            configs.push((path.clone(), config));
+            sources.insert(path, resolved.origins);
             origins.push(ComponentOrigin {
                 component: mapped.component,
                 source,
@@ -307,6 +329,12 @@ impl ComposedModel {
             configs.retain(|(p, _)| !p.starts_with("tokenizer/"));
             configs.extend(tok);
         }
+        // Refused now, before anything is stored, rather than by the first `generate`.
+        resolve::check_model_configs(&configs)
+            .map_err(|e| Error::Compose(format!("the composed model would not run: {e}")))?;
+        configs.retain(|(p, _)| p != resolve::SOURCES_FILE);
+        let sources = serde_json::to_vec_pretty(&sources).expect("JSON values serialize");
+        configs.push((resolve::SOURCES_FILE.to_string(), sources));
         configs.sort_by(|a, b| a.0.cmp(&b.0));
         let order: BTreeMap<&str, usize> = diffusers_dir::WEIGHT_COMPONENTS
             .iter()

@@ -10,14 +10,15 @@
 //! tensor is read, so any source that can say where a tensor's rows are (a safetensors file,
 //! a GGUF file) goes through the same mapping.
 //!
-//! What shapes cannot tell (norm epsilons, RoPE theta, the VAE's group count and latent
-//! scaling) is Z-Image-Turbo's. A config written into a file's metadata by
-//! `zimage export --format comfy` (key [`CONFIG_METADATA_KEY`]) takes precedence over the
-//! inferred one, so a model that differs from Turbo in those values round-trips.
+//! What shapes cannot tell (norm epsilons, RoPE theta and axes, the VAE's group count and
+//! latent scaling) comes, in this order, from a config written into the file's metadata by
+//! `zimage export` (key [`CONFIG_METADATA_KEY`]), from the `--from` directory's config, or
+//! from Z-Image-Turbo's; a given value that contradicts a shape is refused ([`resolve`]).
 
 pub mod export;
 pub mod export_gguf;
 pub mod files;
+pub mod resolve;
 pub mod text_encoder;
 pub mod transformer;
 pub mod vae;
@@ -71,11 +72,21 @@ pub struct Mapped {
     pub layout: Layout,
     /// Under their diffusers names, `component` set to [`Component::dir`].
     pub tensors: Vec<SourceTensor>,
-    /// `config.json` of the component.
+    /// `config.json` of the component as the shapes tell it, Turbo's values for the rest.
     pub config: serde_json::Value,
+    /// The config keys read off the shapes, each with the tensor that tells it.
+    pub shape_keys: Vec<(&'static str, String)>,
+    /// The config the file's metadata carries (see [`CONFIG_METADATA_KEY`]).
+    pub hint: Option<serde_json::Value>,
     /// Tensors of the file that the pipeline has no use for and that were left out (a
     /// language-model head, an unused final norm).
     pub dropped: Vec<String>,
+}
+
+/// A config inferred from shapes: the JSON, and the keys the shapes tell with their tensors.
+pub struct Inferred {
+    pub config: serde_json::Value,
+    pub shape_keys: Vec<(&'static str, String)>,
 }
 
 /// One tensor of an exported file: the stored (diffusers-named) tensors whose bytes, one after
@@ -119,7 +130,7 @@ pub enum LayoutError {
 
 /// Maps a component's tensors (any names, from any file) onto diffusers names and infers its
 /// config. `what` names the source in errors (a file path); `hint` is a config carried in
-/// the file's metadata, which wins over the inferred one where it has a key.
+/// the file's metadata, kept for [`resolve`].
 pub fn to_diffusers(
     component: Component,
     tensors: Vec<SourceTensor>,
@@ -135,13 +146,7 @@ pub fn to_diffusers(
     for t in &mut mapped.tensors {
         t.component = component.dir().to_string();
     }
-    if let (Some(serde_json::Value::Object(hint)), serde_json::Value::Object(config)) =
-        (hint, &mut mapped.config)
-    {
-        for (k, v) in hint {
-            config.insert(k.clone(), v.clone());
-        }
-    }
+    mapped.hint = hint.cloned();
     Ok(mapped)
 }
 

@@ -3,7 +3,7 @@
 //!
 //! The pipeline reads the hidden states, so a language-model head (`lm_head.weight`) is left out.
 
-use super::{sample, ByName, Joined, Layout, LayoutError, Mapped};
+use super::{sample, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const EXPECTED: &str = "Qwen3 names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, …), with or without the `model.` prefix";
@@ -38,21 +38,20 @@ pub fn to_diffusers(tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, La
         }
         out.push(super::renamed(&t, name, None));
     }
-    let config = infer_config(&out, what)?;
+    let inferred = infer_config(&out, what)?;
     Ok(Mapped {
         component: super::Component::TextEncoder,
         layout,
         tensors: out,
-        config,
+        config: inferred.config,
+        shape_keys: inferred.shape_keys,
+        hint: None,
         dropped,
     })
 }
 
 /// `text_encoder/config.json` from the shapes, Qwen3-4B's values for the rest.
-pub fn infer_config(
-    tensors: &[SourceTensor],
-    what: &str,
-) -> Result<serde_json::Value, LayoutError> {
+pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, LayoutError> {
     let t = ByName::new(what, "text encoder", tensors);
     let vocab = t.dim("model.embed_tokens.weight", 2, 0)?;
     let hidden = t.dim("model.embed_tokens.weight", 2, 1)?;
@@ -66,9 +65,19 @@ pub fn infer_config(
             format!("gives a head size of {head_dim}, which does not divide the projections ({q}, {kv} rows)"),
         ));
     }
+    let k_norm = "model.layers.0.self_attn.k_norm.weight";
+    if t.map.contains_key(k_norm) && t.dim(k_norm, 1, 0)? != head_dim {
+        return Err(t.bad(
+            k_norm,
+            format!(
+                "has {} weights, but the query norm gives a head size of {head_dim}",
+                t.dim(k_norm, 1, 0)?
+            ),
+        ));
+    }
     let layers = t.count("model.layers.");
     let intermediate = t.dim("model.layers.0.mlp.gate_proj.weight", 2, 0)?;
-    Ok(serde_json::json!({
+    let config = serde_json::json!({
         "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": false,
         "attention_dropout": 0.0,
@@ -89,7 +98,27 @@ pub fn infer_config(
         "tie_word_embeddings": true,
         "use_sliding_window": false,
         "vocab_size": vocab,
-    }))
+    });
+    let embed = "model.embed_tokens.weight";
+    let shape_keys = [
+        ("vocab_size", embed),
+        ("hidden_size", embed),
+        ("head_dim", norm),
+        (
+            "num_attention_heads",
+            "model.layers.0.self_attn.q_proj.weight",
+        ),
+        (
+            "num_key_value_heads",
+            "model.layers.0.self_attn.k_proj.weight",
+        ),
+        ("num_hidden_layers", "model.layers.N"),
+        ("intermediate_size", "model.layers.0.mlp.gate_proj.weight"),
+    ];
+    Ok(Inferred {
+        config,
+        shape_keys: shape_keys.map(|(k, t)| (k, t.to_string())).to_vec(),
+    })
 }
 
 /// ComfyUI keeps transformers' `model.`-prefixed names: the stored names as they are.

@@ -6,7 +6,7 @@
 //! `attention.q_norm`/`k_norm` (`norm_q`/`norm_k`), and the fused `attention.qkv`, whose rows
 //! are q's, then k's, then v's. An unused `norm_final.weight` is dropped, as diffusers does.
 
-use super::{rows, sample, strip_prefix, ByName, Joined, Layout, LayoutError, Mapped};
+use super::{rows, sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
@@ -62,12 +62,14 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
             out
         }
     };
-    let config = infer_config(&tensors, what)?;
+    let inferred = infer_config(&tensors, what)?;
     Ok(Mapped {
         component: super::Component::Transformer,
         layout,
         tensors,
-        config,
+        config: inferred.config,
+        shape_keys: inferred.shape_keys,
+        hint: None,
         dropped,
     })
 }
@@ -135,10 +137,7 @@ fn split_qkv(
 }
 
 /// `transformer/config.json` from the shapes (diffusers names), Turbo's values for the rest.
-pub fn infer_config(
-    tensors: &[SourceTensor],
-    what: &str,
-) -> Result<serde_json::Value, LayoutError> {
+pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, LayoutError> {
     let t = ByName::new(what, "transformer", tensors);
     let x = "all_x_embedder.2-1.weight";
     let dim = t.dim(x, 2, 0)?;
@@ -158,11 +157,21 @@ pub fn infer_config(
             format!("gives a head size of {head_dim}, which does not divide the projections ({q_rows}, {kv_rows} rows) into RoPE axes"),
         ));
     }
+    let k_norm = "layers.0.attention.norm_k.weight";
+    if t.dim(k_norm, 1, 0)? != head_dim {
+        return Err(t.bad(
+            k_norm,
+            format!(
+                "has {} weights, but the query norm gives a head size of {head_dim}",
+                t.dim(k_norm, 1, 0)?
+            ),
+        ));
+    }
     let cap_feat_dim = t.dim("cap_embedder.1.weight", 2, 1)?;
     // Turbo splits its 128-wide heads 32/48/48 between the frame, height and width axes; other
     // head sizes keep the same proportions.
     let axes = [head_dim / 4, head_dim * 3 / 8, head_dim * 3 / 8];
-    Ok(serde_json::json!({
+    let config = serde_json::json!({
         "_class_name": "ZImageTransformer2DModel",
         "_diffusers_version": "0.42.1",
         "all_f_patch_size": [1],
@@ -181,7 +190,21 @@ pub fn infer_config(
         "rope_theta": 256.0,
         "siglip_feat_dim": null,
         "t_scale": 1000.0,
-    }))
+    });
+    let q = "layers.0.attention.to_q.weight";
+    let shape_keys = [
+        ("dim", x),
+        ("in_channels", x),
+        ("n_heads", q),
+        ("n_kv_heads", "layers.0.attention.to_k.weight"),
+        ("n_layers", "layers.N"),
+        ("n_refiner_layers", "noise_refiner.N"),
+        ("cap_feat_dim", "cap_embedder.1.weight"),
+    ];
+    Ok(Inferred {
+        config,
+        shape_keys: shape_keys.map(|(k, t)| (k, t.to_string())).to_vec(),
+    })
 }
 
 /// The original layout of stored (diffusers-named) tensors: renamed, q/k/v fused.

@@ -7,7 +7,7 @@
 //! convolutions, whose weights drop their unit axes to become linear weights), and the outer
 //! `norm_out` → `conv_norm_out`. Decoder up blocks are numbered in reverse.
 
-use super::{sample, strip_prefix, ByName, Joined, Layout, LayoutError, Mapped};
+use super::{sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["first_stage_model.", "vae."];
@@ -55,12 +55,14 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
             out
         }
     };
-    let config = infer_config(&tensors, what)?;
+    let inferred = infer_config(&tensors, what)?;
     Ok(Mapped {
         component: super::Component::Vae,
         layout,
         tensors,
-        config,
+        config: inferred.config,
+        shape_keys: inferred.shape_keys,
+        hint: None,
         dropped: Vec::new(),
     })
 }
@@ -176,10 +178,7 @@ fn diffusers_to_ldm(name: &str, ups: u64) -> String {
 }
 
 /// `vae/config.json` from the shapes (diffusers names), the Flux VAE's values for the rest.
-pub fn infer_config(
-    tensors: &[SourceTensor],
-    what: &str,
-) -> Result<serde_json::Value, LayoutError> {
+pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, LayoutError> {
     let t = ByName::new(what, "VAE", tensors);
     let blocks = t.count("encoder.down_blocks.");
     let ups = t.count("decoder.up_blocks.");
@@ -201,7 +200,7 @@ pub fn infer_config(
     let layers = t.count("encoder.down_blocks.0.resnets.");
     let latent = t.dim("decoder.conv_in.weight", 4, 1)?;
     let kind = |k: &'static str| vec![k; blocks as usize];
-    Ok(serde_json::json!({
+    let config = serde_json::json!({
         "_class_name": "AutoencoderKL",
         "_diffusers_version": "0.42.1",
         "act_fn": "silu",
@@ -222,7 +221,27 @@ pub fn infer_config(
         "up_block_types": kind("UpDecoderBlock2D"),
         "use_post_quant_conv": t.map.contains_key("post_quant_conv.weight"),
         "use_quant_conv": t.map.contains_key("quant_conv.weight"),
-    }))
+    });
+    let shape_keys = [
+        (
+            "block_out_channels",
+            "encoder.down_blocks.N.resnets.0.conv2.weight",
+        ),
+        ("in_channels", "encoder.conv_in.weight"),
+        ("latent_channels", "decoder.conv_in.weight"),
+        ("layers_per_block", "encoder.down_blocks.0.resnets.N"),
+        (
+            "mid_block_add_attention",
+            "decoder.mid_block.attentions.0.to_q.weight",
+        ),
+        ("out_channels", "decoder.conv_out.weight"),
+        ("use_post_quant_conv", "post_quant_conv.weight"),
+        ("use_quant_conv", "quant_conv.weight"),
+    ];
+    Ok(Inferred {
+        config,
+        shape_keys: shape_keys.map(|(k, t)| (k, t.to_string())).to_vec(),
+    })
 }
 
 /// The LDM layout of stored (diffusers-named) tensors; attention weights become 1×1 convolutions.

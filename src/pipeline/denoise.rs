@@ -13,10 +13,43 @@ use crate::scheduler::Schedule;
 use std::ops::ControlFlow;
 
 /// The captions the transformer is conditioned on: the prompt's, and with guidance the
-/// negative prompt's and the scale.
+/// negative prompt's and the scale, with the base model's two refinements of it.
 pub struct Guidance<'a> {
     pub positive: &'a Prepared,
     pub negative: Option<(&'a Prepared, f32)>,
+    /// Caps the guided prediction's norm at the conditional prediction's.
+    pub normalization: bool,
+    /// Guidance stops once the model time `(1000 − t)/1000` passes this (1: never).
+    pub truncation: f64,
+}
+
+impl Guidance<'_> {
+    /// The negative caption and scale in force at model time `t`, or `None` when the step runs
+    /// unguided. diffusers compares the f32 time, widened, with the threshold as given, and
+    /// leaves thresholds above 1 alone.
+    fn at(&self, t: f32) -> Option<(&Prepared, f32)> {
+        let truncated = self.truncation <= 1.0 && t as f64 > self.truncation;
+        self.negative
+            .filter(|&(_, scale)| scale > 0.0 && !truncated)
+    }
+}
+
+/// `pos + scale·(pos − neg)`, and with `normalize` scaled back to `pos`'s norm when it is
+/// longer: both norms over the whole latent, in f32, as diffusers takes them.
+fn guided(pos: &Array, neg: &Array, scale: f32, normalize: bool) -> Result<Array, Error> {
+    let pred = (pos + ((pos - neg)? * scale)?)?;
+    if !normalize {
+        return Ok(pred);
+    }
+    let norm = |x: &Array| -> Result<f32, Error> {
+        let x = x.astype(crate::mlx::Dtype::F32)?;
+        Ok(x.square()?.sum(&[], false)?.sqrt()?.item()?)
+    };
+    let (cap, norm) = (norm(pos)?, norm(&pred)?);
+    Ok(match norm > cap {
+        true => (&pred * (cap / norm))?,
+        false => pred,
+    })
 }
 
 /// Runs steps `first..` of `schedule` on `latents`. `progress` hears of each step as
@@ -37,10 +70,10 @@ pub fn denoise(
     for i in first..schedule.steps() {
         let t = schedule.t_model(i);
         let pos = model_output(transformer, &latents, t, guidance.positive, &mut control)?;
-        let v = match guidance.negative {
+        let v = match guidance.at(t) {
             Some((neg, scale)) => {
                 let neg = model_output(transformer, &latents, t, neg, &mut control)?;
-                (&pos + ((&pos - &neg)? * scale)?)?
+                guided(&pos, &neg, scale, guidance.normalization)?
             }
             None => pos,
         };

@@ -97,6 +97,12 @@ pub struct Request {
     pub steps: usize,
     /// Classifier-free guidance scale; 0 turns guidance off (Turbo's setting).
     pub guidance: f32,
+    /// With guidance, caps each step's guided prediction at the norm of the prompt's own
+    /// (diffusers' `cfg_normalization`; off by default).
+    pub cfg_normalization: bool,
+    /// With guidance, the model time `(1000 − t)/1000` in [0, 1] past which steps run unguided
+    /// (diffusers' `cfg_truncation`; 1, the default, never truncates).
+    pub cfg_truncation: f64,
     pub seed: u64,
     /// Initial latents `[16, H/8, W/8]` in f32; drawn from `seed` like torch's CPU generator
     /// when absent.
@@ -106,6 +112,9 @@ pub struct Request {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input: Option<ImageInput>,
 }
+
+/// The `cfg_truncation` that keeps guidance at every step.
+pub const NO_TRUNCATION: f64 = 1.0;
 
 /// Time and peak MLX memory of one phase.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -748,6 +757,8 @@ impl<S: ModelSource> Pipeline<S> {
             let guidance = denoise::Guidance {
                 positive: &positive,
                 negative: negative_prepared.as_ref().map(|n| (n, req.guidance)),
+                normalization: req.cfg_normalization,
+                truncation: req.cfg_truncation,
             };
             let mut steering = match (&controlnet, &control_latents, control) {
                 (Some(net), Some(latents), Some(c)) => Some(control::Control {
@@ -816,7 +827,17 @@ impl<S: ModelSource> Pipeline<S> {
 /// its flags against before loading anything.
 pub fn check_request_ranges(req: &Request) -> Result<(), Error> {
     request_range_error(req.steps as u64, req.guidance, req.width, req.height)
+        .or_else(|| cfg_truncation_error(req.cfg_truncation))
         .map_or(Ok(()), |e| Err(Error::Request(e)))
+}
+
+/// What is wrong with this `cfg_truncation`, if anything (named as the command line's flag).
+pub fn cfg_truncation_error(truncation: f64) -> Option<String> {
+    (!(0.0..=1.0).contains(&truncation)).then(|| {
+        format!(
+            "--cfg-truncation is {truncation}; it must be within [0, 1] (the model time past which guidance stops; 1 keeps it throughout)"
+        )
+    })
 }
 
 /// What is wrong with these request values, if anything: one line naming the setting and its

@@ -235,6 +235,8 @@ pub struct GenerateBody {
     options: Option<GenerateOptions>,
     negative_prompt: Option<String>,
     guidance: Option<f32>,
+    cfg_normalization: Option<bool>,
+    cfg_truncation: Option<f64>,
     stream: Option<bool>,
     keep_alive: Option<Value>,
     loras: Option<Vec<super::LoraBody>>,
@@ -337,6 +339,8 @@ pub async fn generate(
         // A count beyond usize is out of range all the same.
         steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
         guidance: body.guidance,
+        cfg_normalization: body.cfg_normalization,
+        cfg_truncation: body.cfg_truncation,
         seed,
         ..crate::generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };

@@ -46,6 +46,8 @@ pub struct ImagesBody {
     steps: Option<u64>,
     negative_prompt: Option<String>,
     guidance: Option<f32>,
+    cfg_normalization: Option<bool>,
+    cfg_truncation: Option<f64>,
     /// Only with a picture (`/v1/images/edits`).
     strength: Option<f64>,
     /// A stored ControlNet, the control image it follows (base64 in JSON, a file in a form) and
@@ -157,6 +159,8 @@ async fn run(
         height,
         steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
         guidance: body.guidance,
+        cfg_normalization: body.cfg_normalization,
+        cfg_truncation: body.cfg_truncation,
         seed,
         // Each image of a request gets the next seed, so any one can be made again alone.
         count: n as u32,
@@ -335,6 +339,8 @@ fn set_form_field(body: &mut ImagesBody, key: &str, text: String) -> Result<(), 
         "seed" => body.seed = Some(number(key, &text)?),
         "steps" => body.steps = Some(number(key, &text)?),
         "guidance" => body.guidance = Some(number(key, &text)?),
+        "cfg_normalization" => body.cfg_normalization = Some(number(key, &text)?),
+        "cfg_truncation" => body.cfg_truncation = Some(number(key, &text)?),
         "strength" => body.strength = Some(number(key, &text)?),
         "controlnet" => body.controlnet = Some(text),
         "control_scale" => body.control_scale = Some(number(key, &text)?),

@@ -118,6 +118,8 @@ pub enum StoreError {
     },
     #[error("`{}` is not valid JSON ({reason}); fix or remove it and import again", path.display())]
     ConfigNotJson { path: PathBuf, reason: String },
+    #[error("`{}`: {reason}; fix or remove it and import again", path.display())]
+    BadConfigFile { path: PathBuf, reason: String },
     #[error(
         "blob `{digest}` written by this import is {} (another program removed it from `{}`?); \
          no manifest was written: run the import again",
