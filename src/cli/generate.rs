@@ -332,6 +332,9 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
         if !(s > 0.0 && s <= 1.0) {
             bail!("--strength is {s}; it must be within (0, 1]");
         }
+        if let Some(e) = pipeline::condition::no_step_error(a.steps, s) {
+            bail!("{e}");
+        }
     }
     match (&a.control, &a.controlnet) {
         (Some(c), None) => bail!(
@@ -361,11 +364,7 @@ fn read_control(a: &GenerateArgs) -> anyhow::Result<Option<image::DynamicImage>>
     let Some(path) = &a.control else {
         return Ok(None);
     };
-    match image_in::read(path, "--control") {
-        Ok(img) => Ok(Some(img)),
-        Err(e @ image_in::Error::Decode { .. }) => Err(e.into()),
-        Err(e) => Err(anyhow!("--control: {e}")),
-    }
+    Ok(Some(image_in::read(path, "--control")?))
 }
 
 /// `--controlnet`: a directory or file when one is there, else a name in the store.
@@ -403,10 +402,10 @@ fn read_inputs(a: &GenerateArgs) -> anyhow::Result<Option<Inputs>> {
             if mask.dimensions() != image.dimensions() {
                 bail!(
                     "--mask `{}` is {}×{}, but --image `{}` is {}×{}; give a mask of the picture's size",
-                    m.display(),
+                    zimage::shown::path(m),
                     mask.width(),
                     mask.height(),
-                    path.display(),
+                    zimage::shown::path(path),
                     image.width(),
                     image.height()
                 );
@@ -468,6 +467,16 @@ fn open_model_dir(dir: &Path) -> anyhow::Result<DiffusersDir> {
 pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
     check_flags(&a)?;
     check_output(&a.output)?;
+    // Every input picture's header against the budget, summed, before one is decoded.
+    let files: Vec<(&Path, &str)> = [
+        (&a.image, "--image"),
+        (&a.mask, "--mask"),
+        (&a.control, "--control"),
+    ]
+    .into_iter()
+    .filter_map(|(p, what)| p.as_deref().map(|p| (p, what)))
+    .collect();
+    zimage::input_budget::check_files(&files, a.memory_limit.as_deref())?;
     let inputs = read_inputs(&a)?;
     let control = match (read_control(&a)?, &a.controlnet) {
         (Some(image), Some(net)) => Some(Control {

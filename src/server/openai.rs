@@ -89,6 +89,17 @@ pub async fn generate(
     let control_image = (body.control_image.as_deref())
         .map(|t| super::base64_field(API, "control_image", t))
         .transpose()?;
+    let pictures: Vec<crate::input_budget::Input> = (control_image.as_deref())
+        .map(|bytes| crate::input_budget::Input {
+            what: "field",
+            name: "control_image",
+            bytes,
+        })
+        .into_iter()
+        .collect();
+    let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
+    // Held until the answer is done: the control image lives that long.
+    let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let control = super::request_control(
         API,
         body.controlnet.as_deref(),
@@ -223,6 +234,19 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         );
     };
     super::check_strength(API, body.strength, true)?;
+    let pictures: Vec<crate::input_budget::Input> = [
+        ("field", "image", Some(image.as_slice())),
+        ("field", "mask", mask.as_deref()),
+        ("field", "control_image", control_image.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(what, name, bytes)| {
+        bytes.map(|bytes| crate::input_budget::Input { what, name, bytes })
+    })
+    .collect();
+    // Each image asked for carries the inputs; held until the answer is done.
+    let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
+    let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let strength = body.strength;
     let (controlnet, scale) = (body.controlnet.clone(), body.control_scale);
     let (input, control) = tokio::task::spawn_blocking(move || {
@@ -244,13 +268,27 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     .await
 }
 
+/// The multipart body of an edit request (`content_type` with its boundary), read into its
+/// fields as [`edit`] reads it: the entry point the fuzzer drives.
+pub async fn read_edit_body(content_type: &str, body: Vec<u8>) -> Result<EditForm, ApiError> {
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .header(axum::http::header::CONTENT_TYPE, content_type)
+        .body(axum::body::Body::from(body))
+        .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
+    let form = Multipart::from_request(req, &())
+        .await
+        .map_err(|e| ApiError::new(API, e.status(), e.body_text()))?;
+    read_edit_form(form).await
+}
+
 /// The fields of an edit request, read; the pictures not yet decoded.
-struct EditForm {
-    body: ImagesBody,
-    image: Option<Vec<u8>>,
-    mask: Option<Vec<u8>>,
+pub struct EditForm {
+    pub body: ImagesBody,
+    pub image: Option<Vec<u8>>,
+    pub mask: Option<Vec<u8>>,
     /// A file, or base64 text.
-    control_image: Option<Vec<u8>>,
+    pub control_image: Option<Vec<u8>>,
 }
 
 async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
@@ -354,7 +392,7 @@ fn set_form_field(body: &mut ImagesBody, key: &str, text: String) -> Result<(), 
 
 /// The picture and mask of an edit, decoded under the input limits; the mask in OpenAI's
 /// convention (transparent repaints) turned into the pipeline's (white repaints).
-fn decode_edit(
+pub fn decode_edit(
     image: &[u8],
     mask: Option<&[u8]>,
     strength: Option<f64>,

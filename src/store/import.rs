@@ -370,11 +370,17 @@ impl Store {
         // Chunks hold whole elements of the source type.
         let mut buf = vec![0u8; (4 << 20) / 4 * 4];
         let mut left = t.nbytes;
+        let mut elements_before = 0u64;
         while left > 0 {
             let n = (buf.len() as u64).min(left) as usize;
             reader
                 .read_exact(&mut buf[..n])
                 .map_err(FileError::io(&t.file))?;
+            // Found while the blob is hashed, before it is kept.
+            if let Some((i, value)) = first_non_finite(&buf[..n], t.dtype) {
+                return Err(non_finite(t, elements_before + i, value));
+            }
+            elements_before += (n / src_size.max(1)) as u64;
             if target == t.dtype {
                 w.write(&buf[..n])?;
             } else {
@@ -405,6 +411,9 @@ impl Store {
         open_range(t)?
             .read_exact(&mut bytes)
             .map_err(FileError::io(&t.file))?;
+        if let Some((i, value)) = first_non_finite(&bytes, t.dtype) {
+            return Err(non_finite(t, i, value));
+        }
         let shape = t
             .shape
             .iter()
@@ -512,6 +521,52 @@ pub(super) fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
     let mut f = std::fs::File::open(&t.file).map_err(&io)?;
     f.seek(SeekFrom::Start(t.offset)).map_err(&io)?;
     Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
+}
+
+/// The first value of `bytes` (little-endian `dtype`) that is NaN or infinite: its index and
+/// its value in words. Only float types can hold one.
+pub fn first_non_finite(bytes: &[u8], dtype: Dtype) -> Option<(u64, String)> {
+    let found = |i: usize, v: f32| Some((i as u64, describe_non_finite(v)));
+    match dtype {
+        Dtype::F32 => (bytes.chunks_exact(4).enumerate())
+            .map(|(i, c)| (i, f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .find(|(_, v)| !v.is_finite())
+            .and_then(|(i, v)| found(i, v)),
+        // An all-ones exponent is NaN or infinity, in both 16-bit formats.
+        Dtype::F16 => (bytes.chunks_exact(2).enumerate())
+            .find(|(_, c)| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00)
+            .and_then(|(i, c)| found(i, f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        Dtype::BF16 => (bytes.chunks_exact(2).enumerate())
+            .find(|(_, c)| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80)
+            .and_then(|(i, c)| found(i, bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        Dtype::F64 => (bytes.chunks_exact(8).enumerate())
+            .map(|(i, c)| (i, f64::from_le_bytes(c.try_into().expect("8 bytes"))))
+            .find(|(_, v)| !v.is_finite())
+            .and_then(|(i, v)| found(i, v as f32)),
+        _ => None,
+    }
+}
+
+/// `NaN`, `+inf` or `-inf`.
+pub fn describe_non_finite(v: f32) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v > 0.0 {
+        "+inf".into()
+    } else {
+        "-inf".into()
+    }
+}
+
+/// The error for tensor `t` holding `value` at `index`.
+pub(super) fn non_finite(t: &SourceTensor, index: u64, value: String) -> StoreError {
+    StoreError::NonFinite {
+        file: t.file.clone(),
+        component: t.component.clone(),
+        tensor: t.name.clone(),
+        value,
+        index,
+    }
 }
 
 /// Little-endian float conversion between F32, F16 and BF16 (round to nearest even).

@@ -163,6 +163,18 @@ pub enum StoreError {
         tensor: String,
         ty: crate::ggml::GgmlType,
     },
+    #[error(
+        "`{}`: tensor `{}` ({component}) holds {value} at element {index}; a model with NaN or infinite weights draws nothing but black. Re-export it from a healthy checkpoint",
+        crate::shown::path(file), crate::shown::text(tensor)
+    )]
+    NonFinite {
+        file: PathBuf,
+        component: String,
+        tensor: String,
+        /// `NaN`, `+inf` or `-inf`.
+        value: String,
+        index: u64,
+    },
 }
 
 fn list_or_none(items: &[String]) -> String {
