@@ -108,9 +108,21 @@ impl ModelSource for Preview {
     }
 }
 
+/// Whether a config says which model it configures, as diffusers' (`_class_name`) and
+/// transformers' (`architectures`, `model_type`) configs do. A config that does not is a file
+/// the store keeps as it is, with tensors it holds for other programs.
+fn declares_model(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|v| {
+        ["_class_name", "architectures", "model_type"]
+            .iter()
+            .any(|k| v.get(k).is_some())
+    })
+}
+
 /// Checks that every component of `source` fits its config and the model. A whole pipeline
-/// (with `model_index.json`) is checked as `generate` opens it: configs, tokenizer and every
-/// component. A lone component is checked against its own config when the import has one.
+/// (`model_index.json` and component configs that say which model they configure) is checked
+/// as `generate` opens it: configs, tokenizer and every component. Otherwise each component is
+/// checked against its own config when the import has one that says what it is.
 pub fn check<S: TensorSource + ?Sized>(source: &S) -> Result<(), DoesNotFit> {
     let tensors = source.tensors();
     for t in &tensors {
@@ -141,12 +153,14 @@ pub fn check<S: TensorSource + ?Sized>(source: &S) -> Result<(), DoesNotFit> {
         tensors,
         configs,
     };
-    if preview.configs.contains_key("model_index.json") {
+    let declared = |path: &str| preview.configs.get(path).is_some_and(|b| declares_model(b));
+    let parts = ["transformer", "text_encoder", "vae"].map(|c| format!("{c}/config.json"));
+    if preview.configs.contains_key("model_index.json") && parts.iter().all(|p| declared(p)) {
         return check_pipeline(preview);
     }
     let failed = |e: crate::pipeline::Error| explain(&preview.tensors, e);
     let has = |c: &str| preview.tensors.iter().any(|t| t.component == c);
-    let config = |path: &str| preview.configs.get(path);
+    let config = |path: &str| preview.configs.get(path).filter(|b| declares_model(b));
     let model_err = |e: crate::models::ModelError| failed(e.into());
     let bad_config = |path: &str, reason: String| DoesNotFit {
         file: None,

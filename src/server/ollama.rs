@@ -259,11 +259,12 @@ fn request_strength(body: &GenerateBody) -> Result<Option<f64>, ApiError> {
     Ok(strength)
 }
 
+/// A picture's bytes as a request carries them, not yet decoded.
+pub type PictureBytes = Option<Vec<u8>>;
+
 /// The pictures of a request as bytes: its first `images` entry (the img2img input) and its
 /// `control_image`, both base64, not yet decoded.
-pub fn request_pictures(
-    body: &GenerateBody,
-) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>), ApiError> {
+pub fn request_pictures(body: &GenerateBody) -> Result<(PictureBytes, PictureBytes), ApiError> {
     let first = body.images.as_ref().and_then(|i| i.first());
     let image = first
         .map(|t| super::base64_field(API, "images[0]", t))
