@@ -69,6 +69,12 @@ fn main() -> anyhow::Result<()> {
         worker,
         api_key: None,
         lora_dir: None,
+        hosted: Default::default(),
+        inputs: zimage::input_budget::Pool::for_budget(
+            zimage::memory_plan::budget(None)
+                .map_err(anyhow::Error::msg)?
+                .0,
+        ),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 runs=${1:-100000}
 shift || true
-targets=${TARGETS:-"safetensors_header blob_classification blob_load manifest model_name ztensor dfsn gguf png_text image_input infotext"}
+targets=${TARGETS:-"safetensors_header blob_classification blob_load manifest model_name ztensor dfsn gguf png_text image_input infotext edit_form ollama_images"}
 mkdir -p fuzz/logs
 
 cargo +nightly fuzz build || exit 2

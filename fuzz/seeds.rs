@@ -27,6 +27,8 @@ fn main() {
     png_files(&mut seeds);
     image_inputs(&mut seeds);
     infotexts(&mut seeds);
+    edit_forms(&mut seeds);
+    ollama_bodies(&mut seeds);
     println!("{} bytes of seeds in {}", seeds.total, seeds.out.display());
 }
 
@@ -389,15 +391,30 @@ fn image_inputs(s: &mut Seeds) {
     use image::{DynamicImage, ImageFormat, Rgba, RgbaImage};
     let t = "image_input";
     let rgba = RgbaImage::from_fn(20, 12, |x, y| {
-        Rgba([(x * 12) as u8, (y * 20) as u8, 128, if x > 10 { 0 } else { 255 }])
+        Rgba([
+            (x * 12) as u8,
+            (y * 20) as u8,
+            128,
+            if x > 10 { 0 } else { 255 },
+        ])
     });
     let pictures = [
         ("rgba", DynamicImage::ImageRgba8(rgba.clone())),
-        ("rgb", DynamicImage::ImageRgb8(DynamicImage::ImageRgba8(rgba.clone()).to_rgb8())),
-        ("grey", DynamicImage::ImageLuma8(DynamicImage::ImageRgba8(rgba).to_luma8())),
+        (
+            "rgb",
+            DynamicImage::ImageRgb8(DynamicImage::ImageRgba8(rgba.clone()).to_rgb8()),
+        ),
+        (
+            "grey",
+            DynamicImage::ImageLuma8(DynamicImage::ImageRgba8(rgba).to_luma8()),
+        ),
     ];
     for (name, img) in &pictures {
-        for (format, ext) in [(ImageFormat::Png, "png"), (ImageFormat::Jpeg, "jpg"), (ImageFormat::WebP, "webp")] {
+        for (format, ext) in [
+            (ImageFormat::Png, "png"),
+            (ImageFormat::Jpeg, "jpg"),
+            (ImageFormat::WebP, "webp"),
+        ] {
             if format == ImageFormat::Jpeg && img.color().has_alpha() {
                 continue;
             }
@@ -430,4 +447,126 @@ fn infotexts(s: &mut Seeds) {
         "a1111",
         "masterpiece\nNegative prompt: lowres\nSteps: 20, Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: 7, Seed: 1, Size: 512x768, Model hash: 6c6a70ac2a, Version: v1.10.1, Template: \"a \\\"q\\\", b\"".as_bytes(),
     );
+}
+
+/// A small PNG for the API bodies' seeds.
+fn small_png(alpha: bool) -> Vec<u8> {
+    let img = if alpha {
+        image::DynamicImage::ImageRgba8(image::RgbaImage::from_fn(16, 16, |x, _| {
+            image::Rgba([x as u8 * 16, 0, 0, if x < 8 { 0 } else { 255 }])
+        }))
+    } else {
+        image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(16, 16, |x, y| {
+            image::Rgb([x as u8 * 16, y as u8 * 16, 128])
+        }))
+    };
+    let mut out = Vec::new();
+    img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+        .unwrap();
+    out
+}
+
+/// Multipart forms of `/v1/images/edits` with the boundary the target gives them.
+fn edit_forms(seeds: &mut Seeds) {
+    let part = |name: &str, file: bool, bytes: &[u8]| {
+        let mut out = format!(
+            "--zimageboundary\r\nContent-Disposition: form-data; name=\"{name}\"{}\r\n\r\n",
+            if file {
+                "; filename=\"a.png\"\r\nContent-Type: image/png"
+            } else {
+                ""
+            }
+        )
+        .into_bytes();
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+        out
+    };
+    let end = b"--zimageboundary--\r\n".to_vec();
+    let (picture, mask) = (small_png(false), small_png(true));
+    let text = [
+        part("model", false, b"z-image"),
+        part("prompt", false, b"a fox"),
+        part("n", false, b"2"),
+        part("size", false, b"16x16"),
+        part("strength", false, b"0.6"),
+        part("loras", false, br#"[{"path":"a.safetensors","scale":0.5}]"#),
+    ]
+    .concat();
+    let form = |parts: &[Vec<u8>]| [parts.concat(), end.clone()].concat();
+    seeds.put(
+        "edit_form",
+        "picture",
+        &form(&[text.clone(), part("image", true, &picture)]),
+    );
+    seeds.put(
+        "edit_form",
+        "picture-mask",
+        &form(&[
+            text.clone(),
+            part("image", true, &picture),
+            part("mask", true, &mask),
+        ]),
+    );
+    seeds.put(
+        "edit_form",
+        "control-base64",
+        &form(&[
+            text,
+            part("image[]", true, &picture),
+            part("controlnet", false, b"union"),
+            part("control_image", false, base64(&picture).as_bytes()),
+        ]),
+    );
+}
+
+/// Bodies of Ollama's `/api/generate` with pictures in base64.
+fn ollama_bodies(seeds: &mut Seeds) {
+    let picture = base64(&small_png(false));
+    let bodies = [
+        (
+            "text",
+            serde_json::json!({"model": "z-image", "prompt": "a fox", "width": 16, "height": 16, "steps": 2}),
+        ),
+        (
+            "images",
+            serde_json::json!({"model": "z-image", "prompt": "a fox", "images": [picture], "options": {"strength": 0.5, "seed": 3}}),
+        ),
+        (
+            "data-url",
+            serde_json::json!({"model": "z-image", "prompt": "a fox", "images": [format!("data:image/png;base64,{picture}")]}),
+        ),
+        (
+            "control",
+            serde_json::json!({"model": "z-image", "prompt": "a fox", "controlnet": "union", "control_image": picture, "control_scale": 0.7}),
+        ),
+        (
+            "images-not-a-list",
+            serde_json::json!({"model": "z-image", "prompt": "a fox", "images": "AAAA"}),
+        ),
+    ];
+    for (name, body) in bodies {
+        seeds.put("ollama_images", name, &serde_json::to_vec(&body).unwrap());
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }

@@ -17,16 +17,19 @@ use std::sync::Mutex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("`{}`: {cause}", path.display())]
+    #[error("`{}`: {cause}", crate::shown::path(path))]
     Io {
         path: PathBuf,
         cause: std::io::Error,
     },
-    #[error("`{}` is {kind}, not a regular file; give the path of a file", path.display())]
+    #[error(
+        "`{}` is {kind}, not a regular file; give the path of a file",
+        crate::shown::path(path)
+    )]
     NotRegular { path: PathBuf, kind: &'static str },
     #[error(
         "`{}` is {size} bytes, more than the {limit} bytes a {what} may be",
-        path.display()
+        crate::shown::path(path)
     )]
     TooLarge {
         path: PathBuf,

@@ -23,7 +23,7 @@ pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{what} `{name}`: {reason}")]
+    #[error("{what} `{}`: {reason}", crate::shown::text(name))]
     Decode {
         /// The flag or field the picture came from (`--image`, `mask`).
         what: String,
@@ -31,12 +31,89 @@ pub enum Error {
         name: String,
         reason: String,
     },
-    #[error("{0}")]
-    File(#[from] crate::files::FileError),
+    /// The file could not be read; the cause names the path.
+    #[error("{what}: {cause}")]
+    File {
+        what: String,
+        cause: crate::files::FileError,
+    },
 }
 
 /// The formats read: PNG, JPEG and WebP, told by their signatures (never by the name).
 const FORMATS: [ImageFormat; 3] = [ImageFormat::Png, ImageFormat::Jpeg, ImageFormat::WebP];
+
+/// What a picture's header says, read without decoding a pixel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub format: ImageFormat,
+    pub width: u32,
+    pub height: u32,
+    pub color: image::ColorType,
+}
+
+impl Header {
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width) * u64::from(self.height)
+    }
+
+    /// Bytes of the picture decoded in its own colour type.
+    pub fn decoded_bytes(&self) -> u64 {
+        self.pixels() * u64::from(self.color.bytes_per_pixel())
+    }
+
+    /// Bytes the process holds at most for this picture as an input: the decoder's buffer and
+    /// the pixels it is converted into (twice the decoded size covers a decoder that widens
+    /// its bytes into samples), plus the 8-bit RGB or luma copy the pipeline takes.
+    pub fn held_bytes(&self) -> u64 {
+        self.decoded_bytes() * 2 + self.pixels() * 4
+    }
+}
+
+/// The header of `bytes` (`what`/`name` say where they came from, for messages), checked
+/// against the side and pixel limits of a picture at most `max_side` pixels square.
+pub fn probe_within(bytes: &[u8], what: &str, name: &str, max_side: u32) -> Result<Header, Error> {
+    let max_side = max_side.min(MAX_SIDE);
+    let bad = |reason: String| Error::Decode {
+        what: what.into(),
+        name: name.into(),
+        reason,
+    };
+    let format = image::guess_format(bytes)
+        .ok()
+        .filter(|f| FORMATS.contains(f))
+        .ok_or_else(|| bad("not a PNG, JPEG or WebP image".into()))?;
+    let decoder = image::ImageReader::with_format(Cursor::new(bytes), format)
+        .into_decoder()
+        .map_err(|e| bad(e.to_string()))?;
+    let (width, height) = image::ImageDecoder::dimensions(&decoder);
+    let header = Header {
+        format,
+        width,
+        height,
+        color: image::ImageDecoder::color_type(&decoder),
+    };
+    if width == 0 || height == 0 {
+        return Err(bad("the image is empty".into()));
+    }
+    if width > max_side || height > max_side {
+        return Err(bad(format!(
+            "the image is {width}×{height}; a picture may be at most {max_side} pixels each way"
+        )));
+    }
+    if header.decoded_bytes() > MAX_DECODE_BYTES.min(u64::from(max_side).pow(2) * 8) {
+        return Err(bad(format!(
+            "the image is {width}×{height} in {:?}, {} decoded, more than a picture may take",
+            header.color,
+            crate::memory_plan::gb(header.decoded_bytes())
+        )));
+    }
+    Ok(header)
+}
+
+/// [`probe_within`] at the largest side accepted.
+pub fn probe(bytes: &[u8], what: &str, name: &str) -> Result<Header, Error> {
+    probe_within(bytes, what, name, MAX_SIDE)
+}
 
 /// Decodes `bytes` (`what`/`name` say where they came from, for messages) within the limits.
 pub fn decode(bytes: &[u8], what: &str, name: &str) -> Result<DynamicImage, Error> {
@@ -45,6 +122,7 @@ pub fn decode(bytes: &[u8], what: &str, name: &str) -> Result<DynamicImage, Erro
 
 /// [`decode`] with the limits of a picture at most `max_side` pixels square (at most
 /// [`MAX_SIDE`]): a caller that wants less work per picture, such as a fuzzer, asks for less.
+/// The header is checked before a pixel is decoded.
 pub fn decode_within(
     bytes: &[u8],
     what: &str,
@@ -57,27 +135,73 @@ pub fn decode_within(
         name: name.into(),
         reason,
     };
-    let format = image::guess_format(bytes)
-        .ok()
-        .filter(|f| FORMATS.contains(f))
-        .ok_or_else(|| bad("not a PNG, JPEG or WebP image".into()))?;
-    let mut reader = image::ImageReader::with_format(Cursor::new(bytes), format);
-    let mut limits = image::Limits::default();
-    limits.max_image_width = Some(max_side);
-    limits.max_image_height = Some(max_side);
-    limits.max_alloc = Some(MAX_DECODE_BYTES.min(u64::from(max_side).pow(2) * 8));
-    reader.limits(limits);
-    let img = reader.decode().map_err(|e| bad(e.to_string()))?;
+    let header = probe_within(bytes, what, name, max_side)?;
+    let img = if header.format == ImageFormat::Jpeg {
+        decode_jpeg(bytes, max_side).map_err(bad)?
+    } else {
+        let mut reader = image::ImageReader::with_format(Cursor::new(bytes), header.format);
+        let mut limits = image::Limits::default();
+        limits.max_image_width = Some(max_side);
+        limits.max_image_height = Some(max_side);
+        limits.max_alloc = Some(MAX_DECODE_BYTES.min(u64::from(max_side).pow(2) * 8));
+        reader.limits(limits);
+        reader.decode().map_err(|e| bad(e.to_string()))?
+    };
     if img.width() == 0 || img.height() == 0 {
         return Err(bad("the image is empty".into()));
     }
     Ok(img)
 }
 
+/// A JPEG decoded strictly: a file cut short or a damaged scan is an error, where a lenient
+/// decoder (the `image` crate's) fills the missing part with grey and says nothing.
+fn decode_jpeg(bytes: &[u8], max_side: u32) -> Result<DynamicImage, String> {
+    use zune_jpeg::zune_core::bytestream::ZCursor;
+    use zune_jpeg::zune_core::colorspace::ColorSpace;
+    use zune_jpeg::zune_core::options::DecoderOptions;
+    let options = DecoderOptions::default()
+        .set_strict_mode(true)
+        .set_max_width(max_side as usize)
+        .set_max_height(max_side as usize);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(|e| e.to_string())?;
+    let grey = matches!(
+        decoder.input_colorspace(),
+        Some(ColorSpace::Luma | ColorSpace::LumaA)
+    );
+    let out = if grey {
+        ColorSpace::Luma
+    } else {
+        ColorSpace::RGB
+    };
+    decoder.set_options(options.jpeg_set_out_colorspace(out));
+    let pixels = decoder
+        .decode()
+        .map_err(|e| format!("the JPEG is damaged or cut short: {e}"))?;
+    let (w, h) = decoder
+        .dimensions()
+        .map(|(w, h)| (w as u32, h as u32))
+        .ok_or("the JPEG has no frame")?;
+    let img = if grey {
+        GrayImage::from_raw(w, h, pixels).map(DynamicImage::ImageLuma8)
+    } else {
+        RgbImage::from_raw(w, h, pixels).map(DynamicImage::ImageRgb8)
+    };
+    img.ok_or_else(|| "the JPEG's pixels do not fill its frame".into())
+}
+
+/// The bytes of the file `path`, given by the flag `what`, bounded and regular.
+pub fn read_file(path: &std::path::Path, what: &str) -> Result<Vec<u8>, Error> {
+    crate::files::read_bounded(path, MAX_FILE_BYTES, "input image").map_err(|cause| Error::File {
+        what: what.into(),
+        cause,
+    })
+}
+
 /// Reads and decodes the file `path`, given by the flag `what`.
 pub fn read(path: &std::path::Path, what: &str) -> Result<DynamicImage, Error> {
-    let bytes = crate::files::read_bounded(path, MAX_FILE_BYTES, "input image")?;
-    decode(&bytes, what, &path.display().to_string())
+    let bytes = read_file(path, what)?;
+    decode(&bytes, what, &path.to_string_lossy())
 }
 
 /// The picture as 8-bit RGB, alpha dropped.

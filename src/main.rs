@@ -17,8 +17,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // Every error embeds its own cause or chains it, never both, so the chain prints
-            // as it is.
-            eprintln!("error: {err:#}");
+            // as it is; control characters from a path or a value stay on the one line.
+            eprintln!(
+                "error: {}",
+                zimage::shown::escape_controls(&format!("{err:#}"))
+            );
             cli::exit_error()
         }
     }

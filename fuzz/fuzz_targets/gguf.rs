@@ -42,6 +42,9 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(back.metadata.len(), g.metadata.len());
     assert_eq!(back.tensors.len(), g.tensors.len());
     for (a, b) in back.tensors.iter().zip(&g.tensors) {
-        assert_eq!((&a.name, a.ggml_type, &a.shape, a.nbytes), (&b.name, b.ggml_type, &b.shape, b.nbytes));
+        assert_eq!(
+            (&a.name, a.ggml_type, &a.shape, a.nbytes),
+            (&b.name, b.ggml_type, &b.shape, b.nbytes)
+        );
     }
 });

@@ -198,3 +198,14 @@ fn split_blobs(mut rest: &[u8]) -> Vec<&[u8]> {
     out.push(rest);
     out
 }
+
+/// One single-threaded async runtime per process, for the targets that drive the server's
+/// async body readers.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime starts")
+    })
+}

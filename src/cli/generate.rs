@@ -1,5 +1,5 @@
 //! `zimage generate`: flags → a generation job → PNG files.
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -315,14 +315,11 @@ fn check_output(path: &Path) -> anyhow::Result<()> {
 
 /// The picture a flag names, decoded (before any model loads).
 fn read_picture(path: &Path, flag: &str) -> anyhow::Result<Picture> {
-    let image = match image_in::read(path, flag) {
-        Ok(img) => img,
-        Err(e @ image_in::Error::Decode { .. }) => return Err(e.into()),
-        Err(e) => return Err(anyhow!("{flag}: {e}")),
-    };
+    // The error names the flag and the file already.
+    let image = image_in::read(path, flag)?;
     Ok(Picture {
         image,
-        label: format!("{flag} `{}`", path.display()),
+        label: format!("{flag} `{}`", zimage::shown::path(path)),
     })
 }
 
@@ -401,6 +398,16 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     let mut job = settings(&a, ModelChoice::Directory(PathBuf::new()));
     job.check()?;
     check_output(&a.output)?;
+    // Every input picture's header against the budget, summed, before one is decoded.
+    let files: Vec<(&Path, &str)> = [
+        (&a.image, "--image"),
+        (&a.mask, "--mask"),
+        (&a.control, "--control"),
+    ]
+    .into_iter()
+    .filter_map(|(p, what)| p.as_deref().map(|p| (p, what)))
+    .collect();
+    zimage::input_budget::check_files(&files, a.memory_limit.as_deref())?;
     job.input = read_input(&a)?;
     job.control = read_control(store.as_deref(), &a)?;
     job.check()?;

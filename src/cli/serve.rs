@@ -99,6 +99,8 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(limit) = &a.memory_limit {
         zimage::memory_plan::parse_size(limit).map_err(|e| anyhow!("--memory-limit: {e}"))?;
     }
+    let (budget, _) =
+        zimage::memory_plan::budget(a.memory_limit.as_deref()).map_err(|e| anyhow!(e))?;
     let lora_dir = match setting(
         a.lora_dir.map(|p| p.to_string_lossy().into_owned()),
         &["ZIMAGE_LORA_DIR"],
@@ -141,6 +143,8 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         worker,
         api_key,
         lora_dir,
+        hosted: Default::default(),
+        inputs: zimage::input_budget::Pool::for_budget(budget),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -229,6 +229,9 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
             format!("`{}`", from.display()),
         )
     };
+    // What `generate` would refuse is refused before anything is stored.
+    zimage::import_check::check(source.as_ref())
+        .with_context(|| format!("importing {from} as `{}`", a.name))?;
     let opts = ImportOptions {
         dtype: a.dtype.map(Dtype::from),
         quantize: a.quantize.map(Quantization::from),

@@ -69,6 +69,16 @@ impl ImageInput {
     }
 }
 
+/// The error diffusers raises when `strength` leaves none of `steps` to run
+/// (`get_timesteps` returns an empty schedule), or `None`.
+pub fn no_step_error(steps: usize, strength: f64) -> Option<String> {
+    (steps > 0 && first_step(steps, strength) >= steps).then(|| {
+        format!(
+            "--strength {strength:?} with --steps {steps} leaves no denoising step to run (int(steps · strength) is 0); raise --strength or --steps"
+        )
+    })
+}
+
 /// See [`ImageInput::first_step`].
 pub fn first_step(steps: usize, strength: f64) -> usize {
     let n = steps as f64;
@@ -188,5 +198,12 @@ mod tests {
         // 5 · 0.2 is exactly 1 in double precision; with 0.2 rounded to f32 first it would be
         // 1.0000000149 and the first step 3.
         assert_eq!(first_step(5, 0.2), 4);
+    }
+
+    #[test]
+    fn a_strength_that_runs_no_step_is_refused() {
+        assert!(super::no_step_error(8, 1e-40).is_some());
+        assert!(super::no_step_error(8, 0.1).is_some());
+        assert!(super::no_step_error(8, 0.125).is_none());
     }
 }

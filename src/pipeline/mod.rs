@@ -84,6 +84,27 @@ pub enum Error {
     /// The progress callback asked to stop; `step` denoising steps of `total` had run.
     #[error("stopped after step {step} of {total}")]
     Stopped { step: usize, total: usize },
+    /// A phase's result holds NaN or infinity: a picture made from it would be black.
+    #[error("the {phase} phase produced {value} values ({what}); the model's weights or its inputs hold non-finite values, so no picture is written")]
+    NonFinite {
+        phase: &'static str,
+        what: &'static str,
+        /// `NaN`, `+inf` or `-inf`.
+        value: String,
+    },
+}
+
+/// Refuses a phase's result that holds a NaN or an infinity, naming the phase.
+fn check_finite(a: &Array, phase: &'static str, what: &'static str) -> Result<(), Error> {
+    let values = a.astype(Dtype::F32)?.to_vec::<f32>()?;
+    match values.into_iter().find(|v| !v.is_finite()) {
+        Some(v) => Err(Error::NonFinite {
+            phase,
+            what,
+            value: crate::store::import::describe_non_finite(v),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// What to generate.
@@ -527,6 +548,9 @@ impl<S: ModelSource> Pipeline<S> {
         }
         if let Some(input) = &req.input {
             input.check(req.width, req.height).map_err(Error::Request)?;
+            if let Some(e) = condition::no_step_error(req.steps, input.strength) {
+                return Err(Error::Request(e));
+            }
         }
         if let Some(noise) = &req.noise {
             let expected = self.latent_shape(req).iter().product::<i32>() as usize;
@@ -786,6 +810,7 @@ impl<S: ModelSource> Pipeline<S> {
             }
             out
         })?;
+        check_finite(&latents, "denoise", "latents")?;
         drop(caption);
         drop(negative);
         drop(image_latents);
@@ -805,6 +830,7 @@ impl<S: ModelSource> Pipeline<S> {
                 Some(tiling) => vae.decode_tiled(&latents, tiling)?,
                 None => vae.decode(&latents)?,
             };
+            check_finite(&image, "decode", "pixels")?;
             let rgb = models::vae::to_rgb8(&image)?;
             if self.keep_models {
                 self.vae = Some(vae);

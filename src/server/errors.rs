@@ -31,15 +31,23 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault (OpenAI's `param`), when one is.
     pub param: Option<&'static str>,
+    /// Seconds after which the request may succeed (`Retry-After`), for a busy server.
+    pub retry_after: Option<u32>,
 }
+
+/// The most bytes of an error message an answer carries: a message quotes what it refuses, and
+/// a client that sent megabytes gets a line back, not its megabytes.
+pub const MAX_MESSAGE_BYTES: usize = 1000;
 
 impl ApiError {
     pub fn new(api: Api, status: StatusCode, message: impl Into<String>) -> ApiError {
+        let message = crate::shown::escape_controls(&message.into());
         ApiError {
             api,
             status,
-            message: message.into(),
+            message: crate::shown::cut(&message, MAX_MESSAGE_BYTES),
             param: None,
+            retry_after: None,
         }
     }
 
@@ -49,6 +57,11 @@ impl ApiError {
 
     pub fn with_param(mut self, param: &'static str) -> ApiError {
         self.param = Some(param);
+        self
+    }
+
+    pub fn with_retry_after(mut self, seconds: u32) -> ApiError {
+        self.retry_after = Some(seconds);
         self
     }
 
@@ -78,6 +91,11 @@ impl IntoResponse for ApiError {
             }),
         };
         let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -6,6 +6,7 @@
 //! ([`worker`]) that keeps the last model loaded for `keep_alive`.
 
 pub mod errors;
+pub mod hosted;
 pub mod ollama;
 pub mod openai;
 pub mod worker;
@@ -47,6 +48,52 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// The folder requests may name LoRA files in (`--lora-dir`); none: requests name none.
     pub lora_dir: Option<std::path::PathBuf>,
+    /// The memory the input pictures of the requests held at once may take together.
+    pub inputs: Arc<crate::input_budget::Pool>,
+    /// Images answered by URL.
+    pub hosted: hosted::Hosted,
+}
+
+/// Seconds a client is asked to wait before it tries a busy server again.
+pub const RETRY_AFTER_SECONDS: u32 = 5;
+
+/// Admits a request's input pictures before any is decoded: their headers are checked, and the
+/// memory they will hold decoded (each `copies` times: a request for several images carries its
+/// inputs with each) is taken from the server's pool until the returned reservation is dropped.
+/// Inputs that could never fit are a 400; inputs that fit once other requests finish, a 503
+/// with `Retry-After`.
+pub fn admit_inputs(
+    state: &AppState,
+    api: Api,
+    inputs: &[crate::input_budget::Input],
+    copies: u64,
+) -> Result<Option<crate::input_budget::Reservation>, ApiError> {
+    use crate::input_budget as budget;
+    if inputs.is_empty() {
+        return Ok(None);
+    }
+    let capacity = state.inputs.capacity();
+    let bytes = budget::check(
+        inputs,
+        copies,
+        capacity,
+        " this server holds for a request's pictures",
+        "",
+    )
+    .map_err(|e| ApiError::bad_request(api, e.to_string()))?;
+    let reservation = state.inputs.try_reserve(bytes).map_err(|busy| {
+        ApiError::new(
+            api,
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the server is busy: this request's pictures need about {} of memory decoded, and the requests it holds leave {} free; try again later",
+                crate::memory_plan::gb(busy.wanted),
+                crate::memory_plan::gb(busy.free)
+            ),
+        )
+        .with_retry_after(RETRY_AFTER_SECONDS)
+    })?;
+    Ok(Some(reservation))
 }
 
 /// The most LoRAs one request may apply.
@@ -298,32 +345,6 @@ pub fn base64_field(api: Api, field: &str, text: &str) -> Result<Vec<u8>, ApiErr
         .map_err(|e| ApiError::bad_request(api, format!("field `{field}` is not base64: {e}")))
 }
 
-/// The ControlNet fields of a JSON body, as they come: the stored name, the control image in
-/// base64, the scale.
-pub struct ControlFields<'a> {
-    pub controlnet: Option<&'a str>,
-    pub control_image: Option<&'a str>,
-    pub control_scale: Option<f32>,
-}
-
-/// [`request_control`] for a JSON body's fields, the image decoded from base64 first.
-pub fn body_control(
-    store: &Store,
-    api: Api,
-    fields: ControlFields,
-) -> Result<Option<crate::generation::ControlJob>, ApiError> {
-    let image = (fields.control_image)
-        .map(|t| base64_field(api, "control_image", t))
-        .transpose()?;
-    request_control(
-        store,
-        api,
-        fields.controlnet,
-        image.as_deref(),
-        fields.control_scale,
-    )
-}
-
 /// A request's ControlNet fields: `controlnet` (a stored name), `control_image` (its bytes) and
 /// `control_scale`, checked as `--controlnet/--control/--control-scale` are and the image decoded.
 pub fn request_control(
@@ -436,6 +457,12 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| too_large())?;
+    parse_json(api, &bytes)
+}
+
+/// A JSON request body parsed into `T`; errors name the field at fault and quote at most a few
+/// hundred bytes of what was sent.
+pub fn parse_json<T: serde::de::DeserializeOwned>(api: Api, bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             api,
@@ -449,11 +476,14 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
             "the request body is a JSON array; send a JSON object",
         ));
     }
-    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
+        let path = crate::shown::text(&e.path().to_string());
         let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
+        let syntax = inner.is_syntax() || inner.is_eof();
+        // serde quotes the value it refuses, whole.
+        let inner = crate::shown::message_quoting(&inner.to_string());
+        if syntax {
             ApiError::bad_request(api, format!("the request body is not JSON: {inner}"))
         } else if path == "." || path.is_empty() {
             ApiError::bad_request(
@@ -573,6 +603,7 @@ pub fn queue_full(api: Api, full: worker::QueueFull) -> ApiError {
             full.capacity
         ),
     )
+    .with_retry_after(RETRY_AFTER_SECONDS)
 }
 
 /// A seed for a request that gives none: different for every request.
@@ -602,6 +633,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/generate", post(ollama::generate))
         .route("/v1/models", get(openai::models))
         .route("/v1/images/generations", post(openai::generate))
+        .route("/v1/images/files/{file}", get(openai::hosted_file))
         .route(
             "/v1/images/edits",
             post(openai::edit).layer(axum::extract::DefaultBodyLimit::max(MAX_PICTURE_BODY_BYTES)),

@@ -249,9 +249,8 @@ pub struct GenerateBody {
     control_scale: Option<f32>,
 }
 
-/// The img2img input of a request: its first picture, decoded under the input limits, with
-/// the strength from `options` (or the top level).
-fn request_input(body: &GenerateBody) -> Result<Option<crate::generation::PictureInput>, ApiError> {
+/// A request's strength (from `options`, or the top level), checked against its pictures.
+fn request_strength(body: &GenerateBody) -> Result<Option<f64>, ApiError> {
     let strength = body
         .options
         .as_ref()
@@ -259,20 +258,45 @@ fn request_input(body: &GenerateBody) -> Result<Option<crate::generation::Pictur
         .or(body.strength);
     let first = body.images.as_ref().and_then(|i| i.first());
     super::check_strength(API, strength, first.is_some())?;
-    let Some(first) = first else {
-        return Ok(None);
-    };
-    let bytes = super::base64_field(API, "images[0]", first)?;
-    let image = crate::image_in::decode(&bytes, "field `images`", "images[0]")
+    Ok(strength)
+}
+
+/// A picture's bytes as a request carries them, not yet decoded.
+pub type PictureBytes = Option<Vec<u8>>;
+
+/// The pictures of a request as bytes: its first `images` entry (the img2img input) and its
+/// `control_image`, both base64, not yet decoded.
+pub fn request_pictures(body: &GenerateBody) -> Result<(PictureBytes, PictureBytes), ApiError> {
+    let first = body.images.as_ref().and_then(|i| i.first());
+    let image = first
+        .map(|t| super::base64_field(API, "images[0]", t))
+        .transpose()?;
+    let control = (body.control_image.as_deref())
+        .map(|t| super::base64_field(API, "control_image", t))
+        .transpose()?;
+    Ok((image, control))
+}
+
+/// The img2img input of a request, decoded under the input limits.
+pub fn decode_input(
+    bytes: &[u8],
+    strength: Option<f64>,
+) -> Result<crate::generation::PictureInput, ApiError> {
+    let image = crate::image_in::decode(bytes, "field `images`", "images[0]")
         .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
-    Ok(Some(crate::generation::PictureInput {
+    Ok(crate::generation::PictureInput {
         picture: crate::generation::Picture {
             image,
             label: "field `images[0]`".into(),
         },
         mask: None,
         strength,
-    }))
+    })
+}
+
+/// The body of `POST /api/generate` as bytes are read into it (the fuzzed entry point).
+pub fn parse_generate_body(bytes: &[u8]) -> Result<GenerateBody, ApiError> {
+    super::parse_json(API, bytes)
 }
 
 /// Ollama's timestamp for now.
@@ -352,8 +376,30 @@ pub async fn generate(
         .transpose()
         .map_err(|e| ApiError::bad_request(API, e))?;
     job.loras = super::request_loras(&state, API, body.loras.as_deref())?;
-    job.input = request_input(&body)?;
-    job.control = super::body_control(&state.store, API, body.control_fields())?;
+    let strength = request_strength(&body)?;
+    let (image, control_image) = request_pictures(&body)?;
+    let pictures: Vec<crate::input_budget::Input> = [
+        ("field `images`", "images[0]", image.as_deref()),
+        ("field", "control_image", control_image.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(what, name, bytes)| {
+        bytes.map(|bytes| crate::input_budget::Input { what, name, bytes })
+    })
+    .collect();
+    // Held until the answer is done: the pictures live that long.
+    let reservation = super::admit_inputs(&state, API, &pictures, 1)?;
+    job.input = image
+        .as_deref()
+        .map(|b| decode_input(b, strength))
+        .transpose()?;
+    job.control = super::request_control(
+        &state.store,
+        API,
+        body.controlnet.as_deref(),
+        control_image.as_deref(),
+        body.control_scale,
+    )?;
     super::check_job(API, &job)?;
     open_model(&state, API, &name, true).await?;
     // No prompt: the model is only loaded (or unloaded).
@@ -376,7 +422,7 @@ pub async fn generate(
             guard.finish();
             Json(final_line(&model, &finished)).into_response()
         }
-        _ if body.stream.unwrap_or(true) => stream_answer(model.clone(), rx, guard),
+        _ if body.stream.unwrap_or(true) => stream_answer(model.clone(), rx, (guard, reservation)),
         _ => {
             let mut guard = guard;
             let finished = wait_done(&mut rx)
@@ -409,12 +455,17 @@ pub async fn wait_done(rx: &mut UnboundedReceiver<Event>) -> Result<Finished, Jo
 }
 
 /// The NDJSON stream: a line per step, then the final line (or an `error` line). The stream
-/// holds the cancel guard, so a client that leaves stops the job.
-fn stream_answer(model: String, rx: UnboundedReceiver<Event>, guard: CancelGuard) -> Response {
+/// holds the cancel guard, so a client that leaves stops the job, and the reservation of the
+/// request's pictures, given back when the stream ends.
+fn stream_answer(
+    model: String,
+    rx: UnboundedReceiver<Event>,
+    held: (CancelGuard, Option<crate::input_budget::Reservation>),
+) -> Response {
     let lines = futures_util::stream::unfold(
-        (rx, Some(guard), model),
-        |(mut rx, guard, model)| async move {
-            let mut guard = guard?;
+        (rx, Some(held), model),
+        |(mut rx, held, model)| async move {
+            let (mut guard, reservation) = held?;
             let line = match first_event(&mut rx).await {
                 Event::Started => json!(null),
                 Event::Progress(p) => progress_line(&model, p.step, p.steps),
@@ -433,7 +484,7 @@ fn stream_answer(model: String, rx: UnboundedReceiver<Event>, guard: CancelGuard
             } else {
                 ndjson(&line)
             };
-            Some((bytes, (rx, Some(guard), model)))
+            Some((bytes, (rx, Some((guard, reservation)), model)))
         },
     );
     (
@@ -454,16 +505,6 @@ impl super::NamesModel for ModelBody {
 
     fn model(&self) -> &str {
         &self.model
-    }
-}
-
-impl GenerateBody {
-    fn control_fields(&self) -> super::ControlFields<'_> {
-        super::ControlFields {
-            controlnet: self.controlnet.as_deref(),
-            control_image: self.control_image.as_deref(),
-            control_scale: self.control_scale,
-        }
     }
 }
 

@@ -8,7 +8,7 @@ use super::worker::Job;
 use super::{open_model, unix_seconds, with_model, AppState, MAX_IMAGES_PER_REQUEST};
 use crate::generation::{ControlJob, PictureInput};
 use axum::extract::{FromRequest, Multipart, Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
@@ -85,17 +85,30 @@ fn parse_size(size: &str) -> Result<(Option<u32>, Option<u32>), ApiError> {
 /// `POST /v1/images/generations`.
 pub async fn generate(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     super::Named { body, name }: super::Named<ImagesBody>,
 ) -> Result<Response, ApiError> {
     super::check_strength(API, body.strength, false)?;
-    let control = super::body_control(
+    let control_image = (body.control_image.as_deref())
+        .map(|t| super::base64_field(API, "control_image", t))
+        .transpose()?;
+    let pictures: Vec<crate::input_budget::Input> = (control_image.as_deref())
+        .map(|bytes| crate::input_budget::Input {
+            what: "field",
+            name: "control_image",
+            bytes,
+        })
+        .into_iter()
+        .collect();
+    let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
+    // Held until the answer is done: the control image lives that long.
+    let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
+    let control = super::request_control(
         &state.store,
         API,
-        super::ControlFields {
-            controlnet: body.controlnet.as_deref(),
-            control_image: body.control_image.as_deref(),
-            control_scale: body.control_scale,
-        },
+        body.controlnet.as_deref(),
+        control_image.as_deref(),
+        body.control_scale,
     )?;
     run(
         state,
@@ -103,7 +116,11 @@ pub async fn generate(
         body,
         None,
         control,
-        "POST /v1/images/generations",
+        Answer {
+            route: "POST /v1/images/generations",
+            host: host(&headers),
+            ignored: 0,
+        },
     )
     .await
 }
@@ -115,28 +132,25 @@ async fn run(
     body: ImagesBody,
     input: Option<PictureInput>,
     control: Option<ControlJob>,
-    route: &str,
+    answer: Answer,
 ) -> Result<Response, ApiError> {
     if body.prompt.is_empty() {
         return Err(ApiError::bad_request(API, "field `prompt` is required").with_param("prompt"));
     }
-    match body.response_format.as_deref() {
-        None | Some("b64_json") => {}
-        Some("url") => {
-            return Err(ApiError::bad_request(
-                API,
-                "response_format `url` is not offered: this server hosts no files; ask for \"b64_json\"",
-            )
-            .with_param("response_format"))
-        }
+    let by_url = match body.response_format.as_deref() {
+        None | Some("b64_json") => false,
+        Some("url") => true,
         Some(other) => {
             return Err(ApiError::bad_request(
                 API,
-                format!("response_format `{}` is not \"b64_json\"", other.escape_debug()),
+                format!(
+                    "response_format `{}` is neither \"b64_json\" nor \"url\"",
+                    crate::shown::text(other)
+                ),
             )
             .with_param("response_format"))
         }
-    }
+    };
     let n = body.n.unwrap_or(1);
     if !(1..=MAX_IMAGES_PER_REQUEST).contains(&n) {
         return Err(ApiError::bad_request(
@@ -171,7 +185,7 @@ async fn run(
     };
     super::check_job(API, &job)?;
     open_model(&state, API, &name, true).await?;
-    let label = format!("{route} {}", body.model.escape_debug());
+    let label = format!("{} {}", answer.route, body.model.escape_debug());
     let (mut guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
         model: name,
         generate: Some(job),
@@ -184,18 +198,64 @@ async fn run(
         .await
         .map_err(|e| super::job_error(API, e))?;
     guard.finish();
-    let data: Vec<Value> = finished
-        .images
-        .iter()
-        .map(|image| {
-            json!({
+    let data: Vec<Value> = (finished.images.into_iter())
+        .map(|image| match by_url {
+            true => json!({
+                "url": format!("http://{}/v1/images/files/{}.png", answer.host, state.hosted.keep(image.png)),
+                "revised_prompt": body.prompt,
+            }),
+            false => json!({
                 "b64_json": base64::engine::general_purpose::STANDARD.encode(&image.png),
                 "revised_prompt": body.prompt,
-            })
+            }),
         })
         .collect();
-    let answer = json!({ "created": unix_seconds(SystemTime::now()), "data": data });
-    Ok(with_model(Json(answer).into_response(), &body.model))
+    let mut reply = json!({ "created": unix_seconds(SystemTime::now()), "data": data });
+    if answer.ignored > 0 {
+        reply["zimage_note"] = json!(format!(
+            "{} more `image[]` files were left out: zimage edits the first picture alone",
+            answer.ignored
+        ));
+    }
+    Ok(with_model(Json(reply).into_response(), &body.model))
+}
+
+/// How an answer is made: the route for the log, the host its URLs name, and how many pictures
+/// of the request were left out.
+struct Answer {
+    route: &'static str,
+    host: String,
+    ignored: usize,
+}
+
+/// The host a client reached this server by, for the URLs it is answered with.
+fn host(headers: &HeaderMap) -> String {
+    headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic()))
+        .unwrap_or("127.0.0.1")
+        .to_string()
+}
+
+/// `GET /v1/images/files/{id}.png`: an image answered by URL, while it is kept.
+pub async fn hosted_file(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(file): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let id = file.strip_suffix(".png").unwrap_or(&file);
+    match state.hosted.get(id) {
+        Some(png) => Ok(([(axum::http::header::CONTENT_TYPE, "image/png")], png).into_response()),
+        None => Err(ApiError::new(
+            API,
+            StatusCode::NOT_FOUND,
+            format!(
+                "no image `{}`: images answered by URL are kept for {} minutes",
+                crate::shown::text(&file),
+                super::hosted::KEPT_FOR.as_secs() / 60
+            ),
+        )),
+    }
 }
 
 /// `POST /v1/images/edits`: a multipart form as OpenAI takes it. `image` is the picture (one;
@@ -204,12 +264,14 @@ async fn run(
 /// mask the whole picture is reworked (img2img). The other fields are those of
 /// `/v1/images/generations`, as text, with `strength`.
 pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    let host = host(req.headers());
     let form = Multipart::from_request(req, &())
         .await
         .map_err(|e| ApiError::new(API, e.status(), e.body_text()))?;
     let EditForm {
         body,
         image,
+        extra_images,
         mask,
         control_image,
     } = read_edit_form(form).await?;
@@ -221,6 +283,19 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         );
     };
     super::check_strength(API, body.strength, true)?;
+    let pictures: Vec<crate::input_budget::Input> = [
+        ("field", "image", Some(image.as_slice())),
+        ("field", "mask", mask.as_deref()),
+        ("field", "control_image", control_image.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(what, name, bytes)| {
+        bytes.map(|bytes| crate::input_budget::Input { what, name, bytes })
+    })
+    .collect();
+    // Each image asked for carries the inputs; held until the answer is done.
+    let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
+    let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let strength = body.strength;
     let (controlnet, scale) = (body.controlnet.clone(), body.control_scale);
     let store = state.store.clone();
@@ -243,18 +318,39 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         body,
         Some(input),
         control,
-        "POST /v1/images/edits",
+        Answer {
+            route: "POST /v1/images/edits",
+            host,
+            ignored: extra_images,
+        },
     )
     .await
 }
 
+/// The multipart body of an edit request (`content_type` with its boundary), read into its
+/// fields as [`edit`] reads it: the entry point the fuzzer drives.
+pub async fn read_edit_body(content_type: &str, body: Vec<u8>) -> Result<EditForm, ApiError> {
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .header(axum::http::header::CONTENT_TYPE, content_type)
+        .body(axum::body::Body::from(body))
+        .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
+    let form = Multipart::from_request(req, &())
+        .await
+        .map_err(|e| ApiError::new(API, e.status(), e.body_text()))?;
+    read_edit_form(form).await
+}
+
 /// The fields of an edit request, read; the pictures not yet decoded.
-struct EditForm {
-    body: ImagesBody,
-    image: Option<Vec<u8>>,
-    mask: Option<Vec<u8>>,
+pub struct EditForm {
+    pub body: ImagesBody,
+    pub image: Option<Vec<u8>>,
+    /// `image[]` files after the first: clients send several to newer models, which take them
+    /// as references; zimage edits the first and leaves these out (the answer says so).
+    pub extra_images: usize,
+    pub mask: Option<Vec<u8>>,
     /// A file, or base64 text.
-    control_image: Option<Vec<u8>>,
+    pub control_image: Option<Vec<u8>>,
 }
 
 async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
@@ -268,6 +364,7 @@ async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
     let mut out = EditForm {
         body: ImagesBody::default(),
         image: None,
+        extra_images: 0,
         mask: None,
         control_image: None,
     };
@@ -288,6 +385,11 @@ async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
                     }
                     _ => &mut out.image,
                 };
+                let is_image = matches!(key.as_str(), "image" | "image[]");
+                if is_image && slot.is_some() {
+                    out.extra_images += 1;
+                    continue;
+                }
                 if slot.replace(bytes).is_some() {
                     return Err(ApiError::bad_request(
                         API,
@@ -360,7 +462,7 @@ fn set_form_field(body: &mut ImagesBody, key: &str, text: String) -> Result<(), 
 
 /// The picture and mask of an edit, decoded under the input limits; the mask in OpenAI's
 /// convention (transparent repaints) turned into the pipeline's (white repaints).
-fn decode_edit(
+pub fn decode_edit(
     image: &[u8],
     mask: Option<&[u8]>,
     strength: Option<f64>,

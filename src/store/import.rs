@@ -10,8 +10,9 @@ use super::blob::{self, BlobError, BlobWriter};
 pub use super::import_ggml::GgmlReport;
 use super::manifest::{
     config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, MAX_MANIFEST_BYTES,
-    TENSOR_MEDIA_TYPE,
 };
+pub use super::source_tensor::{describe_non_finite, first_non_finite, Encoding, SourceTensor};
+use super::source_tensor::{non_finite, open_range, tensor_layer};
 use super::{Store, StoreError};
 use crate::diffusers_dir::DiffusersDir;
 use crate::files::FileError;
@@ -20,52 +21,8 @@ use crate::safetensors::{header_bytes, Dtype, TensorSpec};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
+use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// One tensor to import and where its little-endian bytes are.
-#[derive(Debug, Clone)]
-pub struct SourceTensor {
-    pub component: String,
-    /// The name inside the component (`model.layers.0.mlp.down_proj.weight`).
-    pub name: String,
-    /// The element type of plain bytes; for ggml blocks, the type their values widen to (F32).
-    pub dtype: Dtype,
-    pub shape: Vec<u64>,
-    pub file: PathBuf,
-    pub offset: u64,
-    pub nbytes: u64,
-    pub encoding: Encoding,
-}
-
-/// How a source tensor's bytes encode its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Encoding {
-    /// Dense little-endian values of `dtype`, as safetensors holds them.
-    #[default]
-    Plain,
-    /// Blocks of a ggml type along each row (a GGUF tensor).
-    Ggml(crate::ggml::GgmlType),
-}
-
-impl SourceTensor {
-    /// Rows `start..end` along the first (torch) axis, without reading anything: rows are
-    /// contiguous in every encoding (ggml blocks never cross a row). `None` when the range is
-    /// outside the tensor or the tensor has no axis.
-    pub fn rows(&self, start: u64, end: u64) -> Option<SourceTensor> {
-        let first = *self.shape.first()?;
-        if start > end || end > first {
-            return None;
-        }
-        let row_bytes = self.nbytes.checked_div(first).unwrap_or(0);
-        let mut out = self.clone();
-        out.shape[0] = end - start;
-        out.offset = self.offset + start * row_bytes;
-        out.nbytes = (end - start) * row_bytes;
-        Some(out)
-    }
-}
 
 /// Anything an import can read: tensors as byte ranges of files, plus config files.
 pub trait TensorSource {
@@ -370,11 +327,17 @@ impl Store {
         // Chunks hold whole elements of the source type.
         let mut buf = vec![0u8; (4 << 20) / 4 * 4];
         let mut left = t.nbytes;
+        let mut elements_before = 0u64;
         while left > 0 {
             let n = (buf.len() as u64).min(left) as usize;
             reader
                 .read_exact(&mut buf[..n])
                 .map_err(FileError::io(&t.file))?;
+            // Found while the blob is hashed, before it is kept.
+            if let Some((i, value)) = first_non_finite(&buf[..n], t.dtype) {
+                return Err(non_finite(t, elements_before + i, value));
+            }
+            elements_before += (n / src_size.max(1)) as u64;
             if target == t.dtype {
                 w.write(&buf[..n])?;
             } else {
@@ -405,6 +368,9 @@ impl Store {
         open_range(t)?
             .read_exact(&mut bytes)
             .map_err(FileError::io(&t.file))?;
+        if let Some((i, value)) = first_non_finite(&bytes, t.dtype) {
+            return Err(non_finite(t, i, value));
+        }
         let shape = t
             .shape
             .iter()
@@ -488,31 +454,6 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
 /// Imports run their tensors on rayon's pool, so sources are shared between threads.
 pub trait TensorSourceSync: TensorSource + Sync {}
 impl<T: TensorSource + Sync> TensorSourceSync for T {}
-
-pub(super) fn tensor_layer(
-    t: &SourceTensor,
-    digest: String,
-    size: u64,
-    dtype: Dtype,
-    shape: Vec<u64>,
-) -> Layer {
-    Layer {
-        media_type: TENSOR_MEDIA_TYPE.into(),
-        digest,
-        size,
-        from: None,
-        name: Some(format!("{}/{}", t.component, t.name)),
-        dtype: Some(dtype.name().into()),
-        shape: Some(shape),
-    }
-}
-
-pub(super) fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
-    let io = FileError::io(&t.file);
-    let mut f = std::fs::File::open(&t.file).map_err(&io)?;
-    f.seek(SeekFrom::Start(t.offset)).map_err(&io)?;
-    Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
-}
 
 /// Little-endian float conversion between F32, F16 and BF16 (round to nearest even).
 fn convert(bytes: &[u8], from: Dtype, to: Dtype) -> Vec<u8> {

@@ -8,8 +8,10 @@
 //! have no `.bias`, f16 scales and their own `quant_type` (`q4_0` …).
 
 use super::blob::{self, BlobWriter};
-use super::import::{open_range, tensor_layer, SourceTensor};
 use super::manifest::Layer;
+use super::source_tensor::{
+    describe_non_finite, non_finite, open_range, tensor_layer, SourceTensor,
+};
 use super::{Store, StoreError};
 use crate::files::FileError;
 use crate::ggml::{self, Affine, GgmlType, ImportPath, GROUP};
@@ -67,6 +69,7 @@ impl Store {
         open_range(t)?
             .read_exact(&mut bytes)
             .map_err(FileError::io(&t.file))?;
+        check_finite(t, ty, &bytes)?;
         let note = |path: String| report.lock().unwrap_or_else(|e| e.into_inner()).count(path);
         // Quantization runs along rows of a matrix; anything else is widened, exactly.
         let (rows, cols) = match t.shape.as_slice() {
@@ -173,6 +176,30 @@ impl Store {
             new,
         )])
     }
+}
+
+/// Refuses a tensor whose values, dequantized, hold a NaN or an infinity: a block's f16 scale
+/// (or minimum) that is one makes every value of the block one. Dequantized a run of blocks at a
+/// time, so the check holds a few MB whatever the tensor's size.
+fn check_finite(t: &SourceTensor, ty: GgmlType, bytes: &[u8]) -> Result<(), StoreError> {
+    let block = ty.block_bytes() as usize;
+    let chunk = block.max(1) * 16384;
+    let mut before = 0u64;
+    for part in bytes.chunks(chunk) {
+        let Some(values) = ggml::dequantize(ty, part) else {
+            // A type the import does not take: refused by the caller, with its own error.
+            return Ok(());
+        };
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(non_finite(
+                t,
+                before + i as u64,
+                describe_non_finite(values[i]),
+            ));
+        }
+        before += values.len() as u64;
+    }
+    Ok(())
 }
 
 /// `values` (`rows × cols`) quantized by MLX (affine, group 32, f32 scales), and the largest

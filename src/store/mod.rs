@@ -15,6 +15,7 @@ pub mod lock;
 pub mod manifest;
 pub mod name;
 pub mod repair;
+mod source_tensor;
 
 pub use file_source::SafetensorsFile;
 pub use import::{
@@ -164,6 +165,18 @@ pub enum StoreError {
         file: PathBuf,
         tensor: String,
         ty: crate::ggml::GgmlType,
+    },
+    #[error(
+        "`{}`: tensor `{}` ({component}) holds {value} at element {index}; a model with NaN or infinite weights draws nothing but black. Re-export it from a healthy checkpoint",
+        crate::shown::path(file), crate::shown::text(tensor)
+    )]
+    NonFinite {
+        file: PathBuf,
+        component: String,
+        tensor: String,
+        /// `NaN`, `+inf` or `-inf`.
+        value: String,
+        index: u64,
     },
 }
 

@@ -8,14 +8,34 @@ use std::io::Read;
 /// Most values in one array: a tokenizer's vocabulary is a few hundred thousand.
 const MAX_ARRAY_LEN: u64 = 1 << 24;
 
-/// A reader that knows how many bytes the file has left.
+/// The most memory the metadata of one file may take once read (values and their strings):
+/// a tokenizer's vocabulary and merges take a few tens of MB; a file of millions of one-byte
+/// array values would otherwise take some thirty times its size.
+pub const MAX_METADATA_MEMORY: u64 = 256 << 20;
+
+/// A reader that knows how many bytes the file has left, and how much memory the values read
+/// so far take.
 struct Bounded<R> {
     inner: R,
     pos: u64,
     len: u64,
+    held: u64,
 }
 
 impl<R: Read> Bounded<R> {
+    /// Counts `bytes` more of memory held by the metadata, refusing past the cap.
+    fn hold(&mut self, bytes: u64, field: &dyn Fn() -> String) -> Result<()> {
+        self.held = self.held.saturating_add(bytes);
+        if self.held > MAX_METADATA_MEMORY {
+            return Err(Error::TooMany {
+                field: format!("{} (bytes of memory the metadata takes read)", field()),
+                count: self.held,
+                limit: MAX_METADATA_MEMORY,
+            });
+        }
+        Ok(())
+    }
+
     fn need(&self, n: u64, field: &dyn Fn() -> String) -> Result<()> {
         if self.len.saturating_sub(self.pos) < n {
             return Err(Error::Truncated {
@@ -87,7 +107,11 @@ impl<R: Read> Bounded<R> {
                     })
                 }
             },
-            8 => Value::String(self.string(self.left(), field)?),
+            8 => {
+                let text = self.string(self.left(), field)?;
+                self.hold(text.len() as u64, field)?;
+                Value::String(text)
+            }
             9 => self.array_value(depth, field)?,
             10 => Value::U64(self.u64(field)?),
             11 => Value::I64(i64::from_le_bytes(self.array(field)?)),
@@ -136,6 +160,10 @@ impl<R: Read> Bounded<R> {
         self.need(at_least, &|| {
             format!("{} ({count} values of {})", field(), type_name(type_id))
         })?;
+        self.hold(
+            count.saturating_mul(std::mem::size_of::<Value>() as u64),
+            field,
+        )?;
         let mut values = Vec::with_capacity(count as usize);
         for i in 0..count {
             values.push(self.value(type_id, depth + 1, &|| format!("{}[{i}]", field()))?);
@@ -151,6 +179,7 @@ pub fn read<R: Read>(reader: R, file_len: u64) -> Result<Gguf> {
         inner: reader,
         pos: 0,
         len: file_len,
+        held: 0,
     };
     let magic: [u8; 4] = r.array(&|| "magic".into())?;
     if &magic != MAGIC {
