@@ -144,6 +144,7 @@ fn request(side: u32) -> RequestShape {
         prompt_tokens: 40,
         compute_bytes: 4,
         encodes: false,
+        graph: zimage::platform::Graph::Cpu,
     }
 }
 
