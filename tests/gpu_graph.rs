@@ -133,6 +133,45 @@ fn the_gpu_graph_draws_the_cpu_graphs_image() {
 }
 
 #[test]
+fn an_int4_model_widened_per_layer_draws_the_quantized_products_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let out = common::zimage_in(
+        &store,
+        &[
+            "create",
+            "q",
+            "--from",
+            common::s(&demo()),
+            "--quantize",
+            "int4",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // 256²: 256 image tokens, the fewest rows whose products widen the packed weights.
+    let run = |name: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let png = tmp.path().join(name);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_zimage"));
+        cmd.arg("--store").arg(&store);
+        cmd.args(["generate", "a red fox", "--model", "q", "--width", "256"])
+            .args(["--height", "256", "--steps", "2", "--seed", "5", "-o"])
+            .arg(&png)
+            .args(extra)
+            .env_remove("ZIMAGE_GRAPH");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        ok(cmd.output().unwrap());
+        pixels(&png)
+    };
+    let widened = run("gpu.png", &[], &[("ZIMAGE_GRAPH", "gpu")]);
+    let packed = run("cpu.png", &["--dtype", "bf16"], &[]);
+    let db = psnr(&widened, &packed);
+    eprintln!("int4, widened per layer vs the CPU graph's products: {db:.1} dB");
+    assert!(db >= 40.0, "{db:.1} dB");
+}
+
+#[test]
 fn the_gpu_graph_holds_what_its_estimate_says_at_the_real_widths() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("model");
