@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "mlx/mlx.h"
@@ -580,5 +581,31 @@ size_t mlxs_get_peak_memory(void) { return mx::get_peak_memory(); }
 size_t mlxs_get_cache_memory(void) { return mx::get_cache_memory(); }
 void mlxs_reset_peak_memory(void) { mx::reset_peak_memory(); }
 void mlxs_clear_cache(void) { mx::clear_cache(); }
+size_t mlxs_get_memory_limit(void) { return mx::get_memory_limit(); }
+size_t mlxs_set_cache_limit(size_t limit) { return mx::set_cache_limit(limit); }
+size_t mlxs_set_wired_limit(size_t limit) {
+  try {
+    return mx::set_wired_limit(limit);
+  } catch (const std::exception&) {
+    // Above the system's wired limit MLX refuses; the run goes on without wiring.
+    return 0;
+  }
+}
+
+size_t mlxs_device_memory(void) {
+  if (mlxs_gpu_available() == 0) return 0;
+  try {
+    const auto& info = mx::device_info(mx::Device::gpu);
+    // Metal's recommended working set first: what the GPU may hold without the system paging.
+    for (const char* key : {"max_recommended_working_set_size", "total_memory", "memory_size"}) {
+      auto found = info.find(key);
+      if (found != info.end() && std::holds_alternative<size_t>(found->second)) {
+        return std::get<size_t>(found->second);
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
 
 }  // extern "C"

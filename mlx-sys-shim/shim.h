@@ -189,6 +189,13 @@ size_t mlxs_get_peak_memory(void);
 size_t mlxs_get_cache_memory(void);
 void mlxs_reset_peak_memory(void);
 void mlxs_clear_cache(void);
+/* MLX's limit on its allocations, and the previous value of a limit that is set. */
+size_t mlxs_get_memory_limit(void);
+size_t mlxs_set_cache_limit(size_t limit);
+size_t mlxs_set_wired_limit(size_t limit);
+/* The memory of the GPU MLX runs on: Metal's recommended working set, a CUDA device's total
+ * memory; 0 without a GPU. */
+size_t mlxs_device_memory(void);
 
 /* BLAS: a description of the library that serves cblas_sgemm for MLX, and a direct call of
  * that sgemm (row-major, no transposes) used as the benchmark's baseline. */

@@ -11,11 +11,17 @@
 //!   and a ControlNet's hints for one step;
 //! - decode: the VAE decoder in the compute dtype and its activations, per tile when tiled.
 //!
+//! The GPU graph ([`Graph::Gpu`]) holds the same weights but other transients: one block's
+//! activations in the compute dtype (its norms and RoPE in f32), attention fused (no scores) or,
+//! where MLX does not fuse it, one chunk of queries' scores; a quantized layer widened for its
+//! product over the image tokens; on a GPU no convolution matrices or CPU scratch in the decode.
+//!
 //! Weights are counted from the tensor sizes of the stored model, so the same figures serve
 //! `generate`'s preflight and `show`.
 
 use crate::models::vae_tiling::{self as tiling, Tiling};
 use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
+use crate::platform::Graph;
 use std::collections::{HashMap, HashSet};
 
 /// One stored tensor's size.
@@ -61,6 +67,8 @@ pub struct RequestShape {
     pub compute_bytes: u64,
     /// Whether the request starts from a picture, which the VAE encoder encodes first.
     pub encodes: bool,
+    /// The form the model graph takes: the GPU's holds other transients than the CPU's.
+    pub graph: Graph,
 }
 
 /// Peak bytes of each phase (weights and activations), and what the process holds besides.
@@ -125,6 +133,10 @@ pub fn gb(bytes: u64) -> String {
 const SCORE_CHUNK_BYTES: u64 = 256 << 20;
 /// The buffer narrow weights are widened into, one tile at a time.
 const WIDEN_SCRATCH_BYTES: u64 = 64 << 20;
+/// The GPU graph's block transients over the sequence, in `S·dim` values: those held in f32
+/// and those in the compute dtype (measured with `ZIMAGE_DEBUG_BLOCKS` on MLX's CPU backend).
+const GPU_STREAM_F32: u64 = 4;
+const GPU_STREAM_NARROW: u64 = 6;
 /// What the process adds once it computes: BLAS thread buffers, MLX's worker state.
 const RUNTIME_BYTES: u64 = 48 << 20;
 
@@ -219,6 +231,27 @@ fn widen_scratch(tensors: &[TensorSize], residency: Residency, compute_bytes: u6
     }
 }
 
+/// The GPU graph's widened copy of one quantized layer, for products over `rows` rows
+/// ([`crate::platform::widens_quantized_for`]): the largest packed linear weight in the compute
+/// dtype, or nothing when no weight is packed or the rows are few.
+fn widened_layer(tensors: &[TensorSize], rows: u64, compute_bytes: u64) -> u64 {
+    if rows < crate::platform::WIDEN_QUANTIZED_ROWS as u64 {
+        return 0;
+    }
+    (tensors.iter())
+        .filter(|t| t.packed && t.shape.len() == 2)
+        .map(|t| t.numel().saturating_mul(compute_bytes))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether the decode's convolutions run as the CPU's matrix products, which keep each
+/// convolution's weight in matrix form beside it: the CPU graph, and any graph on the CPU
+/// ([`crate::platform::convolutions_as_matmuls`]).
+fn uses_conv_matrices(req: &RequestShape) -> bool {
+    req.graph == Graph::Cpu || crate::platform::convolutions_as_matmuls()
+}
+
 /// Whether the text encoder path binds `name` (all layers but the last; no final norm, no head).
 fn text_encoder_uses(name: &str, cfg: &Qwen3Config) -> bool {
     let n = name.strip_prefix("model.").unwrap_or(name);
@@ -246,17 +279,27 @@ impl ModelSizes<'_> {
         let cb = req.compute_bytes;
         // Saturating throughout: weight sizes come from manifests, which are input.
         let sum = |parts: &[u64]| parts.iter().fold(0u64, |n, &p| n.saturating_add(p));
+        let gpu = req.graph == Graph::Gpu;
         MemoryEstimate {
             base: base.saturating_add(RUNTIME_BYTES),
             text: sum(&[
                 self.text_weights(residency, cb),
                 self.text_activations(req),
-                widen_scratch(self.text_encoder, residency, cb),
+                match gpu {
+                    true => widened_layer(self.text_encoder, req.prompt_tokens as u64, cb),
+                    false => widen_scratch(self.text_encoder, residency, cb),
+                },
             ]),
             denoise: sum(&[
                 self.denoise_weights(residency, cb),
-                self.denoise_activations(req),
-                widen_scratch(self.transformer, residency, cb),
+                match gpu {
+                    true => self.denoise_activations_gpu(req),
+                    false => self.denoise_activations(req),
+                },
+                match gpu {
+                    true => widened_layer(self.transformer, self.sequence(req), cb),
+                    false => widen_scratch(self.transformer, residency, cb),
+                },
                 self.control_hints(req),
             ]),
             // The encoder's activations are the decoder's mirror image (the same channels at
@@ -335,14 +378,48 @@ impl ModelSizes<'_> {
         s * dim * 4 * 16 + s * ffn * req.compute_bytes * 4 + 2 * scores
     }
 
+    /// Tokens of the unified sequence: image tokens and the prompt's, each padded to 32.
+    fn sequence(&self, req: &RequestShape) -> u64 {
+        let cell = 16;
+        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
+        round_up(image, 32) + round_up(req.prompt_tokens as u64, 32)
+    }
+
+    /// The GPU graph's transients of one block (evaluated block by block), over `S` tokens:
+    /// the block's input and the residual stream, the norms' f32 statistics pass and the q/k/v
+    /// projections with their f32 RoPE rotation (`S·dim` values each), the feed-forward's gate,
+    /// its SiLU, the up projection and their product (`S·ffn` each, in the compute dtype), and
+    /// attention: fused, nothing more; else one chunk of queries' scores and their softmax.
+    fn denoise_activations_gpu(&self, req: &RequestShape) -> u64 {
+        let c = self.dit_config;
+        let s = self.sequence(req);
+        let dim = c.dim as u64;
+        let ffn = (c.dim as f64 / 3.0 * 8.0) as u64;
+        let heads = c.n_heads as u64;
+        let cb = req.compute_bytes;
+        let scores = match crate::platform::attention_is_fused() {
+            true => 0,
+            false => {
+                let rows = crate::models::transformer::query_chunk(heads, s).min(s);
+                2 * heads * rows * s * cb
+            }
+        };
+        s * dim * (GPU_STREAM_F32 * 4 + GPU_STREAM_NARROW * cb) + s * ffn * cb * 4 + scores
+    }
+
     fn decode_activations(&self, req: &RequestShape, tiling: Option<&Tiling>) -> u64 {
         let (h, w) = (req.height as i32, req.width as i32);
         let cb = req.compute_bytes as usize;
         // The convolution weights are also kept in matrix form once the decoder has run, and on
         // the CPU the convolutions' scratch.
-        let matrices = tiling::conv_matrix_bytes(self.vae_config, cb);
+        let matrices = match uses_conv_matrices(req) {
+            true => {
+                tiling::conv_matrix_bytes(self.vae_config, cb)
+                    + tiling::conv_scratch_bytes(self.vae_config)
+            }
+            false => 0,
+        };
         matrices
-            + tiling::conv_scratch_bytes(self.vae_config)
             + match tiling {
                 Some(t) => tiling::tiled_decode_peak_bytes(self.vae_config, h, w, t, cb),
                 None => tiling::decode_peak_bytes(self.vae_config, h, w, cb),
@@ -414,10 +491,12 @@ impl ModelSizes<'_> {
                 let room = budget
                     .saturating_sub(e.base)
                     .saturating_sub(self.vae_weights(req.compute_bytes));
-                let room = room.saturating_sub(tiling::conv_matrix_bytes(
-                    self.vae_config,
-                    req.compute_bytes as usize,
-                ));
+                // The CPU graph keeps the convolutions' matrices beside the weights.
+                let matrices = match uses_conv_matrices(req) {
+                    true => tiling::conv_matrix_bytes(self.vae_config, req.compute_bytes as usize),
+                    false => 0,
+                };
+                let room = room.saturating_sub(matrices);
                 tiling::choose_tiling(
                     self.vae_config,
                     req.height as i32,
@@ -547,7 +626,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// The budget and where it came from: `--memory-limit`, else `ZIMAGE_MEMORY_LIMIT`, else 85%
-/// of the machine's memory.
+/// of the memory MLX computes in: the GPU's (a CUDA device's total, Metal's recommended working
+/// set), else the machine's.
 pub fn budget(flag: Option<&str>) -> Result<(u64, String), String> {
     if let Some(f) = flag {
         let bytes = parse_size(f).map_err(|e| format!("--memory-limit: {e}"))?;
@@ -556,6 +636,12 @@ pub fn budget(flag: Option<&str>) -> Result<(u64, String), String> {
     if let Ok(v) = std::env::var("ZIMAGE_MEMORY_LIMIT") {
         let bytes = parse_size(&v).map_err(|e| format!("ZIMAGE_MEMORY_LIMIT: {e}"))?;
         return Ok((bytes, format!(" (ZIMAGE_MEMORY_LIMIT={v})")));
+    }
+    if let Some(device) = crate::platform::device_memory() {
+        return Ok((
+            device / 100 * 85,
+            format!(" (85% of the GPU's {})", gb(device)),
+        ));
     }
     let total = crate::platform::physical_memory().unwrap_or(8_000_000_000);
     Ok((

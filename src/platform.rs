@@ -1,12 +1,75 @@
 //! Everything that differs between platforms lives here: the default device and compute
-//! dtype, and process limits.
+//! dtype, the form of the model graph, and process limits.
 //!
 //! - macOS (Apple Silicon): MLX runs on the GPU through Metal; compute in bf16.
 //! - Linux with a CUDA build of MLX: GPU, bf16.
 //! - Linux CPU: MLX's CPU bf16/f16 matmuls do not use BLAS and run ~30× slower than f32
 //!   through OpenBLAS, so compute in f32.
+//!
+//! The model graph comes in two forms ([`Graph`]): the CPU's (the shim's fused kernels, f32)
+//! and the GPU's (MLX's own kernels, bf16, evaluated block by block). Each device runs its own
+//! by default; `ZIMAGE_GRAPH=gpu` runs the GPU's form on MLX's CPU backend, so that the GPU
+//! path's memory and images can be checked on a machine without a GPU.
 
 use crate::mlx::{self, Device, Dtype};
+
+/// The environment variable that picks the graph's form: `gpu` or `cpu`.
+pub const GRAPH_VAR: &str = "ZIMAGE_GRAPH";
+
+/// The environment variable that evaluates the transformer block by block and reports MLX's
+/// memory after each block (any value but `0` or empty).
+pub const DEBUG_BLOCKS_VAR: &str = "ZIMAGE_DEBUG_BLOCKS";
+
+/// The form the model graph takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Graph {
+    /// The CPU backend's: the shim's one-pass kernels in f32, convolutions as BLAS products,
+    /// weights streamed when memory is short.
+    Cpu,
+    /// The GPU's: MLX's own kernels in bf16, MLX's attention (queries in chunks where MLX does
+    /// not fuse it), evaluated block by block, quantized weights widened per layer for
+    /// products over many rows.
+    Gpu,
+}
+
+impl Graph {
+    /// The form `value` names, or an error naming [`GRAPH_VAR`].
+    pub fn parse(value: &str) -> Result<Graph, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "gpu" => Ok(Graph::Gpu),
+            "cpu" => Ok(Graph::Cpu),
+            _ => Err(format!(
+                "{GRAPH_VAR}={value:?} is not a graph form; set it to `gpu` or `cpu`, or unset it \
+                 (the device's own form)"
+            )),
+        }
+    }
+}
+
+/// The form `ZIMAGE_GRAPH` asks for, `None` when it is unset or empty; an error naming the
+/// variable when its value is neither `gpu` nor `cpu`.
+pub fn graph_from_env() -> Result<Option<Graph>, String> {
+    match std::env::var(GRAPH_VAR) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => Graph::parse(&v).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+            "{GRAPH_VAR}={v:?} is not a graph form; set it to `gpu` or `cpu`"
+        )),
+    }
+}
+
+/// The form this process runs: `ZIMAGE_GRAPH`'s, else the default device's. A value that is
+/// neither is refused by [`use_default_device`] first; here it falls back to the device's.
+pub fn graph() -> Graph {
+    static CHOSEN: std::sync::OnceLock<Option<Graph>> = std::sync::OnceLock::new();
+    let chosen = *CHOSEN.get_or_init(|| graph_from_env().ok().flatten());
+    chosen.unwrap_or(match default_device() {
+        Device::Gpu => Graph::Gpu,
+        Device::Cpu => Graph::Cpu,
+    })
+}
 
 /// The device zimage runs models on: the GPU when this MLX build has one.
 pub fn default_device() -> Device {
@@ -17,32 +80,131 @@ pub fn default_device() -> Device {
     }
 }
 
-/// Makes [`default_device`] MLX's default for new work.
+/// Makes [`default_device`] MLX's default for new work, after checking `ZIMAGE_GRAPH`.
 pub fn use_default_device() -> mlx::Result<()> {
+    graph_from_env().map_err(|e| mlx::Error::new("settings", e))?;
     mlx::set_default_device(default_device())
 }
 
-/// The dtype models compute in unless the user asks otherwise.
+/// The dtype models compute in unless the user asks otherwise: the graph's.
 pub fn default_compute_dtype() -> Dtype {
-    match default_device() {
-        Device::Gpu => Dtype::BF16,
-        Device::Cpu => Dtype::F32,
+    match graph() {
+        Graph::Gpu => Dtype::BF16,
+        Graph::Cpu => Dtype::F32,
     }
 }
 
 /// Whether convolutions run as matrix products (through the BLAS) rather than MLX's direct
 /// convolution: on the CPU the products (3×3 kernels by Winograd's F(2×2, 3×3)) are 1.5–5×
-/// faster (`cargo bench --bench conv`); on a GPU MLX's own kernels are the better choice.
+/// faster (`cargo bench --bench conv`); on a GPU MLX's own kernels are the better choice. The
+/// GPU graph on the CPU keeps the products too: MLX's CPU convolution unfolds its input into
+/// k² copies (1.2 GB for one 3×3 convolution of a 512² decode), which no GPU kernel does, so
+/// it would measure neither the GPU's memory nor a useful time.
 pub fn convolutions_as_matmuls() -> bool {
     mlx::default_device() == Device::Cpu
 }
 
 /// Whether the transformer runs its CPU form: q|k|v and w1|w3 weights joined at load into one
 /// product each, and the shim's one-pass kernels for the norms, qk-norm with RoPE, attention and
-/// the SiLU gate (`cargo bench --bench pipeline`). Only on the CPU in f32: a GPU keeps MLX's own
-/// kernels, and a narrower dtype keeps the reference's rounding steps.
+/// the SiLU gate (`cargo bench --bench pipeline`). Only in the CPU graph in f32: the GPU graph
+/// keeps MLX's own kernels, and a narrower dtype keeps the reference's rounding steps.
 pub fn fused_transformer_kernels(dtype: Dtype) -> bool {
-    mlx::default_device() == Device::Cpu && dtype == Dtype::F32
+    graph() == Graph::Cpu && mlx::default_device() == Device::Cpu && dtype == Dtype::F32
+}
+
+/// Whether the models evaluate their graph after every block, so that no more than one
+/// block's transients are alive at once: the GPU graph (whose queued kernels would otherwise
+/// hold a whole step's buffers), and the block report of [`DEBUG_BLOCKS_VAR`].
+pub fn evaluates_per_block() -> bool {
+    graph() == Graph::Gpu || debug_blocks()
+}
+
+/// Whether `ZIMAGE_DEBUG_BLOCKS` asks for MLX's memory after each block.
+pub fn debug_blocks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var(DEBUG_BLOCKS_VAR).is_ok_and(|v| !v.is_empty() && v.trim() != "0")
+    })
+}
+
+/// Whether MLX's attention is fused on this device for head widths up to 128 (Metal's and
+/// CUDA's kernels never write the `[heads, S, S]` scores). MLX's CPU backend composes it from
+/// a product, a softmax and a product, so the GPU graph feeds it queries in chunks there.
+pub fn attention_is_fused() -> bool {
+    mlx::default_device() == Device::Gpu
+}
+
+/// Bytes of scores one query chunk of the GPU graph's attention may hold where MLX's attention
+/// is not fused ([`attention_is_fused`]).
+pub const ATTENTION_CHUNK_BYTES: u64 = 64 << 20;
+
+/// Whether a product of `rows` rows by a quantized weight widens the weight to the compute
+/// dtype first (one layer's dense copy, dropped after the product) rather than running MLX's
+/// quantized product: in the GPU graph for many rows (image tokens), where the dense product
+/// is several times faster; the prompt's few rows keep the quantized product.
+pub fn widens_quantized_for(rows: i32) -> bool {
+    graph() == Graph::Gpu && rows >= WIDEN_QUANTIZED_ROWS
+}
+
+/// The fewest rows for which [`widens_quantized_for`] widens.
+pub const WIDEN_QUANTIZED_ROWS: i32 = 256;
+
+/// Whether weights can be streamed from the store's files (mapped and let go of block by
+/// block): in the CPU graph on the CPU, where mapped memory is the memory the products read.
+pub fn can_stream_weights() -> bool {
+    graph() == Graph::Cpu && mlx::default_device() == Device::Cpu
+}
+
+/// The memory MLX may use on this device, as the preflight's budget: the GPU's total memory
+/// (CUDA), its recommended working set (Metal), `None` on the CPU (the machine's memory).
+pub fn device_memory() -> Option<u64> {
+    if mlx::default_device() != Device::Gpu {
+        return None;
+    }
+    mlx::memory::device_memory().filter(|&b| b > 0)
+}
+
+/// What the budget's memory already holds before a model loads: the process's resident memory
+/// where the models compute in the machine's memory (the CPU, and a Mac's unified memory);
+/// nothing on a discrete GPU, whose memory the process has not touched yet.
+pub fn held_before_loading() -> u64 {
+    if device_memory().is_some() && !cfg!(target_os = "macos") {
+        return 0;
+    }
+    peak_resident_bytes().unwrap_or(0)
+}
+
+/// Prepares MLX's allocator for a run of the GPU graph: on Metal, wires up to the recommended
+/// working set so that the weights are not paged out between steps (a no-op elsewhere).
+pub fn prepare_device_memory() {
+    if graph() == Graph::Gpu && cfg!(target_os = "macos") {
+        if let Some(limit) = device_memory() {
+            mlx::memory::set_wired_limit(limit as usize);
+        }
+    }
+}
+
+/// Whether MLX is about to compile GPU kernels in this process for the first time on this
+/// machine: a CUDA build whose kernel cache folder is missing or empty. Returns that folder.
+pub fn kernels_compile_first(kernel_cache: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    if !mlx::runtime::OPENED_AT_START || mlx::default_device() != Device::Gpu {
+        return None;
+    }
+    let dir = kernel_cache?.to_path_buf();
+    let empty = match std::fs::read_dir(&dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(_) => true,
+    };
+    empty.then_some(dir)
+}
+
+/// The line that says MLX is about to compile its GPU kernels into `dir` for the first time.
+pub fn first_compile_note(dir: &std::path::Path) -> String {
+    format!(
+        "note: first GPU run on this machine: MLX compiles its kernels into {} before the first \
+         image (once per machine; up to a couple of minutes, later runs start at once)",
+        dir.display()
+    )
 }
 
 /// Raises the soft limit on open files to at least `wanted` (capped at the hard limit), since

@@ -144,6 +144,7 @@ fn request(side: u32) -> RequestShape {
         prompt_tokens: 40,
         compute_bytes: 4,
         encodes: false,
+        graph: zimage::platform::Graph::Cpu,
     }
 }
 
@@ -331,4 +332,48 @@ fn streaming_holds_one_block_and_is_chosen_for_quantized_models_or_when_nothing_
     let plan = m.plan(&req, e.peak() + 1, "", BASE, true).unwrap();
     assert_eq!(plan.residency, Residency::Streamed);
     assert!(m.plan(&req, e.peak() + 1, "", BASE, false).is_err());
+}
+
+#[test]
+fn the_gpu_graph_counts_one_widened_layer_over_the_image_tokens_and_none_over_the_prompt() {
+    let real = RealModel::new();
+    let m = real.sizes();
+    let (qt, qr) = m.quantized_variant(4);
+    let int4 = ModelSizes {
+        text_encoder: &qt,
+        transformer: &qr,
+        ..m
+    };
+    let bf16 = |graph| RequestShape {
+        compute_bytes: 2,
+        graph,
+        ..request(1024)
+    };
+    let cpu = int4.estimate(
+        &bf16(zimage::platform::Graph::Cpu),
+        Residency::Stored,
+        None,
+        BASE,
+    );
+    let gpu = int4.estimate(
+        &bf16(zimage::platform::Graph::Gpu),
+        Residency::Stored,
+        None,
+        BASE,
+    );
+    // Weights as held are the same in both graphs; the GPU graph adds the widest quantized
+    // layer (w1, w3 or w2: 10240 × 3840) in bf16 for the image tokens' products, and the text
+    // encoder's 40 prompt rows keep the quantized product.
+    let widened = 10240 * 3840 * 2;
+    let weights = int4.denoise_weights(Residency::Stored, 2);
+    assert!(
+        gpu.denoise > weights + widened,
+        "{} vs {}",
+        gpu.denoise,
+        weights
+    );
+    assert!(gpu.text < cpu.text, "{} vs {}", gpu.text, cpu.text);
+    // At 1024², int4 on the GPU graph: the transformer's packed weights (~3.4 GB) and one
+    // block's transients, well under the 9 GB the GPU path is meant to hold.
+    assert!(gpu.denoise < 6 * GB, "{}", gpu.denoise);
 }

@@ -414,6 +414,12 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     let (model, demo) = resolve_model(store.as_deref(), a.model.as_deref())?;
     job.model = model;
     zimage::platform::use_default_device()?;
+    zimage::platform::prepare_device_memory();
+    if let Some(dir) =
+        zimage::platform::kernels_compile_first(zimage::mlx::runtime::kernel_cache_dir().as_deref())
+    {
+        eprintln!("{}", zimage::platform::first_compile_note(&dir));
+    }
     a.products.apply();
     let dtype = a.dtype.map(|d| match d {
         ComputeDtype::Bf16 => Dtype::BF16,
@@ -532,11 +538,20 @@ fn print_phases(image: &generation::Image) {
             .peak_resident_bytes
             .map(|b| format!("   peak RSS so far {:>8.1} MB", b as f64 / 1e6))
             .unwrap_or_default();
+        // On a GPU MLX's buffers are the device's memory: its peak plus what it keeps cached.
+        let device = match zimage::mlx::default_device() {
+            zimage::mlx::Device::Gpu => format!(
+                "   device ≤ {:>8.1} MB",
+                (p.peak_bytes + p.cache_bytes) as f64 / 1e6
+            ),
+            zimage::mlx::Device::Cpu => String::new(),
+        };
         eprintln!(
-            "{:<8} {:>8.3} s   MLX peak {:>8.1} MB{rss}",
+            "{:<8} {:>8.3} s   MLX peak {:>8.1} MB   cache {:>8.1} MB{device}{rss}",
             p.phase,
             p.seconds,
-            p.peak_bytes as f64 / 1e6
+            p.peak_bytes as f64 / 1e6,
+            p.cache_bytes as f64 / 1e6
         );
     }
     let steps = image.steps_run.max(1);
@@ -572,6 +587,24 @@ fn print_memory(out: &generation::Outcome, dtype: Dtype) {
         gb(e.decode),
         gb(e.base)
     );
+    if let Some(image) = out.images.last() {
+        for p in &image.phases {
+            let estimated = match p.phase {
+                "text" => e.text,
+                "encode" => e.encode,
+                "denoise" => e.denoise,
+                "decode" => e.decode,
+                _ => continue,
+            };
+            eprintln!(
+                "estimate {:<8} {:>8.1} MB   MLX peak {:>8.1} MB ({:+.1}%)",
+                p.phase,
+                estimated as f64 / 1e6,
+                p.peak_bytes as f64 / 1e6,
+                (estimated as f64 / (p.peak_bytes as f64).max(1.0) - 1.0) * 100.0
+            );
+        }
+    }
     if let Some(held) = out.controlnet_weights {
         eprintln!(
             "memory   the denoise estimate holds the ControlNet's weights, {}",

@@ -32,6 +32,16 @@ pub fn run(a: InfoArgs) -> anyhow::Result<ExitCode> {
         "devices       cpu, {gpu} (default: {:?})",
         zimage::platform::default_device()
     );
+    let graph = zimage::platform::graph_from_env().map_err(anyhow::Error::msg)?;
+    println!(
+        "graph         {:?}{}",
+        zimage::platform::graph(),
+        if graph.is_some() {
+            " (ZIMAGE_GRAPH)"
+        } else {
+            ""
+        }
+    );
     println!("BLAS          {}", mlx::blas_description());
     if a.matmul_size > 0 {
         let gflops = matmul_gflops(a.matmul_size)?;

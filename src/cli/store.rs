@@ -470,6 +470,7 @@ fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMe
         prompt_tokens: 64,
         compute_bytes: dtype.size_bytes() as u64,
         encodes: false,
+        graph: zimage::platform::graph(),
     };
     let base = zimage::platform::peak_resident_bytes().unwrap_or(0);
     let m = pipeline.model_sizes(&sizes);

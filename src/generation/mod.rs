@@ -49,7 +49,7 @@ pub fn plan_memory<S: ModelSource>(
     let sizes = pipeline.tensor_sizes()?;
     let model = pipeline.model_sizes(&sizes);
     let shape = pipeline.request_shape(req)?;
-    let base = crate::platform::peak_resident_bytes().unwrap_or(0);
+    let base = crate::platform::held_before_loading();
     let mut plan = model.plan(&shape, budget, &source, base, pipeline.can_stream())?;
     if let Some(residency) = residency.filter(|r| *r != plan.residency) {
         plan.residency = residency;

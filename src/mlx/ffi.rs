@@ -337,6 +337,10 @@ shim_api! {
     pub fn mlxs_get_cache_memory() -> usize;
     pub fn mlxs_reset_peak_memory();
     pub fn mlxs_clear_cache();
+    pub fn mlxs_get_memory_limit() -> usize;
+    pub fn mlxs_set_cache_limit(limit: usize) -> usize;
+    pub fn mlxs_set_wired_limit(limit: usize) -> usize;
+    pub fn mlxs_device_memory() -> usize;
 
     pub fn mlxs_blas_description() -> *const c_char;
     pub fn mlxs_blas_sgemm(

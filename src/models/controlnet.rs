@@ -81,12 +81,12 @@ fn run_control(
 ) -> mlx::Result<(Array, Vec<Array>)> {
     let mut c = c;
     let mut hints = Vec::with_capacity(blocks.len());
-    for block in blocks {
+    for (i, block) in blocks.iter().enumerate() {
         let (next, hint) = block.forward(&c, x, rope, t)?;
-        if release.is_some() {
+        if release.is_some() || crate::platform::evaluates_per_block() {
             mlx::eval(&[&next, &hint])?;
         }
-        after_block(release, &next)?;
+        after_block(release, &next, ("control_layers", i))?;
         c = next;
         hints.push(hint);
     }
@@ -294,9 +294,9 @@ impl ControlNet {
         let (ctrl, refiner_hints) = match &self.refiner {
             ControlRefiner::Plain(blocks) => {
                 let mut ctrl = ctrl;
-                for block in blocks {
+                for (i, block) in blocks.iter().enumerate() {
                     ctrl = block.forward(&ctrl, img_rope, Some(&c))?;
-                    after_block(release, &ctrl)?;
+                    after_block(release, &ctrl, ("control_noise_refiner", i))?;
                 }
                 (ctrl, Vec::new())
             }

@@ -298,9 +298,9 @@ impl Qwen3Encoder {
         let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let ids = Array::from_slice(&ids, &[ids.len() as i32])?;
         let mut x = self.embed_tokens.rows(&ids)?.astype(self.dtype)?;
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x)?;
-            super::transformer::after_block(self.release.as_ref(), &x)?;
+            super::transformer::after_block(self.release.as_ref(), &x, ("text_encoder.layers", i))?;
         }
         Ok(x)
     }

@@ -188,16 +188,37 @@ impl Attention {
         let v = split(v, None)?;
         // [S, H, hd] → [1, H, S, hd]
         let bhsd = |t: Array| t.transpose(&[1, 0, 2])?.expand_dims(0);
-        let o = fast::scaled_dot_product_attention(
-            &bhsd(q)?,
-            &bhsd(k)?,
-            &bhsd(v)?,
-            scale,
-            fast::Mask::None,
-        )?;
+        let o = attend(&bhsd(q)?, &bhsd(k)?, &bhsd(v)?, scale)?;
         let o = o.squeeze(0)?.transpose(&[1, 0, 2])?.reshape(&[s, h * hd])?;
         self.to_out.forward(&o)
     }
+}
+
+/// Unmasked attention of `[1, H, S, D]` inputs through MLX's attention. Where MLX fuses it
+/// (a GPU) in one call, which never writes the `[H, S, S]` scores; elsewhere in chunks of
+/// queries whose scores stay under [`crate::platform::ATTENTION_CHUNK_BYTES`], each evaluated
+/// before the next is built (left in one graph, MLX would compute them side by side).
+fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> mlx::Result<Array> {
+    let (heads, s) = (q.dim(1) as u64, q.dim(2));
+    let chunk = query_chunk(heads, s as u64);
+    if crate::platform::attention_is_fused() || chunk >= s as u64 {
+        return fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None);
+    }
+    mlx::eval(&[q, k, v])?;
+    let mut outs = Vec::new();
+    for start in (0..s).step_by(chunk as usize) {
+        let qc = q.slice_axis(2, start, (start + chunk as i32).min(s))?;
+        let o = fast::scaled_dot_product_attention(&qc, k, v, scale, fast::Mask::None)?;
+        o.eval()?;
+        outs.push(o);
+    }
+    ops::concatenate(&outs.iter().collect::<Vec<_>>(), 2)
+}
+
+/// Queries per chunk of [`attend`] where MLX's attention is not fused: `heads` × chunk × `keys`
+/// f32 scores within [`crate::platform::ATTENTION_CHUNK_BYTES`], at least one row.
+pub fn query_chunk(heads: u64, keys: u64) -> u64 {
+    (crate::platform::ATTENTION_CHUNK_BYTES / (heads * keys * 4).max(1)).max(1)
 }
 
 /// Interleaved-pair rotation in f32: `(x₀, x₁) → (x₀cos − x₁sin, x₀sin + x₁cos)`.
@@ -493,8 +514,8 @@ impl ZImageTransformer {
 
     /// After a block: with streamed weights, computes `x` now and lets go of the weights' pages,
     /// so that no more than a block's weights are held at once.
-    pub(crate) fn after_block(&self, x: &Array) -> mlx::Result<()> {
-        after_block(self.release.as_ref(), x)
+    pub(crate) fn after_block(&self, x: &Array, block: (&str, usize)) -> mlx::Result<()> {
+        after_block(self.release.as_ref(), x, block)
     }
 
     /// The timestep conditioning `c` ([1, adaln_dim]) for `t_model` (0 at pure noise).
@@ -549,9 +570,9 @@ impl ZImageTransformer {
         let cap_pos: Vec<[i32; 3]> = (0..lp).map(|m| [1 + m, 0, 0]).collect();
         let cap_rope = self.rope.lookup(&cap_pos)?;
         let mut cap = cap;
-        for block in &self.context_refiner {
+        for (i, block) in self.context_refiner.iter().enumerate() {
             cap = block.forward(&cap, &cap_rope, None)?;
-            self.after_block(&cap)?;
+            self.after_block(&cap, ("context_refiner", i))?;
         }
         let rope = (
             ops::concatenate(&[&img_rope.0, &cap_rope.0], 0)?,
@@ -637,7 +658,7 @@ impl ZImageTransformer {
                 }
                 u = (&u + &hint)?;
             }
-            self.after_block(&u)?;
+            self.after_block(&u, ("layers", i))?;
         }
 
         // 5. Final layer: LayerNorm (no affine) scaled by 1 + SiLU(c)·Wᵀ + b, then project.
@@ -716,7 +737,7 @@ impl ZImageTransformer {
         let mut x = x;
         for (i, block) in self.noise_refiner.iter().enumerate() {
             x = block.forward(&x, &prepared.img_rope, Some(c))?;
-            self.after_block(&x)?;
+            self.after_block(&x, ("noise_refiner", i))?;
             for (_, a) in added.iter().filter(|(at, _)| *at == i) {
                 x = (&x + a)?;
             }
@@ -773,13 +794,38 @@ impl Hints {
     }
 }
 
-/// With `release` (streamed weights): computes `x` now, then lets go of the weights' pages.
-pub(crate) fn after_block(release: Option<&Release>, x: &Array) -> mlx::Result<()> {
-    if let Some(release) = release {
+/// After a block named `block` (`("layers", 3)`): with `release` (streamed weights) computes
+/// `x` now and lets go of the weights' pages; in the GPU graph computes `x` now, so that the
+/// next block starts from evaluated inputs and no more than one block's transients are alive
+/// ([`crate::platform::evaluates_per_block`]). Under `ZIMAGE_DEBUG_BLOCKS` reports MLX's memory.
+pub(crate) fn after_block(
+    release: Option<&Release>,
+    x: &Array,
+    block: (&str, usize),
+) -> mlx::Result<()> {
+    if release.is_some() || crate::platform::evaluates_per_block() {
         mlx::eval(&[x])?;
+    }
+    if let Some(release) = release {
         release.release();
     }
+    if crate::platform::debug_blocks() {
+        report_block(block);
+    }
     Ok(())
+}
+
+/// One line of `ZIMAGE_DEBUG_BLOCKS`'s report: MLX's live arrays, its peak so far in the phase
+/// and its cache, after block `name.index`.
+fn report_block((name, index): (&str, usize)) {
+    let mb = |b: usize| b as f64 / 1e6;
+    eprintln!(
+        "block    {:<22} MLX active {:>9.1} MB   peak {:>9.1} MB   cache {:>9.1} MB",
+        format!("{name}.{index}"),
+        mb(mlx::memory::active_memory()),
+        mb(mlx::memory::peak_memory()),
+        mb(mlx::memory::cache_memory()),
+    );
 }
 
 /// `[C, h, w]` → `[N, 4C]` patches of 2×2: feature (ph·2 + pw)·C + c, token i·Wt + j.

@@ -159,8 +159,18 @@ impl Conv2d {
             y.eval()?;
             Ok(y)
         } else {
+            // The GPU graph evaluates around each convolution too, for the same reason: its
+            // queued kernels would otherwise hold every activation of the decoder at once.
+            let eager = crate::platform::evaluates_per_block();
+            if eager {
+                x.eval()?;
+            }
             let p = self.k / 2;
-            ops::conv2d(x, &self.weight, (1, 1), (p, p), (1, 1), 1)? + &self.bias
+            let y = (ops::conv2d(x, &self.weight, (1, 1), (p, p), (1, 1), 1)? + &self.bias)?;
+            if eager {
+                y.eval()?;
+            }
+            Ok(y)
         }
     }
 }
@@ -298,7 +308,9 @@ impl MidAttention {
         // once (measured at 128² latents: 2.2 GB instead of one chunk's 0.55 GB), which would
         // undo the chunking. On the CPU always, as the convolutions are; on a GPU when there is
         // more than one chunk.
-        let eager = crate::platform::convolutions_as_matmuls() || n > ATTENTION_CHUNK;
+        let eager = crate::platform::convolutions_as_matmuls()
+            || crate::platform::evaluates_per_block()
+            || n > ATTENTION_CHUNK;
         if eager {
             mlx::eval(&[&q, &k, &v])?;
         }

@@ -542,6 +542,16 @@ fn product(
             }
         }
         LinearWeight::Dense(w) => fast::linear_with(x, w, None, bias, products),
+        LinearWeight::Quantized(q) if crate::platform::widens_quantized_for(rows(x)) => {
+            // One layer's dense copy, alive for this product only: int4's memory at the dense
+            // product's speed.
+            let w = q.dequantize()?;
+            let w = match w.dtype() == x.dtype() {
+                true => w,
+                false => w.astype(x.dtype())?,
+            };
+            fast::linear_with(x, &w, None, bias, products)
+        }
         LinearWeight::Quantized(q) => {
             fast::linear_with(x, &q.weight, Some(q.packing()), bias, products)
         }
@@ -556,6 +566,12 @@ fn product(
             }
         }
     }
+}
+
+/// The rows of a product's input `x` (`[..., K]`).
+fn rows(x: &Array) -> i32 {
+    let k = x.shape().last().copied().unwrap_or(1).max(1);
+    (x.size() / k as usize).min(i32::MAX as usize) as i32
 }
 
 /// RMS norm over the last axis, statistics in f32. In f32 the fused kernel; in a narrower dtype

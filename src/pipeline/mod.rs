@@ -144,6 +144,8 @@ pub struct PhaseReport {
     pub seconds: f64,
     /// MLX's peak allocation during the phase.
     pub peak_bytes: usize,
+    /// What MLX keeps cached of the buffers it freed, at the phase's end (cleared after it).
+    pub cache_bytes: usize,
     /// The process's peak resident memory so far, at the phase's end: the phase that raises it
     /// holds the peak.
     pub peak_resident_bytes: Option<u64>,
@@ -417,7 +419,7 @@ impl<S: ModelSource> Pipeline<S> {
     /// Whether the transformer can stream ([`Residency::Streamed`]): weights mapped from a store,
     /// on the CPU.
     pub fn can_stream(&self) -> bool {
-        self.source.maps_weights() && crate::mlx::default_device() == crate::mlx::Device::Cpu
+        self.source.maps_weights() && crate::platform::can_stream_weights()
     }
 
     pub fn model_sizes<'a>(&'a self, sizes: &'a [Vec<TensorSize>; 3]) -> ModelSizes<'a> {
@@ -446,6 +448,7 @@ impl<S: ModelSource> Pipeline<S> {
             compute_bytes: self.dtype.size_bytes() as u64,
             // A ControlNet's control image is encoded too.
             encodes: req.input.is_some() || self.controlnet.is_some(),
+            graph: crate::platform::graph(),
         })
     }
 
@@ -915,6 +918,7 @@ fn measure<T, E>(
         phase,
         seconds: start.elapsed().as_secs_f64(),
         peak_bytes: mlx::memory::peak_memory(),
+        cache_bytes: mlx::memory::cache_memory(),
         peak_resident_bytes: crate::platform::peak_resident_bytes(),
     });
     Ok(out)

@@ -307,6 +307,11 @@ fn run(handle: Worker, settings: Settings) {
     if let Err(e) = crate::platform::use_default_device() {
         eprintln!("warning: cannot select the default MLX device: {e}");
     }
+    crate::platform::prepare_device_memory();
+    let kernels = crate::mlx::runtime::kernel_cache_dir();
+    if let Some(dir) = crate::platform::kernels_compile_first(kernels.as_deref()) {
+        eprintln!("{}", crate::platform::first_compile_note(&dir));
+    }
     let mut resident = Resident {
         engine: Engine::new(settings.dtype, true),
         expires: None,
