@@ -23,6 +23,16 @@ pub struct Input<'a> {
     pub bytes: &'a [u8],
 }
 
+impl<'a> Input<'a> {
+    /// The pictures a request carries, as `(what, name, bytes)`; those it left out (`None`)
+    /// are passed over.
+    pub fn given(pictures: &[(&'a str, &'a str, Option<&'a [u8]>)]) -> Vec<Input<'a>> {
+        (pictures.iter())
+            .filter_map(|&(what, name, bytes)| bytes.map(|bytes| Input { what, name, bytes }))
+            .collect()
+    }
+}
+
 /// The inputs' pictures need more memory than the budget.
 #[derive(Debug, thiserror::Error)]
 #[error(

@@ -90,10 +90,22 @@ fn official_clients_get_the_pixels_zimage_generate_makes() {
     assert_eq!(report["ps"], serde_json::json!(["tiny:latest"]));
     assert_eq!(report["openai_models"], serde_json::json!(["tiny:latest"]));
     assert_eq!(report["missing_model"][0], 404);
-    assert_eq!(report["url_format"][0], 400);
+    let url = report["url"].as_str().unwrap();
+    assert!(url.starts_with(&server.url()), "{url}");
+    assert!(
+        report["several_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("1 more `image[]`")),
+        "{report}"
+    );
 
     let expected = cli_pixels(&store, dir.path(), 7, 2);
-    for name in ["ollama.png", "ollama-stream.png", "openai.png"] {
+    for name in [
+        "ollama.png",
+        "ollama-stream.png",
+        "openai.png",
+        "openai-url.png",
+    ] {
         let png = std::fs::read(dir.path().join(name)).unwrap();
         assert!(
             pixels(&png) == expected,
@@ -111,6 +123,11 @@ fn official_clients_get_the_pixels_zimage_generate_makes() {
     assert!(
         pixels(&png) == img2img,
         "Ollama's images differ from `zimage generate --image`"
+    );
+    let png = std::fs::read(dir.path().join("openai-edit-several.png")).unwrap();
+    assert!(
+        pixels(&png) == img2img,
+        "an edit with several image[] files differs from `zimage generate --image` of the first"
     );
     let inpaint = cli_pixels_from(
         &store,

@@ -10,6 +10,7 @@ import sys
 
 import ollama
 import openai
+import urllib.request
 
 host, model, out, picture, rgba_mask = sys.argv[1:6]
 report = {}
@@ -72,10 +73,19 @@ try:
 except ollama.ResponseError as e:
     report["missing_model"] = [e.status_code, e.error]
 
-try:
-    oa.images.generate(model=model, prompt="x", response_format="url")
-    report["url_format"] = None
-except openai.BadRequestError as e:
-    report["url_format"] = [e.status_code, e.body.get("message") if isinstance(e.body, dict) else str(e.body)]
+# Answered by URL: the server keeps the PNG and serves it itself.
+by_url = oa.images.generate(model=model, prompt="a red fox in the snow", size="64x64",
+                            response_format="url", extra_body={"seed": 7, "steps": 2})
+with urllib.request.urlopen(by_url.data[0].url) as answer:
+    open(f"{out}/openai-url.png", "wb").write(answer.read())
+report["url"] = by_url.data[0].url
+
+# Several image[] files, as clients send them for newer models: the first is edited.
+with open(picture, "rb") as first, open(rgba_mask, "rb") as second:
+    several = oa.images.edit(model=model, image=[first, second], prompt="a red fox in the snow",
+                             response_format="b64_json",
+                             extra_body={"seed": 7, "steps": 2, "strength": 0.75})
+open(f"{out}/openai-edit-several.png", "wb").write(base64.b64decode(several.data[0].b64_json))
+report["several_note"] = (several.model_extra or {}).get("zimage_note")
 
 print(json.dumps(report))

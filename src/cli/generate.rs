@@ -388,7 +388,7 @@ fn read_control(store: Option<&Path>, a: &GenerateArgs) -> anyhow::Result<Option
         net: controlnet_choice(store, net)?,
         scale: a
             .control_scale
-            .unwrap_or(zimage::pipeline::control::DEFAULT_SCALE),
+            .unwrap_or(zimage::generation::DEFAULT_CONTROL_SCALE),
     }))
 }
 

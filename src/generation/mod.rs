@@ -21,6 +21,11 @@ pub use progress::{Cancel, Progress};
 pub use run::{run, Image, Outcome};
 pub use source::{check_image_model, open_error, ModelChoice, ModelKey};
 
+/// The ControlNet's conditioning scale when a job names none, and what is wrong with one.
+pub use crate::pipeline::control::{
+    scale_error as control_scale_error, DEFAULT_SCALE as DEFAULT_CONTROL_SCALE,
+};
+
 use crate::memory_plan::{self, MemoryPlan};
 use crate::mlx::fast::Products;
 use crate::models::Residency;

@@ -345,9 +345,26 @@ pub fn base64_field(api: Api, field: &str, text: &str) -> Result<Vec<u8>, ApiErr
         .map_err(|e| ApiError::bad_request(api, format!("field `{field}` is not base64: {e}")))
 }
 
+/// A JSON body with the ControlNet fields `controlnet` and `control_scale`.
+pub trait ControlFields {
+    fn controlnet(&self) -> Option<&str>;
+    fn control_scale(&self) -> Option<f32>;
+}
+
+/// [`control_job`] for a body's fields and the control image it carried.
+pub fn request_control(
+    store: &Store,
+    api: Api,
+    body: &impl ControlFields,
+    control_image: Option<&[u8]>,
+) -> Result<Option<crate::generation::ControlJob>, ApiError> {
+    let (net, scale) = (body.controlnet(), body.control_scale());
+    control_job(store, api, net, control_image, scale)
+}
+
 /// A request's ControlNet fields: `controlnet` (a stored name), `control_image` (its bytes) and
 /// `control_scale`, checked as `--controlnet/--control/--control-scale` are and the image decoded.
-pub fn request_control(
+pub fn control_job(
     store: &Store,
     api: Api,
     controlnet: Option<&str>,
@@ -376,8 +393,8 @@ pub fn request_control(
     };
     let name = crate::store::ModelName::parse(controlnet)
         .map_err(|e| bad(format!("controlnet: {e}")).with_param("controlnet"))?;
-    let scale = scale.unwrap_or(crate::pipeline::control::DEFAULT_SCALE);
-    if let Some(e) = crate::pipeline::control::scale_error(scale) {
+    let scale = scale.unwrap_or(crate::generation::DEFAULT_CONTROL_SCALE);
+    if let Some(e) = crate::generation::control_scale_error(scale) {
         return Err(bad(e.replace("--control-scale", "control_scale")).with_param("control_scale"));
     }
     let image = crate::image_in::decode(bytes, "field", "control_image")

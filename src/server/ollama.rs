@@ -378,28 +378,17 @@ pub async fn generate(
     job.loras = super::request_loras(&state, API, body.loras.as_deref())?;
     let strength = request_strength(&body)?;
     let (image, control_image) = request_pictures(&body)?;
-    let pictures: Vec<crate::input_budget::Input> = [
+    let pictures = crate::input_budget::Input::given(&[
         ("field `images`", "images[0]", image.as_deref()),
         ("field", "control_image", control_image.as_deref()),
-    ]
-    .into_iter()
-    .filter_map(|(what, name, bytes)| {
-        bytes.map(|bytes| crate::input_budget::Input { what, name, bytes })
-    })
-    .collect();
+    ]);
     // Held until the answer is done: the pictures live that long.
     let reservation = super::admit_inputs(&state, API, &pictures, 1)?;
     job.input = image
         .as_deref()
         .map(|b| decode_input(b, strength))
         .transpose()?;
-    job.control = super::request_control(
-        &state.store,
-        API,
-        body.controlnet.as_deref(),
-        control_image.as_deref(),
-        body.control_scale,
-    )?;
+    job.control = super::request_control(&state.store, API, &body, control_image.as_deref())?;
     super::check_job(API, &job)?;
     open_model(&state, API, &name, true).await?;
     // No prompt: the model is only loaded (or unloaded).
@@ -505,6 +494,15 @@ impl super::NamesModel for ModelBody {
 
     fn model(&self) -> &str {
         &self.model
+    }
+}
+
+impl super::ControlFields for GenerateBody {
+    fn controlnet(&self) -> Option<&str> {
+        self.controlnet.as_deref()
+    }
+    fn control_scale(&self) -> Option<f32> {
+        self.control_scale
     }
 }
 

@@ -103,13 +103,7 @@ pub async fn generate(
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     // Held until the answer is done: the control image lives that long.
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
-    let control = super::request_control(
-        &state.store,
-        API,
-        body.controlnet.as_deref(),
-        control_image.as_deref(),
-        body.control_scale,
-    )?;
+    let control = super::request_control(&state.store, API, &body, control_image.as_deref())?;
     run(
         state,
         name,
@@ -283,16 +277,11 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         );
     };
     super::check_strength(API, body.strength, true)?;
-    let pictures: Vec<crate::input_budget::Input> = [
+    let pictures = crate::input_budget::Input::given(&[
         ("field", "image", Some(image.as_slice())),
         ("field", "mask", mask.as_deref()),
         ("field", "control_image", control_image.as_deref()),
-    ]
-    .into_iter()
-    .filter_map(|(what, name, bytes)| {
-        bytes.map(|bytes| crate::input_budget::Input { what, name, bytes })
-    })
-    .collect();
+    ]);
     // Each image asked for carries the inputs; held until the answer is done.
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
@@ -301,7 +290,7 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     let store = state.store.clone();
     let (input, control) = tokio::task::spawn_blocking(move || {
         let input = decode_edit(&image, mask.as_deref(), strength)?;
-        let control = super::request_control(
+        let control = super::control_job(
             &store,
             API,
             controlnet.as_deref(),
@@ -500,6 +489,15 @@ pub fn decode_edit(
         }),
         strength,
     })
+}
+
+impl super::ControlFields for ImagesBody {
+    fn controlnet(&self) -> Option<&str> {
+        self.controlnet.as_deref()
+    }
+    fn control_scale(&self) -> Option<f32> {
+        self.control_scale
+    }
 }
 
 impl super::NamesModel for ImagesBody {
