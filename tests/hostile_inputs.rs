@@ -404,7 +404,14 @@ fn non_finite_weights_are_refused_at_create_in_single_files_and_controlnets() {
     let store = dir.path().join("store");
     let out = zimage_in(
         &store,
-        &["create", "t", "--from", s(&file), "--component", "transformer"],
+        &[
+            "create",
+            "t",
+            "--from",
+            s(&file),
+            "--component",
+            "transformer",
+        ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -422,7 +429,10 @@ fn non_finite_weights_are_refused_at_create_in_single_files_and_controlnets() {
     let out = zimage_in(&store, &["create", "cn", "--from", s(&cn)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&first) && stderr.contains("+inf"), "{stderr}");
+    assert!(
+        stderr.contains(&first) && stderr.contains("+inf"),
+        "{stderr}"
+    );
     let list = zimage_in(&store, &["list"]);
     assert!(String::from_utf8_lossy(&list.stdout).lines().count() <= 1);
 }
