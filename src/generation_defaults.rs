@@ -13,6 +13,9 @@ use crate::pipeline::{self, ModelSource};
 use crate::store::{SourceTensor, StoreError, TensorSource};
 use std::path::PathBuf;
 
+/// Denoising steps when neither a request nor its model names any (Z-Image Turbo's setting).
+pub const DEFAULT_STEPS: usize = 8;
+
 /// The file, at the model's root (a diffusers directory's, or a config layer of the store).
 pub use crate::diffusers_dir::DEFAULTS_FILE;
 
@@ -110,9 +113,7 @@ impl GenerationDefaults {
         negative: Option<String>,
     ) -> (usize, f32, Option<String>) {
         (
-            steps
-                .or(self.steps)
-                .unwrap_or(crate::generation::DEFAULT_STEPS),
+            steps.or(self.steps).unwrap_or(DEFAULT_STEPS),
             guidance.or(self.guidance).unwrap_or(0.0),
             negative.or_else(|| self.negative_prompt.clone()),
         )
@@ -186,7 +187,7 @@ mod tests {
         assert!(GenerationDefaults::default().is_empty());
         assert_eq!(
             GenerationDefaults::default().resolve(None, None, None),
-            (crate::generation::DEFAULT_STEPS, 0.0, None)
+            (DEFAULT_STEPS, 0.0, None)
         );
     }
 }

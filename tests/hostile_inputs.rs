@@ -377,6 +377,66 @@ fn non_finite_weights_are_refused_at_create_in_every_component() {
     }
 }
 
+/// Rewrites the safetensors file `path` with the first value of tensor `name` set to `value`.
+fn poison_file(path: &Path, name: &str, value: f32) {
+    let mut tensors = read_tensors(&std::fs::read(path).unwrap());
+    poison(&mut tensors, name, value);
+    let list: Vec<(&str, zimage::dtype::Dtype, Vec<u64>, Vec<u8>)> = tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.dtype, t.shape.clone(), t.data.clone()))
+        .collect();
+    std::fs::remove_file(path).unwrap();
+    common::write_safetensors(path, &list);
+}
+
+#[test]
+fn non_finite_weights_are_refused_at_create_in_single_files_and_controlnets() {
+    // A transformer as one file, as ComfyUI ships it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("transformer.safetensors");
+    std::fs::copy(
+        demo().join("transformer/diffusion_pytorch_model.safetensors"),
+        &file,
+    )
+    .unwrap();
+    let name = first_tensor("transformer");
+    poison_file(&file, &name, f32::NAN);
+    let store = dir.path().join("store");
+    let out = zimage_in(
+        &store,
+        &[
+            "create",
+            "t",
+            "--from",
+            s(&file),
+            "--component",
+            "transformer",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&name) && stderr.contains("NaN"), "{stderr}");
+    // A ControlNet directory.
+    let cn = dir.path().join("controlnet");
+    common::controlnet::write_tiny_dir("2.1", &cn);
+    let weights = cn.join("diffusion_pytorch_model.safetensors");
+    let first = read_tensors(&std::fs::read(&weights).unwrap())
+        .into_iter()
+        .map(|t| t.name)
+        .min()
+        .unwrap();
+    poison_file(&weights, &first, f32::INFINITY);
+    let out = zimage_in(&store, &["create", "cn", "--from", s(&cn)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&first) && stderr.contains("+inf"),
+        "{stderr}"
+    );
+    let list = zimage_in(&store, &["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).lines().count() <= 1);
+}
+
 #[test]
 fn non_finite_values_in_a_gguf_block_scale_are_refused_at_create() {
     use zimage::formats::gguf::{self, GgmlType, Value, WriteTensor};

@@ -36,7 +36,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(image) = &form.image {
         if let Ok(input) = openai::decode_edit(image, form.mask.as_deref(), None) {
             if let Some(mask) = &input.mask {
-                assert_eq!(mask.dimensions(), input.image.dimensions());
+                assert_eq!(
+                    (mask.width(), mask.height()),
+                    (input.image.width(), input.image.height())
+                );
             }
         }
     }

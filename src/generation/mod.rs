@@ -31,8 +31,7 @@ use crate::mlx::fast::Products;
 use crate::models::Residency;
 use crate::pipeline::{ModelSource, Pipeline, Request};
 
-/// Denoising steps when a request names none (Z-Image Turbo's setting).
-pub const DEFAULT_STEPS: usize = 8;
+pub use crate::generation_defaults::DEFAULT_STEPS;
 
 /// Checks that the request fits the memory budget (`limit`, else `ZIMAGE_MEMORY_LIMIT`, else
 /// most of the machine) and chooses how to hold the weights and decode; `residency` overrides
