@@ -69,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         worker,
         api_key: None,
         lora_dir: None,
+        default_model: Default::default(),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
