@@ -288,3 +288,58 @@ fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
     assert_eq!(status, 200);
     assert_eq!(json(&answer)[0]["model_name"], "tiny");
 }
+
+#[test]
+fn an_inverted_mask_repaints_what_the_mask_keeps() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let picture = inputs.join("picture-96x80.png");
+    let mask = inputs.join("mask-96x80.png");
+    let mut inverted = image::open(&mask).unwrap().to_luma8();
+    image::imageops::invert(&mut inverted);
+    let inverted_path = dir.path().join("inverted.png");
+    inverted.save(&inverted_path).unwrap();
+    let b64 =
+        |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
+    let body = format!(
+        r#"{{"prompt": "a red fox in the snow", "steps": 2, "cfg_scale": 0, "seed": 7, "width": 96, "height": 80,
+            "init_images": ["data:image/png;base64,{}"], "mask": "{}", "inpainting_mask_invert": 1,
+            "mask_blur": 0, "inpaint_full_res": false, "inpainting_fill": 1, "denoising_strength": 0.8,
+            "sampler_name": "Euler", "scheduler": "Automatic"}}"#,
+        b64(&picture),
+        b64(&mask)
+    );
+    let (status, answer) = post(server.port, "/sdapi/v1/img2img", &body);
+    assert_eq!(status, 200, "{answer}");
+    let got = pixels(&common::server::b64(
+        json(&answer)["images"][0].as_str().unwrap(),
+    ));
+    let cli = cli_generate(
+        &store,
+        dir.path(),
+        &[
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&inverted_path),
+            "--strength",
+            "0.8",
+            "--seed",
+            "7",
+            "--width",
+            "96",
+            "--height",
+            "80",
+        ],
+    );
+    assert!(
+        got == cli,
+        "the inverted mask's image differs from the CLI's"
+    );
+    // Skip, with nothing running, changes nothing and answers as A1111 does.
+    let (status, answer) = post(server.port, "/sdapi/v1/skip", "");
+    assert_eq!((status, json(&answer)), (200, serde_json::json!({})));
+}
