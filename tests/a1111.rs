@@ -254,6 +254,32 @@ fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
             400,
             "scheduler `Karras`",
         ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "override_settings": {{"CLIP_stop_at_last_layers": 2}}}}"#
+            ),
+            400,
+            "override_settings.CLIP_stop_at_last_layers",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "seed": -5}}"#),
+            400,
+            "seed is -5",
+        ),
+        (
+            "/sdapi/v1/img2img",
+            format!(r#"{{"prompt": "x", {small}}}"#),
+            400,
+            "field `init_images` is required",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "steps": "many"}}"#),
+            400,
+            "field `steps`",
+        ),
     ];
     for (path, body, status, needle) in &cases {
         let (got, answer) = post(port, path, body);

@@ -428,7 +428,9 @@ async fn options_now(state: &AppState) -> Result<Map<String, Value>, ApiError> {
         "sd_checkpoint_hash".into(),
         json!(chosen.as_ref().map(|c| c.identity.clone())),
     );
-    options.insert("sd_vae".into(), json!("None"));
+    options.insert("sd_vae".into(), json!("Automatic"));
+    // The text encoder's layer is the model's own: A1111's 1.
+    options.insert("CLIP_stop_at_last_layers".into(), json!(1));
     options.insert("samples_format".into(), json!("png"));
     options.insert("eta_noise_seed_delta".into(), json!(0));
     options.insert("sd_checkpoints_limit".into(), json!(1));
@@ -452,7 +454,9 @@ async fn request_model(state: &AppState, b: &Body1111) -> Result<ModelName, ApiE
         if reported.is_none() {
             reported = Some(options_now(state).await?);
         }
-        if reported.as_ref().and_then(|r| r.get(key)) != Some(value) {
+        // Without a VAE file of its own, `None` (the checkpoint's VAE) is `Automatic`.
+        let same_vae = key == "sd_vae" && value.as_str() == Some("None");
+        if !same_vae && reported.as_ref().and_then(|r| r.get(key)) != Some(value) {
             return Err(bad(format!(
                 "override_settings.{}: zimage has no such setting to change (GET /sdapi/v1/options shows the ones it has)",
                 key.escape_debug()
@@ -783,6 +787,15 @@ pub async fn upscalers() -> Json<Value> {
 
 pub async fn sd_vae() -> Json<Value> {
     Json(json!([]))
+}
+
+/// The listings of what zimage does not have (styles, embeddings, face restorers, …): empty.
+pub async fn none() -> Json<Value> {
+    Json(json!([]))
+}
+
+pub async fn embeddings() -> Json<Value> {
+    Json(json!({ "loaded": {}, "skipped": {} }))
 }
 
 /// `GET /sdapi/v1/scripts`: none (clients check it for extensions).
