@@ -369,3 +369,19 @@ fn an_inverted_mask_repaints_what_the_mask_keeps() {
     let (status, answer) = post(server.port, "/sdapi/v1/skip", "");
     assert_eq!((status, json(&answer)), (200, serde_json::json!({})));
 }
+
+#[test]
+fn an_unknown_default_model_stops_serve_before_it_listens() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let out = common::zimage_in(
+        &store,
+        &["serve", "--host", "127.0.0.1:0", "--default-model", "nope"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--default-model: model `nope` not found"),
+        "{stderr}"
+    );
+}
