@@ -1,4 +1,4 @@
-//! `zimage serve`: the HTTP server for Ollama's and OpenAI's image APIs.
+//! `zimage serve`: the HTTP server for Ollama's, OpenAI's and AUTOMATIC1111's image APIs.
 use anyhow::{anyhow, bail, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;
