@@ -75,6 +75,7 @@ fn main() -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?
                 .0,
         ),
+        default_model: Default::default(),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -485,9 +485,14 @@ fn malformed_requests_get_4xx_in_each_apis_shape_and_the_server_keeps_serving() 
             "field `image` is required",
         ),
         (
-            vec![text("prompt", "x"), file("image", &picture)],
+            // No model means the server's current one: the request is read and checked on.
+            vec![
+                text("prompt", "x"),
+                file("image", &picture),
+                text("strength", "7"),
+            ],
             400,
-            "field `model` is required",
+            "strength is 7",
         ),
         (
             vec![

@@ -73,6 +73,12 @@ try:
 except ollama.ResponseError as e:
     report["missing_model"] = [e.status_code, e.error]
 
+# OpenAI's own model ids, and no model at all, mean the server's current model (here the only one).
+for name, kwargs in [("openai-dall-e-2.png", {"model": "dall-e-2"}), ("openai-no-model.png", {})]:
+    r = oa.images.generate(prompt="a red fox in the snow", size="64x64", response_format="b64_json",
+                           extra_body={"seed": 7, "steps": 2}, **kwargs)
+    open(f"{out}/{name}", "wb").write(base64.b64decode(r.data[0].b64_json))
+
 # Answered by URL: the server keeps the PNG and serves it itself.
 by_url = oa.images.generate(model=model, prompt="a red fox in the snow", size="64x64",
                             response_format="url", extra_body={"seed": 7, "steps": 2})

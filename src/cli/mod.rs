@@ -84,7 +84,7 @@ pub enum Command {
     Dfsn(dfsn::DfsnArgs),
     /// Write a stored model as files other tools load (ComfyUI's three files).
     Export(export::ExportArgs),
-    /// Serve Ollama's and OpenAI's image APIs over HTTP (default 127.0.0.1:11434).
+    /// Serve Ollama's, OpenAI's and AUTOMATIC1111's image APIs over HTTP (default 127.0.0.1:11434).
     Serve(serve::ServeArgs),
     /// Download a model from a registry (Ollama's by default), skipping blobs the store holds.
     Pull(registry::PullArgs),

@@ -1,4 +1,4 @@
-//! `zimage serve`: the HTTP server for Ollama's and OpenAI's image APIs.
+//! `zimage serve`: the HTTP server for Ollama's, OpenAI's and AUTOMATIC1111's image APIs.
 use anyhow::{anyhow, bail, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// "scale": 0.8}]`); without it requests apply none (default: ZIMAGE_LORA_DIR).
     #[arg(long, value_name = "DIR")]
     pub lora_dir: Option<PathBuf>,
+    /// The model requests that name none run on (A1111's clients, until one picks another);
+    /// default: the image model used or created most recently.
+    #[arg(long, value_name = "NAME")]
+    pub default_model: Option<String>,
 }
 
 /// A setting from its flag, else from the first of `vars` that is set.
@@ -119,6 +123,19 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let default_model = match &a.default_model {
+        Some(name) => {
+            let parsed = zimage::store::ModelName::parse(name)
+                .map_err(|e| anyhow!("--default-model `{}`: {e}", name.escape_debug()))?;
+            let model = store
+                .open(&parsed.to_string())
+                .map_err(|e| anyhow!("--default-model: {}", zimage::generation::open_error(e)))?;
+            zimage::generation::check_image_model(&store, &model)
+                .map_err(|e| anyhow!("--default-model: {e}"))?;
+            Some(parsed)
+        }
+        None => None,
+    };
     let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             anyhow!(
@@ -145,6 +162,7 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         lora_dir,
         hosted: Default::default(),
         inputs: zimage::input_budget::Pool::for_budget(budget),
+        default_model: std::sync::Mutex::new(default_model),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

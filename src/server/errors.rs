@@ -1,5 +1,6 @@
-//! Errors as each API spells them: Ollama's `{"error": "…"}` and OpenAI's
-//! `{"error": {"message", "type", "param", "code"}}`, with the HTTP status that goes with them.
+//! Errors as each API spells them: Ollama's `{"error": "…"}`, OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}` and A1111's
+//! `{"error", "detail", "body", "errors"}`, with the HTTP status that goes with them.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -10,6 +11,8 @@ use serde_json::json;
 pub enum Api {
     Ollama,
     OpenAi,
+    /// AUTOMATIC1111's web UI API, under `/sdapi/v1/`.
+    A1111,
 }
 
 impl Api {
@@ -17,6 +20,8 @@ impl Api {
     pub fn of_path(path: &str) -> Api {
         if path == "/v1" || path.starts_with("/v1/") {
             Api::OpenAi
+        } else if path == "/sdapi" || path.starts_with("/sdapi/") {
+            Api::A1111
         } else {
             Api::Ollama
         }
@@ -88,6 +93,14 @@ impl IntoResponse for ApiError {
                     "param": self.param,
                     "code": null,
                 }
+            }),
+            // Clients show `detail`, as FastAPI gives it; `error` names the kind, as A1111's
+            // own handler does.
+            Api::A1111 => json!({
+                "error": self.status.canonical_reason().unwrap_or("error"),
+                "detail": self.message,
+                "body": "",
+                "errors": self.message,
             }),
         };
         let mut response = (self.status, axum::Json(body)).into_response();

@@ -1,10 +1,13 @@
-//! `zimage serve`: Ollama's image API (`/api/generate`, `/api/tags`, …) and OpenAI's
-//! (`/v1/images/generations`, `/v1/images/edits`, `/v1/models`) over HTTP, on the models of the store, so the
-//! clients that called Ollama for images work unchanged.
+//! `zimage serve`: Ollama's image API (`/api/generate`, `/api/tags`, …), OpenAI's
+//! (`/v1/images/generations`, `/v1/images/edits`, `/v1/models`) and AUTOMATIC1111's
+//! (`/sdapi/v1/txt2img`, `/sdapi/v1/img2img`, …) over HTTP, on the models of the store, so the
+//! clients that called Ollama or A1111 for images work unchanged.
 //!
 //! Requests are parsed and bounded here; generation runs on one worker thread
 //! ([`worker`]) that keeps the last model loaded for `keep_alive`.
 
+pub mod a1111;
+pub mod current;
 pub mod errors;
 pub mod hosted;
 pub mod ollama;
@@ -52,6 +55,23 @@ pub struct AppState {
     pub inputs: Arc<crate::input_budget::Pool>,
     /// Images answered by URL.
     pub hosted: hosted::Hosted,
+    /// The model chosen for requests that name none (`--default-model`, or a client's
+    /// choice); none: [`current::current_model`] picks the newest.
+    pub default_model: std::sync::Mutex<Option<crate::store::ModelName>>,
+}
+
+impl AppState {
+    /// The model chosen for requests that name none, if one was.
+    pub fn chosen_model(&self) -> Option<crate::store::ModelName> {
+        self.default_model
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn choose_model(&self, name: crate::store::ModelName) {
+        *self.default_model.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
+    }
 }
 
 /// Seconds a client is asked to wait before it tries a busy server again.
@@ -589,6 +609,7 @@ pub fn job_error(api: Api, e: worker::JobError) -> ApiError {
         worker::JobErrorKind::Stopped => {
             StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
         }
+        worker::JobErrorKind::Interrupted => StatusCode::CONFLICT,
         worker::JobErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError::new(api, status, e.message)
@@ -654,6 +675,31 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/v1/images/edits",
             post(openai::edit).layer(axum::extract::DefaultBodyLimit::max(MAX_PICTURE_BODY_BYTES)),
+        )
+        .route("/sdapi/v1/txt2img", post(a1111::txt2img))
+        .route("/sdapi/v1/img2img", post(a1111::img2img))
+        .route("/sdapi/v1/sd-models", get(a1111::sd_models))
+        .route(
+            "/sdapi/v1/options",
+            get(a1111::get_options).post(a1111::set_options),
+        )
+        .route("/sdapi/v1/samplers", get(a1111::samplers))
+        .route("/sdapi/v1/schedulers", get(a1111::schedulers))
+        .route("/sdapi/v1/upscalers", get(a1111::upscalers))
+        .route("/sdapi/v1/sd-vae", get(a1111::sd_vae))
+        .route("/sdapi/v1/prompt-styles", get(a1111::none))
+        .route("/sdapi/v1/hypernetworks", get(a1111::none))
+        .route("/sdapi/v1/face-restorers", get(a1111::none))
+        .route("/sdapi/v1/latent-upscale-modes", get(a1111::none))
+        .route("/sdapi/v1/embeddings", get(a1111::embeddings))
+        .route("/sdapi/v1/loras", get(a1111::loras))
+        .route("/sdapi/v1/scripts", get(a1111::scripts))
+        .route("/sdapi/v1/progress", get(a1111::progress))
+        .route("/sdapi/v1/interrupt", post(a1111::interrupt))
+        .route("/sdapi/v1/skip", post(a1111::skip))
+        .route(
+            "/sdapi/v1/refresh-checkpoints",
+            post(a1111::refresh_checkpoints),
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

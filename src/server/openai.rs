@@ -85,9 +85,13 @@ fn parse_size(size: &str) -> Result<(Option<u32>, Option<u32>), ApiError> {
 /// `POST /v1/images/generations`.
 pub async fn generate(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    super::Named { body, name }: super::Named<ImagesBody>,
+    req: Request,
 ) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    let limit = <ImagesBody as super::NamesModel>::MAX_BODY;
+    let body: ImagesBody = super::read_json(API, &headers, body, limit).await?;
+    let name = requested_model(&state, &body.model).await?;
     super::check_strength(API, body.strength, false)?;
     let control_image = (body.control_image.as_deref())
         .map(|t| super::base64_field(API, "control_image", t))
@@ -214,6 +218,20 @@ async fn run(
     Ok(with_model(Json(reply).into_response(), &body.model))
 }
 
+/// The model a request names. OpenAI's own ids (`dall-e-2`, which Open WebUI sends unless an
+/// admin names a model, `dall-e-3`, `gpt-image-1`…) and no model at all mean the server's
+/// current one: `--default-model`, else the one used or created last.
+async fn requested_model(
+    state: &AppState,
+    model: &str,
+) -> Result<crate::store::ModelName, ApiError> {
+    let openai_id = model.starts_with("dall-e-") || model.starts_with("gpt-image-");
+    if model.is_empty() || openai_id {
+        return super::current::current_model(state, API).await;
+    }
+    super::model_name(API, model)
+}
+
 /// How an answer is made: the route for the log, the host its URLs name, and how many pictures
 /// of the request were left out.
 struct Answer {
@@ -269,7 +287,7 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         mask,
         control_image,
     } = read_edit_form(form).await?;
-    let name = super::model_name(API, &body.model)?;
+    let name = requested_model(&state, &body.model).await?;
     let Some(image) = image else {
         return Err(
             ApiError::bad_request(API, "field `image` is required: the picture to edit")

@@ -7,7 +7,7 @@ use crate::generation::{self, Engine, ErrorClass, ModelChoice};
 use crate::mlx::Dtype;
 use crate::store::{ModelName, Store, StoredModel};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc::UnboundedSender;
@@ -44,7 +44,10 @@ pub struct Finished {
 pub enum JobErrorKind {
     BadRequest,
     NotFound,
+    /// The client went away.
     Stopped,
+    /// Someone stopped the running job on purpose ([`Worker::interrupt`]).
+    Interrupted,
     Internal,
 }
 
@@ -83,10 +86,12 @@ impl From<generation::Error> for JobError {
     }
 }
 
-/// A request's link to its client: set when the client goes, read at each step boundary.
+/// A request's link to its client: set when the client goes (or the job is interrupted), read
+/// at each step boundary.
 #[derive(Debug, Default)]
 pub struct Cancel {
     gone: generation::Cancel,
+    interrupted: AtomicBool,
     steps_done: AtomicUsize,
     left_after: AtomicUsize,
 }
@@ -94,6 +99,18 @@ pub struct Cancel {
 impl Cancel {
     pub fn is_cancelled(&self) -> bool {
         self.gone.is_cancelled()
+    }
+
+    /// Stops the job at its next step boundary although its client is still there.
+    pub fn interrupt(&self) {
+        let done = self.steps_done.load(Ordering::SeqCst);
+        self.left_after.store(done, Ordering::SeqCst);
+        self.interrupted.store(true, Ordering::SeqCst);
+        self.gone.cancel();
+    }
+
+    pub fn was_interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::SeqCst)
     }
 }
 
@@ -226,11 +243,31 @@ impl Queue {
     }
 }
 
+/// The job the worker is running, as progress answers show it.
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// `METHOD path model`.
+    pub label: String,
+    pub model: ModelName,
+    pub started: SystemTime,
+    /// The latest report; `None` until the job reports.
+    pub progress: Option<generation::Progress>,
+    cancel: Arc<Cancel>,
+}
+
+impl Running {
+    pub fn interrupted(&self) -> bool {
+        self.cancel.was_interrupted()
+    }
+}
+
 /// The handle the HTTP side holds.
 #[derive(Clone)]
 pub struct Worker {
     queue: Arc<Queue>,
     resident: Arc<Mutex<Option<ResidentInfo>>>,
+    running: Arc<Mutex<Option<Running>>>,
+    last_used: Arc<Mutex<Option<(ModelName, SystemTime)>>>,
 }
 
 impl Worker {
@@ -243,6 +280,8 @@ impl Worker {
                 capacity: settings.max_queue,
             }),
             resident: Arc::new(Mutex::new(None)),
+            running: Arc::new(Mutex::new(None)),
+            last_used: Arc::new(Mutex::new(None)),
         };
         let handle = worker.clone();
         std::thread::Builder::new()
@@ -289,6 +328,48 @@ impl Worker {
     fn set_resident(&self, info: Option<ResidentInfo>) {
         *self.resident.lock().unwrap_or_else(|p| p.into_inner()) = info;
     }
+
+    /// The job running now, if any.
+    pub fn running(&self) -> Option<Running> {
+        lock(&self.running).clone()
+    }
+
+    /// Jobs waiting for the worker (the running one not counted).
+    pub fn queued(&self) -> usize {
+        let state = self.queue.lock();
+        state
+            .jobs
+            .iter()
+            .filter(|j| !j.cancel.is_cancelled())
+            .count()
+    }
+
+    /// Stops the running job at its next step boundary; whether one was running.
+    pub fn interrupt(&self) -> bool {
+        match lock(&self.running).as_ref() {
+            Some(r) => {
+                r.cancel.interrupt();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The model the last job ran on, and when it started.
+    pub fn last_used(&self) -> Option<(ModelName, SystemTime)> {
+        lock(&self.last_used).clone()
+    }
+
+    fn report(&self, progress: &generation::Progress) {
+        if let Some(r) = lock(&self.running).as_mut() {
+            r.progress = Some(progress.clone());
+        }
+    }
+}
+
+/// A panic while holding one of these locks leaves plain data behind; carry on with it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The loaded model and when it goes.
@@ -333,7 +414,16 @@ fn run(handle: Worker, settings: Settings) {
                 }
             }
             Work::Job(job) => {
-                let result = run_job(&job, &mut resident, &settings);
+                *lock(&handle.last_used) = Some((job.model.clone(), SystemTime::now()));
+                *lock(&handle.running) = Some(Running {
+                    label: job.label.clone(),
+                    model: job.model.clone(),
+                    started: SystemTime::now(),
+                    progress: None,
+                    cancel: job.cancel.clone(),
+                });
+                let result = run_job(&job, &mut resident, &settings, &handle);
+                *lock(&handle.running) = None;
                 let info = resident.model().map(|m| ResidentInfo {
                     model: m.clone(),
                     expires_at: resident
@@ -342,7 +432,7 @@ fn run(handle: Worker, settings: Settings) {
                 });
                 handle.set_resident(info);
                 if let Err(e) = &result {
-                    if e.kind == JobErrorKind::Stopped {
+                    if matches!(e.kind, JobErrorKind::Stopped | JobErrorKind::Interrupted) {
                         eprintln!("{}: {}", job.label, e.message);
                     }
                 }
@@ -353,7 +443,12 @@ fn run(handle: Worker, settings: Settings) {
     }
 }
 
-fn run_job(job: &Job, resident: &mut Resident, settings: &Settings) -> Result<Finished, JobError> {
+fn run_job(
+    job: &Job,
+    resident: &mut Resident,
+    settings: &Settings,
+    handle: &Worker,
+) -> Result<Finished, JobError> {
     let start = Instant::now();
     if job.cancel.is_cancelled() {
         return Err(JobError::new(
@@ -408,6 +503,7 @@ fn run_job(job: &Job, resident: &mut Resident, settings: &Settings) -> Result<Fi
                 &generate,
                 &mut resident.engine,
                 &mut |p| {
+                    handle.report(p);
                     if !started && p.phase != "load" {
                         started = true;
                         let _ = job.events.send(Event::Started);
@@ -426,6 +522,17 @@ fn run_job(job: &Job, resident: &mut Resident, settings: &Settings) -> Result<Fi
                 &job.cancel.gone,
             );
             let outcome = outcome.map_err(|e| match e {
+                generation::Error::Stopped { image, step, total }
+                    if job.cancel.was_interrupted() =>
+                {
+                    JobError::new(
+                        JobErrorKind::Interrupted,
+                        format!(
+                            "interrupted after step {} of the run (image {image}: step {step} of {total}); no image of this request was kept",
+                            job.cancel.steps_done.load(Ordering::SeqCst),
+                        ),
+                    )
+                }
                 generation::Error::Stopped { image, step, total } => JobError::new(
                     JobErrorKind::Stopped,
                     format!(

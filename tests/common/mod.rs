@@ -55,8 +55,8 @@ pub fn heldout_dir(tmp: &Path) -> std::path::PathBuf {
     dir
 }
 
-/// A Python with the packages the tests drive (the official `ollama` and `openai` clients), in
-/// a venv made once under the test cache and reused.
+/// A Python with the packages the tests drive (the official `ollama` and `openai` clients, and
+/// `webuiapi`, an AUTOMATIC1111 client), in a venv made once under the test cache and reused.
 pub fn test_python() -> std::path::PathBuf {
     let cache = std::env::var_os("ZIMAGE_TEST_CACHE")
         .map(std::path::PathBuf::from)
@@ -67,7 +67,7 @@ pub fn test_python() -> std::path::PathBuf {
     let venv = cache.join("venv");
     let python = venv.join("bin/python");
     let ready = Command::new(&python)
-        .args(["-c", "import ollama, openai"])
+        .args(["-c", "import ollama, openai, webuiapi"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ready {
@@ -79,12 +79,20 @@ pub fn test_python() -> std::path::PathBuf {
             .expect("python3 is needed to run these tests");
         assert!(made.success(), "cannot create a venv at {}", venv.display());
         let installed = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "ollama==0.6.*", "openai"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "ollama==0.6.*",
+                "openai",
+                "webuiapi==0.9.17",
+            ])
             .status()
             .unwrap();
         assert!(
             installed.success(),
-            "pip could not install ollama and openai"
+            "pip could not install ollama, openai and webuiapi"
         );
     }
     python

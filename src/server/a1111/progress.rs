@@ -1,0 +1,68 @@
+//! Progress, interrupt and skip over the worker's running job, whichever API sent it.
+
+use super::job_timestamp;
+use crate::generation;
+use crate::server::AppState;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// `GET /sdapi/v1/progress`: the worker's running job, whichever API sent it. No picture of
+/// the running step is made (`current_image` is null): decoding one would slow every step.
+pub async fn progress(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let running = state.worker.running();
+    let job_count = state.worker.queued() + usize::from(running.is_some());
+    let Some(r) = running else {
+        return Json(json!({
+            "progress": 0.0,
+            "eta_relative": 0.0,
+            "state": {
+                "skipped": false, "interrupted": false, "stopping_generation": false,
+                "job": "", "job_count": job_count, "job_timestamp": "0", "job_no": 0,
+                "sampling_step": 0, "sampling_steps": 0,
+            },
+            "current_image": null,
+            "textinfo": null,
+        }));
+    };
+    let p = r.progress.as_ref();
+    let fraction = p.map_or(0.0, generation::Progress::fraction);
+    let elapsed = p.map_or(0.0, |p| p.elapsed.as_secs_f64());
+    let eta = if fraction > 0.0 {
+        elapsed / fraction - elapsed
+    } else {
+        0.0
+    };
+    Json(json!({
+        "progress": fraction,
+        "eta_relative": eta,
+        "state": {
+            "skipped": false,
+            "interrupted": r.interrupted(),
+            "stopping_generation": false,
+            "job": r.label,
+            "job_count": job_count,
+            "job_timestamp": job_timestamp(r.started),
+            "job_no": p.map_or(0, |p| p.image.saturating_sub(1)),
+            "sampling_step": p.map_or(0, |p| p.step),
+            "sampling_steps": p.map_or(0, |p| p.steps),
+        },
+        "current_image": null,
+        "textinfo": p.map(|p| format!("{}: image {} of {}, step {} of {}", p.phase, p.image, p.images, p.step, p.steps)),
+    }))
+}
+
+/// `POST /sdapi/v1/interrupt`: stops the running job at its next step; its request is answered
+/// 409 without images.
+pub async fn interrupt(State(state): State<Arc<AppState>>) -> Json<Value> {
+    state.worker.interrupt();
+    Json(json!({}))
+}
+
+/// `POST /sdapi/v1/skip`: A1111 drops the current image and goes on with the batch; zimage's
+/// runner cannot drop one image of a job, so skip stops the running job as interrupt does.
+pub async fn skip(State(state): State<Arc<AppState>>) -> Json<Value> {
+    state.worker.interrupt();
+    Json(json!({}))
+}

@@ -1,0 +1,387 @@
+//! AUTOMATIC1111's API (`/sdapi/v1/`) as its clients call it: the `webuiapi` package drives
+//! txt2img, img2img with a mask, a model switch through the options, progress and interrupt,
+//! and gets the pixels `zimage generate` makes; bad input gets a 4xx that says what is wrong
+//! and the server goes on serving.
+
+mod common;
+
+use common::s;
+use common::server::{demo_store, get, json, pixels, post, Server};
+use std::path::Path;
+use std::process::Command;
+
+/// The pixels `zimage generate "a red fox in the snow" --model tiny` makes with `flags`.
+fn cli_generate(store: &Path, dir: &Path, flags: &[&str]) -> (u32, u32, Vec<u8>) {
+    let png = dir.join("cli.png");
+    let mut args = vec![
+        "generate",
+        "a red fox in the snow",
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--guidance",
+        "0",
+        "-o",
+        s(&png),
+    ];
+    args.extend(flags);
+    let out = common::zimage_in(store, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    pixels(&std::fs::read(&png).unwrap())
+}
+
+/// The demo store with a second name for the demo model, created after `tiny`.
+fn two_model_store(dir: &Path) -> std::path::PathBuf {
+    let store = demo_store(dir);
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    let out = common::zimage_in(&store, &["create", "other", "--from", s(&demo)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    store
+}
+
+#[test]
+fn webuiapi_gets_the_pixels_zimage_generate_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = two_model_store(dir.path());
+    let server = Server::start(&store, &["--default-model", "tiny"], &[]);
+    let python = common::test_python();
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let picture = inputs.join("picture-96x80.png");
+    let mask = inputs.join("mask-96x80.png");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a1111_clients.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args([&server.url(), s(dir.path()), s(&picture), s(&mask), "other"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{:?}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    // webuiapi prints what its model helper does; the report is the last line.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = json(stdout.lines().last().unwrap_or_default());
+    let hash = report["models"][0]
+        .as_str()
+        .unwrap()
+        .split(" [")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        report["models"],
+        serde_json::json!([format!("other [{hash}"), format!("tiny [{hash}")])
+    );
+    assert_eq!(report["samplers"], serde_json::json!(["Euler"]));
+    assert_eq!(report["schedulers"], serde_json::json!(["automatic"]));
+    assert_eq!(report["upscalers"], serde_json::json!(["None", "Lanczos"]));
+    assert_eq!(report["current"], format!("tiny [{hash}"));
+
+    // A batch of two from seed 7: seeds 7 and 8, each the CLI's image for its seed.
+    let t = &report["txt2img"];
+    assert_eq!(t["seed"], 7);
+    assert_eq!(t["all_seeds"], serde_json::json!([7, 8]));
+    assert_eq!(
+        (t["width"].clone(), t["height"].clone()),
+        (64.into(), 64.into())
+    );
+    assert_eq!(t["steps"], 2);
+    assert_eq!(t["cfg_scale"], 0.0);
+    assert_eq!(t["sampler_name"], "Euler");
+    assert_eq!(t["sd_model_name"], "tiny");
+    assert_eq!(report["txt2img_infotexts"], serde_json::json!([true, true]));
+    assert_eq!(report["txt2img_parameters_prompt"], "a red fox in the snow");
+    for (k, seed) in [(0, "7"), (1, "8")] {
+        let got = pixels(&std::fs::read(dir.path().join(format!("txt2img-{k}.png"))).unwrap());
+        let cli = cli_generate(
+            &store,
+            dir.path(),
+            &["--width", "64", "--height", "64", "--seed", seed],
+        );
+        assert!(got == cli, "txt2img image {k} differs from the CLI's");
+    }
+
+    // Inpainting: the CLI's image for the same picture, mask and strength.
+    assert_eq!(report["img2img"]["denoising_strength"], 0.8);
+    assert_eq!(report["img2img_infotexts"], serde_json::json!([true]));
+    let got = pixels(&std::fs::read(dir.path().join("img2img.png")).unwrap());
+    let cli = cli_generate(
+        &store,
+        dir.path(),
+        &[
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&mask),
+            "--strength",
+            "0.8",
+            "--seed",
+            "7",
+            "--width",
+            "96",
+            "--height",
+            "80",
+        ],
+    );
+    assert!(got == cli, "img2img differs from the CLI's");
+
+    // The options switch the model requests run on, and back.
+    assert_eq!(report["switched"], true);
+    assert_eq!(report["switched_model_name"], "other");
+    assert_eq!(report["switched_back"], true);
+    assert!(server
+        .log()
+        .iter()
+        .any(|l| l.contains("POST /sdapi/v1/txt2img other 200")));
+
+    // Progress was read during the long run, which the interrupt then stopped.
+    let p = &report["progress"];
+    assert!(p["progress"].as_f64().unwrap() > 0.0, "{p}");
+    assert!(p["progress"].as_f64().unwrap() < 1.0, "{p}");
+    assert_eq!(p["state"]["sampling_steps"], 1000);
+    assert_eq!(p["state"]["job_count"], 1);
+    assert!(p["state"]["job"]
+        .as_str()
+        .unwrap()
+        .contains("/sdapi/v1/txt2img"));
+    assert_eq!(report["interrupt"], serde_json::json!({}));
+    assert_eq!(report["interrupted_status"], 409, "{report}");
+    assert!(report["interrupted_detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("interrupted after step"));
+    assert_eq!(report["idle_progress"]["state"]["job_count"], 0);
+    assert_eq!(report["idle_progress"]["progress"], 0.0);
+}
+
+#[test]
+fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let port = server.port;
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let b64 = |p: &str| {
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(inputs.join(p)).unwrap())
+    };
+    let small = r#""steps": 2, "width": 64, "height": 64, "cfg_scale": 0"#;
+    let cases = [
+        (
+            "/sdapi/v1/img2img",
+            format!(r#"{{"prompt": "x", {small}, "init_images": ["not base64!"]}}"#),
+            400,
+            "init_images[0]` is not base64",
+        ),
+        (
+            "/sdapi/v1/img2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "init_images": ["{}"], "mask": "{}", "inpaint_full_res": false}}"#,
+                b64("picture-96x80.png"),
+                b64("mask-128x128.png")
+            ),
+            400,
+            "give a mask of the picture's size",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "sampler_name": "DPM++ 2M"}}"#),
+            400,
+            "zimage has one sampler, `Euler`",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "sampler_name": "Euler a"}}"#),
+            400,
+            "`Euler a`",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "batch_size": 10000}}"#),
+            400,
+            "batch_size × n_iter is 10000 × 1",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "override_settings": {{"sd_model_checkpoint": "sdxl.safetensors [31e35c80fc]"}}}}"#
+            ),
+            404,
+            "checkpoint `sdxl.safetensors [31e35c80fc]` is not in the store",
+        ),
+        (
+            "/sdapi/v1/options",
+            r#"{"sd_model_checkpoint": "nope"}"#.to_string(),
+            404,
+            "checkpoint `nope` is not in the store",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "enable_hr": true, "hr_upscaler": "Latent"}}"#),
+            400,
+            "hr_upscaler `Latent`",
+        ),
+        (
+            "/sdapi/v1/img2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "init_images": ["{}"], "mask": "{}", "inpaint_full_res": true}}"#,
+                b64("picture-96x80.png"),
+                b64("mask-96x80.png")
+            ),
+            400,
+            "inpaint_full_res",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "restore_faces": true}}"#),
+            400,
+            "face restoration",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "scheduler": "Karras"}}"#),
+            400,
+            "scheduler `Karras`",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "override_settings": {{"CLIP_stop_at_last_layers": 2}}}}"#
+            ),
+            400,
+            "override_settings.CLIP_stop_at_last_layers",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "seed": -5}}"#),
+            400,
+            "seed is -5",
+        ),
+        (
+            "/sdapi/v1/img2img",
+            format!(r#"{{"prompt": "x", {small}}}"#),
+            400,
+            "field `init_images` is required",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "steps": "many"}}"#),
+            400,
+            "field `steps`",
+        ),
+    ];
+    for (path, body, status, needle) in &cases {
+        let (got, answer) = post(port, path, body);
+        assert_eq!(got, *status, "{path}: {answer}");
+        let detail = json(&answer)["detail"].as_str().unwrap().to_string();
+        assert!(
+            detail.contains(needle),
+            "{path}: `{detail}` lacks `{needle}`"
+        );
+    }
+    // The server goes on serving, on the store's only model.
+    let (status, answer) = post(
+        port,
+        "/sdapi/v1/txt2img",
+        &format!(
+            r#"{{"prompt": "x", {small}, "seed": -1, "enable_hr": true, "hr_scale": 1.5, "hr_upscaler": "Lanczos", "denoising_strength": 0.5}}"#
+        ),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let answer = json(&answer);
+    let info = json(answer["info"].as_str().unwrap());
+    assert_eq!(info["sd_model_name"], "tiny");
+    let (w, h, _) = pixels(&common::server::b64(answer["images"][0].as_str().unwrap()));
+    assert_eq!((w, h), (96, 96), "the hires pass scales 64 by 1.5");
+    assert!(info["infotexts"][0]
+        .as_str()
+        .unwrap()
+        .contains("Hires upscale: 1.5"));
+    let seed = info["seed"].as_u64().unwrap();
+    assert!(seed < 1 << 32, "a random seed fits A1111's 32 bits: {seed}");
+    let (status, answer) = get(port, "/sdapi/v1/sd-models");
+    assert_eq!(status, 200);
+    assert_eq!(json(&answer)[0]["model_name"], "tiny");
+}
+
+#[test]
+fn an_inverted_mask_repaints_what_the_mask_keeps() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let picture = inputs.join("picture-96x80.png");
+    let mask = inputs.join("mask-96x80.png");
+    let mut inverted = image::open(&mask).unwrap().to_luma8();
+    image::imageops::invert(&mut inverted);
+    let inverted_path = dir.path().join("inverted.png");
+    inverted.save(&inverted_path).unwrap();
+    let b64 =
+        |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
+    let body = format!(
+        r#"{{"prompt": "a red fox in the snow", "steps": 2, "cfg_scale": 0, "seed": 7, "width": 96, "height": 80,
+            "init_images": ["data:image/png;base64,{}"], "mask": "{}", "inpainting_mask_invert": 1,
+            "mask_blur": 0, "inpaint_full_res": false, "inpainting_fill": 1, "denoising_strength": 0.8,
+            "sampler_name": "Euler", "scheduler": "Automatic"}}"#,
+        b64(&picture),
+        b64(&mask)
+    );
+    let (status, answer) = post(server.port, "/sdapi/v1/img2img", &body);
+    assert_eq!(status, 200, "{answer}");
+    let got = pixels(&common::server::b64(
+        json(&answer)["images"][0].as_str().unwrap(),
+    ));
+    let cli = cli_generate(
+        &store,
+        dir.path(),
+        &[
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&inverted_path),
+            "--strength",
+            "0.8",
+            "--seed",
+            "7",
+            "--width",
+            "96",
+            "--height",
+            "80",
+        ],
+    );
+    assert!(
+        got == cli,
+        "the inverted mask's image differs from the CLI's"
+    );
+    // Skip, with nothing running, changes nothing and answers as A1111 does.
+    let (status, answer) = post(server.port, "/sdapi/v1/skip", "");
+    assert_eq!((status, json(&answer)), (200, serde_json::json!({})));
+}
+
+#[test]
+fn an_unknown_default_model_stops_serve_before_it_listens() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let out = common::zimage_in(
+        &store,
+        &["serve", "--host", "127.0.0.1:0", "--default-model", "nope"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--default-model: model `nope` not found"),
+        "{stderr}"
+    );
+}
