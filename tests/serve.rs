@@ -424,9 +424,9 @@ fn malformed_requests_get_4xx_in_each_apis_shape_and_the_server_keeps_serving() 
         (
             "POST",
             oai,
-            r#"{"model":"tiny","prompt":"x","response_format":"url"}"#.into(),
+            r#"{"model":"tiny","prompt":"x","response_format":"jpeg"}"#.into(),
             400,
-            "hosts no files",
+            "neither \"b64_json\" nor \"url\"",
         ),
         (
             "POST",
@@ -518,7 +518,8 @@ fn malformed_requests_get_4xx_in_each_apis_shape_and_the_server_keeps_serving() 
                 text("model", "tiny"),
                 text("prompt", "x"),
                 file("image", &picture),
-                file("image", &picture),
+                file("mask", &picture),
+                file("mask", &picture),
             ],
             400,
             "given twice",

@@ -215,7 +215,7 @@ fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> mlx::Result<Array> {
     ops::concatenate(&outs.iter().collect::<Vec<_>>(), 2)
 }
 
-/// Queries per chunk of [`attend`] where MLX's attention is not fused: `heads` × chunk × `keys`
+/// Queries per chunk of `attend` where MLX's attention is not fused: `heads` × chunk × `keys`
 /// f32 scores within [`crate::platform::ATTENTION_CHUNK_BYTES`], at least one row.
 pub fn query_chunk(heads: u64, keys: u64) -> u64 {
     (crate::platform::ATTENTION_CHUNK_BYTES / (heads * keys * 4).max(1)).max(1)
