@@ -20,47 +20,6 @@ fn encoded(path: &Path) -> String {
     base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).unwrap())
 }
 
-/// A small LoRA on the demo model's attention (random values from a fixed seed).
-fn write_lora(path: &Path) {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut values = |n: usize| -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
-            })
-            .collect()
-    };
-    let mut tensors = Vec::new();
-    for m in ["to_q", "to_v"] {
-        let module = format!("transformer.layers.0.attention.{m}");
-        tensors.push((
-            format!("{module}.lora_A.weight"),
-            vec![4, 256],
-            values(1024),
-        ));
-        tensors.push((
-            format!("{module}.lora_B.weight"),
-            vec![256, 4],
-            values(1024),
-        ));
-    }
-    let refs: Vec<_> = tensors
-        .iter()
-        .map(|(n, shape, b)| {
-            (
-                n.as_str(),
-                zimage::safetensors::Dtype::F32,
-                shape.clone(),
-                b.clone(),
-            )
-        })
-        .collect();
-    common::write_safetensors(path, &refs);
-}
-
 /// A request as each front end takes it; `None` where that front end has no way to say it.
 struct Case {
     name: &'static str,
@@ -384,7 +343,7 @@ fn the_same_request_gives_the_same_answer_from_every_front_end() {
     // The server resolves LoRA names inside its folder; the command line is given that path.
     let loras = loras.canonicalize().unwrap();
     let lora = loras.join("style.safetensors");
-    write_lora(&lora);
+    common::server::write_attention_lora(&lora);
     let server = Server::start(&store, &["--lora-dir", s(&loras)], &[]);
 
     let mut pictures = Vec::new();

@@ -220,3 +220,47 @@ pub fn form_request(path: &str, parts: &[FormPart]) -> Vec<u8> {
     out.extend(body);
     out
 }
+
+/// A rank-4 LoRA on the attention of the demo's two main blocks, in the diffusers layout, with
+/// values that change the image.
+pub fn write_attention_lora(path: &Path) {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut values = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2).to_le_bytes()
+            })
+            .collect()
+    };
+    let mut tensors = Vec::new();
+    for layer in 0..2 {
+        for m in ["to_q", "to_k", "to_v", "to_out.0"] {
+            let module = format!("transformer.layers.{layer}.attention.{m}");
+            tensors.push((
+                format!("{module}.lora_A.weight"),
+                vec![4, 256],
+                values(4 * 256),
+            ));
+            tensors.push((
+                format!("{module}.lora_B.weight"),
+                vec![256, 4],
+                values(256 * 4),
+            ));
+        }
+    }
+    let refs: Vec<(&str, zimage::safetensors::Dtype, Vec<u64>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.as_str(),
+                zimage::safetensors::Dtype::F32,
+                s.clone(),
+                b.clone(),
+            )
+        })
+        .collect();
+    super::write_safetensors(path, &refs);
+}
