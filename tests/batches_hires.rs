@@ -43,10 +43,10 @@ fn each_image_of_a_batch_is_the_single_run_from_its_seed() {
     let store = store(dir.path());
     let size = ["--width", "64", "--height", "48", "--steps", "2"];
     let out = dir.path().join("fox.png");
-    let mut flags = vec!["--seed", "11", "--count", "3", "-o", s(&out), "-v"];
+    let mut flags = vec!["--seed", "11", "--count", "4", "-o", s(&out), "-v"];
     flags.extend(size);
     let said = generate(&store, &flags);
-    for k in 0..3u64 {
+    for k in 0..4u64 {
         let numbered = dir.path().join(format!("fox-{}.png", k + 1));
         assert!(said.contains(&format!("seed {}", 11 + k)), "{said}");
         let single = dir.path().join(format!("single-{k}.png"));
