@@ -1,6 +1,7 @@
 //! OpenAI's image API as the `openai` client sends it: `POST /v1/images/generations` (JSON)
 //! and `POST /v1/images/edits` (a multipart form with the picture and an optional mask),
-//! answered with base64 PNGs (there is no file host for `url`), and `GET /v1/models`.
+//! answered with base64 PNGs or with URLs this server serves for an hour, and `GET /v1/models`.
+//! A request without a model, or with one of OpenAI's own ids, runs on the server's current model.
 
 use super::errors::{Api, ApiError};
 use super::ollama::{display_name, wait_done};
@@ -400,7 +401,7 @@ async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
                 if slot.replace(bytes).is_some() {
                     return Err(ApiError::bad_request(
                         API,
-                        format!("field `{key}` is given twice; this server edits one picture with one mask"),
+                        format!("field `{key}` is given twice; this server takes one mask and one control image"),
                     ));
                 }
             }
