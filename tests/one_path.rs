@@ -78,6 +78,12 @@ fn openai(port: u16, request: &OpenAi) -> Answer {
     }
 }
 
+/// The ControlNet fields of a JSON body: `net` steered by the test's control image at `scale`.
+fn steer(net: &str, scale: f32) -> String {
+    let control = encoded(&inputs().join("picture-128x128.png"));
+    format!(r#","controlnet":"{net}","control_image":"{control}","control_scale":{scale}"#)
+}
+
 fn flags(list: &[&str]) -> Vec<String> {
     list.iter().map(|f| f.to_string()).collect()
 }
@@ -176,14 +182,8 @@ fn good_cases(dir: &Path, lora: &Path) -> Vec<Case> {
                 "--control-scale",
                 "0.9",
             ]),
-            ollama: Some(base(&format!(
-                r#","controlnet":"cn","control_image":"{}","control_scale":0.9"#,
-                encoded(&control)
-            ))),
-            openai: Some(OpenAi::Json(base(&format!(
-                r#","controlnet":"cn","control_image":"{}","control_scale":0.9"#,
-                encoded(&control)
-            )))),
+            ollama: Some(base(&steer("cn", 0.9))),
+            openai: Some(OpenAi::Json(base(&steer("cn", 0.9)))),
         },
         Case {
             name: "lora",
@@ -292,14 +292,8 @@ fn bad_cases(dir: &Path) -> Vec<(Case, &'static str)> {
                     "--control-scale",
                     "5",
                 ]),
-                ollama: Some(base(&format!(
-                    r#","controlnet":"cn","control_image":"{}","control_scale":5"#,
-                    encoded(&control)
-                ))),
-                openai: Some(OpenAi::Json(base(&format!(
-                    r#","controlnet":"cn","control_image":"{}","control_scale":5"#,
-                    encoded(&control)
-                )))),
+                ollama: Some(base(&steer("cn", 5.0))),
+                openai: Some(OpenAi::Json(base(&steer("cn", 5.0)))),
             },
             "scale is 5",
         ),
