@@ -478,7 +478,7 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
                 print_phases(image);
             }
         }
-        print_memory(&out, engine.dtype());
+        print_memory(&out);
     }
     for (image, path) in out.images.iter().zip(&paths) {
         let wrote = format!(
@@ -567,7 +567,7 @@ fn print_phases(image: &generation::Image) {
 }
 
 /// How the weights were held and decoded, the estimate beside the measured peak.
-fn print_memory(out: &generation::Outcome, dtype: Dtype) {
+fn print_memory(out: &generation::Outcome) {
     let plan = &out.plan;
     let e = &plan.estimate;
     eprintln!(
@@ -611,7 +611,6 @@ fn print_memory(out: &generation::Outcome, dtype: Dtype) {
             gb(held)
         );
     }
-    let _ = dtype;
     let measured = zimage::platform::peak_resident_bytes().unwrap_or(0);
     eprintln!(
         "peak RSS {} measured, {} estimated ({:+.1}%), budget {}",

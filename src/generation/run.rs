@@ -168,7 +168,7 @@ pub fn run(
             image,
             &mut |p| reporter.pipeline(p),
         )?;
-        let mut phases = generated.phases.clone();
+        let mut phases = generated.phases;
         let mut steps_run = steps_run_of(&req);
         let mut control_seconds = generated.control_seconds;
         let (rgb, width, height, last_req, hires_from) = match (&hires, &job.hires, &hires_plan) {
@@ -189,7 +189,7 @@ pub fn run(
                 let refined = run_pass(pipeline, plan, &second, None, cancel, image, &mut |p| {
                     reporter.pipeline(p)
                 })?;
-                phases.extend(refined.phases.iter().cloned());
+                phases.extend(refined.phases);
                 steps_run += steps_run_of(&second);
                 control_seconds = control_seconds.or(refined.control_seconds);
                 (
