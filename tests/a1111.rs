@@ -385,3 +385,136 @@ fn an_unknown_default_model_stops_serve_before_it_listens() {
         "{stderr}"
     );
 }
+
+#[test]
+fn webuiapi_controlnet_units_steer_as_the_command_line_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let cn = dir.path().join("cn");
+    common::controlnet::write_tiny_dir("2.1", &cn);
+    let created = common::zimage_in(&store, &["create", "cn", "--from", s(&cn)]);
+    assert!(created.status.success(), "{created:?}");
+    let server = Server::start(&store, &["--default-model", "tiny"], &[]);
+    let control =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs/picture-96x80.png");
+    let out_png = dir.path().join("controlled.png");
+    // webuiapi's own unit, as its users build one: the model as the extension lists it.
+    let script = r#"
+import json, sys, webuiapi
+from PIL import Image
+url, control, out = sys.argv[1:4]
+api = webuiapi.WebUIApi(baseurl=f"{url}/sdapi/v1", sampler="Euler", scheduler="automatic")
+models = api.controlnet_model_list()
+unit = webuiapi.ControlNetUnit(image=Image.open(control), module="none", model=models[0] + " [0123abcd]", weight=0.7)
+r = api.txt2img(prompt="a red fox in the snow", seed=7, steps=2, cfg_scale=0, width=96, height=80, controlnet_units=[unit])
+r.image.save(out)
+refused = {}
+for name, u in [("module", webuiapi.ControlNetUnit(image=Image.open(control), module="canny", model=models[0])),
+                ("guidance_end", webuiapi.ControlNetUnit(image=Image.open(control), model=models[0], guidance_end=0.5))]:
+    try:
+        api.txt2img(prompt="x", steps=2, cfg_scale=0, width=96, height=80, controlnet_units=[u])
+        refused[name] = None
+    except RuntimeError as e:
+        refused[name] = [e.args[0], json.loads(e.args[1])["detail"]]
+print(json.dumps({"models": models, "modules": api.controlnet_module_list(), "refused": refused}))
+"#;
+    let out = Command::new(common::test_python())
+        .args(["-c", script, &server.url(), s(&control), s(&out_png)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{:?}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = json(stdout.lines().last().unwrap_or_default());
+    assert_eq!(report["models"], serde_json::json!(["cn"]));
+    assert_eq!(report["modules"], serde_json::json!(["none"]));
+    assert_eq!(report["refused"]["module"][0], 400, "{report}");
+    assert!(report["refused"]["module"][1]
+        .as_str()
+        .unwrap()
+        .contains("preprocessor"));
+    assert_eq!(report["refused"]["guidance_end"][0], 400, "{report}");
+    let got = pixels(&std::fs::read(&out_png).unwrap());
+    let cli = cli_generate(
+        &store,
+        dir.path(),
+        &[
+            "--seed",
+            "7",
+            "--width",
+            "96",
+            "--height",
+            "80",
+            "--controlnet",
+            "cn",
+            "--control",
+            s(&control),
+            "--control-scale",
+            "0.7",
+        ],
+    );
+    assert!(got == cli, "the ControlNet image differs from the CLI's");
+}
+
+#[test]
+fn skip_drops_the_current_image_and_the_batch_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let port = server.port;
+    let body = r#"{"prompt": "a red fox in the snow", "steps": 300, "cfg_scale": 0, "seed": 7,
+                   "width": 64, "height": 64, "batch_size": 2}"#;
+    let run = std::thread::spawn(move || post(port, "/sdapi/v1/txt2img", body));
+    let start = std::time::Instant::now();
+    loop {
+        let p = json(&get(port, "/sdapi/v1/progress").1);
+        if p["state"]["job_no"] == 0 && p["state"]["sampling_step"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 60, "{p}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let (status, _) = post(port, "/sdapi/v1/skip", "");
+    assert_eq!(status, 200);
+    let (status, answer) = run.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let answer = json(&answer);
+    let info = json(answer["info"].as_str().unwrap());
+    assert_eq!(answer["images"].as_array().unwrap().len(), 1, "{info}");
+    assert_eq!(info["all_seeds"], serde_json::json!([8]));
+    let got = pixels(&common::server::b64(answer["images"][0].as_str().unwrap()));
+    let png = dir.path().join("seed8.png");
+    let out = common::zimage_in(
+        &store,
+        &[
+            "generate",
+            "a red fox in the snow",
+            "--model",
+            "tiny",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--seed",
+            "8",
+            "--steps",
+            "300",
+            "-o",
+            s(&png),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli = pixels(&std::fs::read(&png).unwrap());
+    assert!(
+        got == cli,
+        "the image after the skip differs from the CLI's for its seed"
+    );
+}

@@ -33,9 +33,13 @@ impl Progress {
     }
 }
 
-/// Stops a job at its next step boundary. Clones share one switch.
+/// Stops a job at its next step boundary, or skips the image being made. Clones share the
+/// switches.
 #[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
+pub struct Cancel {
+    stop: Arc<AtomicBool>,
+    skip: Arc<AtomicBool>,
+}
 
 impl Cancel {
     pub fn new() -> Cancel {
@@ -43,10 +47,25 @@ impl Cancel {
     }
 
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.stop.store(true, Ordering::SeqCst);
     }
 
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Drops the image being made at its next step boundary; the job goes on with the next.
+    pub fn skip_image(&self) {
+        self.skip.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the image being made should stop here, for either reason.
+    pub fn stops_image(&self) -> bool {
+        self.is_cancelled() || self.skip.load(Ordering::SeqCst)
+    }
+
+    /// Whether a skip stopped the image (and not a cancel of the whole job); clears it.
+    pub fn take_skip(&self) -> bool {
+        !self.is_cancelled() && self.skip.swap(false, Ordering::SeqCst)
     }
 }

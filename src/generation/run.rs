@@ -49,6 +49,8 @@ impl Image {
 #[derive(Debug)]
 pub struct Outcome {
     pub images: Vec<Image>,
+    /// The seeds of the images skipped while they were made (A1111's skip), in order.
+    pub skipped: Vec<u64>,
     /// The plan of the job's largest pass.
     pub plan: MemoryPlan,
     /// Time spent loading the model's configs and binding LoRAs (zero when all was loaded).
@@ -153,6 +155,7 @@ pub fn run(
     let shift = pipeline.configs.scheduler.shift;
 
     let mut out = Vec::with_capacity(job.count as usize);
+    let mut skipped = Vec::new();
     for k in 0..job.count as usize {
         let image = k + 1;
         reporter.image = image;
@@ -167,7 +170,14 @@ pub fn run(
             cancel,
             image,
             &mut |p| reporter.pipeline(p),
-        )?;
+        );
+        let generated = match generated {
+            Err(Error::Stopped { .. }) if cancel.take_skip() => {
+                skipped.push(seed);
+                continue;
+            }
+            other => other?,
+        };
         let mut phases = generated.phases;
         let mut steps_run = steps_run_of(&req);
         let mut control_seconds = generated.control_seconds;
@@ -188,7 +198,14 @@ pub fn run(
                 }
                 let refined = run_pass(pipeline, plan, &second, None, cancel, image, &mut |p| {
                     reporter.pipeline(p)
-                })?;
+                });
+                let refined = match refined {
+                    Err(Error::Stopped { .. }) if cancel.take_skip() => {
+                        skipped.push(seed);
+                        continue;
+                    }
+                    other => other?,
+                };
                 phases.extend(refined.phases);
                 steps_run += steps_run_of(&second);
                 control_seconds = control_seconds.or(refined.control_seconds);
@@ -267,6 +284,7 @@ pub fn run(
     };
     Ok(Outcome {
         images: out,
+        skipped,
         plan,
         load,
         model_name,
@@ -290,7 +308,7 @@ fn run_pass<S: ModelSource>(
     pipeline
         .generate_controlled(req, control, &mut |p| {
             progress(p);
-            if cancel.is_cancelled() {
+            if cancel.stops_image() {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())

@@ -26,6 +26,37 @@ fn image_models_in(store: &Store) -> Result<Vec<StoredModel>, String> {
         .collect())
 }
 
+/// Whether a stored model is a ControlNet.
+pub fn is_controlnet(store: &Store, model: &StoredModel) -> bool {
+    let source = crate::loader::StoreSource {
+        store: store.clone(),
+        model: model.clone(),
+        read_path: crate::loader::ReadPath::MlxLoader,
+    };
+    matches!(
+        crate::controlnet_source::stored_config(&source),
+        Ok(Some(_))
+    )
+}
+
+/// The short names of the stored ControlNets, read off the async threads.
+pub async fn controlnets(state: &AppState, api: Api) -> Result<Vec<String>, ApiError> {
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let scan = store.scan().map_err(|e| e.to_string())?;
+        Ok(scan
+            .models
+            .iter()
+            .filter(|m| is_controlnet(&store, m))
+            .map(|m| m.name.short())
+            .collect())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|e| ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, e))
+}
+
 /// The current model's name, or a 404 that says how to get one.
 pub async fn current_model(state: &AppState, api: Api) -> Result<ModelName, ApiError> {
     if let Some(chosen) = state.chosen_model() {

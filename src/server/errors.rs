@@ -20,7 +20,10 @@ impl Api {
     pub fn of_path(path: &str) -> Api {
         if path == "/v1" || path.starts_with("/v1/") {
             Api::OpenAi
-        } else if path == "/sdapi" || path.starts_with("/sdapi/") {
+        } else if path == "/sdapi"
+            || path.starts_with("/sdapi/")
+            || path.starts_with("/controlnet/")
+        {
             Api::A1111
         } else {
             Api::Ollama

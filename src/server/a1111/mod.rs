@@ -6,6 +6,7 @@
 //! A field zimage cannot honour is refused with a 400 that names it, unless its value is the
 //! one that changes nothing (clients send every field, most at its neutral value).
 
+mod controlnet;
 mod models;
 mod progress;
 mod request;
@@ -15,6 +16,24 @@ pub use models::{
     sd_models, sd_vae, set_options, upscalers,
 };
 pub use progress::{interrupt, progress, skip};
+
+/// `GET /controlnet/version`: the ControlNet extension's API version.
+pub async fn controlnet_version() -> Json<Value> {
+    Json(json!({ "version": controlnet::VERSION }))
+}
+
+/// `GET /controlnet/model_list`: the stored ControlNets, by name.
+pub async fn controlnet_models(
+    State(state): State<Arc<AppState>>,
+) -> Result<Json<Value>, ApiError> {
+    let names = super::current::controlnets(&state, API).await?;
+    Ok(Json(json!({ "model_list": names })))
+}
+
+/// `GET /controlnet/module_list`: no preprocessors; clients send prepared control images.
+pub async fn controlnet_modules() -> Json<Value> {
+    Json(json!({ "module_list": ["none"], "module_detail": {} }))
+}
 
 use super::errors::{Api, ApiError};
 use super::worker::{Event, Job};

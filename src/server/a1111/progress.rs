@@ -60,9 +60,9 @@ pub async fn interrupt(State(state): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({}))
 }
 
-/// `POST /sdapi/v1/skip`: A1111 drops the current image and goes on with the batch; zimage's
-/// runner cannot drop one image of a job, so skip stops the running job as interrupt does.
+/// `POST /sdapi/v1/skip`: as A1111, the current image of the running job stops at its next
+/// step and the batch goes on with the next; the skipped image is left out of the answer.
 pub async fn skip(State(state): State<Arc<AppState>>) -> Json<Value> {
-    state.worker.interrupt();
+    state.worker.skip();
     Json(json!({}))
 }

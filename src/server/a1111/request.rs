@@ -146,14 +146,16 @@ fn check_neutral(b: &Body1111) -> Result<(), ApiError> {
             "zimage runs no A1111 scripts; leave it empty",
         );
     }
-    if let Some((name, _)) = b.alwayson_scripts.iter().flatten().find(|(_, s)| {
-        s.get("args").is_some_and(|a| {
-            a.as_array()
-                .is_none_or(|a| !a.is_empty() && a != &[json!(false)])
-        })
+    if let Some((name, _)) = b.alwayson_scripts.iter().flatten().find(|(name, s)| {
+        // ControlNet's units are read by `controlnet::unit`.
+        !name.eq_ignore_ascii_case("controlnet")
+            && s.get("args").is_some_and(|a| {
+                a.as_array()
+                    .is_none_or(|a| !a.is_empty() && a != &[json!(false)])
+            })
     }) {
         return Err(bad(format!(
-            "field `alwayson_scripts.{}`: zimage runs no A1111 scripts; leave it out (ControlNet: use Ollama's or OpenAI's API with `controlnet`)",
+            "field `alwayson_scripts.{}`: zimage runs no A1111 scripts but ControlNet; leave it out",
             name.escape_debug()
         )));
     }
@@ -375,6 +377,7 @@ pub(super) fn job_of(
         }
         Kind::Img2Img => job.input = Some(img2img_input(b)?),
     }
+    job.control = super::controlnet::unit(state, b.alwayson_scripts.as_ref(), (b.width, b.height))?;
     crate::server::check_job(API, &job)?;
     Ok(job)
 }
