@@ -76,6 +76,8 @@ fn main() -> anyhow::Result<()> {
                 .0,
         ),
         default_model: Default::default(),
+        gallery: server::ui::gallery::Gallery::new(dir.path().join("gallery")),
+        page_jobs: Default::default(),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// default: the image model used or created most recently.
     #[arg(long, value_name = "NAME")]
     pub default_model: Option<String>,
+    /// The folder the web page (`/ui`) keeps its images in, each a PNG with its settings
+    /// (default: ZIMAGE_GALLERY, else `gallery` in the store's folder).
+    #[arg(long, value_name = "DIR")]
+    pub gallery_dir: Option<PathBuf>,
 }
 
 /// A setting from its flag, else from the first of `vars` that is set.
@@ -136,6 +140,20 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let gallery = a
+        .gallery_dir
+        .or_else(|| {
+            std::env::var_os("ZIMAGE_GALLERY")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| store.root.join("gallery"));
+    if gallery.exists() && !gallery.is_dir() {
+        bail!(
+            "the gallery folder `{}` is a file; give another with --gallery-dir DIR (or ZIMAGE_GALLERY)",
+            gallery.display()
+        );
+    }
     let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             anyhow!(
@@ -163,6 +181,8 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         hosted: Default::default(),
         inputs: zimage::input_budget::Pool::for_budget(budget),
         default_model: std::sync::Mutex::new(default_model),
+        gallery: server::ui::gallery::Gallery::new(gallery),
+        page_jobs: Default::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -170,7 +190,7 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        eprintln!("zimage serve listening on http://{local}");
+        eprintln!("zimage serve listening on http://{local} (the page: http://{local}/ui)");
         server::serve(listener, state).await
     })?;
     Ok(ExitCode::SUCCESS)

@@ -12,6 +12,7 @@ pub mod errors;
 pub mod hosted;
 pub mod ollama;
 pub mod openai;
+pub mod ui;
 pub mod worker;
 
 use crate::store::{Store, StoredModel};
@@ -58,6 +59,10 @@ pub struct AppState {
     /// The model chosen for requests that name none (`--default-model`, or a client's
     /// choice); none: [`current::current_model`] picks the newest.
     pub default_model: std::sync::Mutex<Option<crate::store::ModelName>>,
+    /// Where the page keeps the images it made.
+    pub gallery: ui::gallery::Gallery,
+    /// The page's jobs, as it polls them.
+    pub page_jobs: ui::jobs::PageJobs,
 }
 
 impl AppState {
@@ -432,6 +437,53 @@ pub fn control_job(
     }))
 }
 
+/// A request's input picture and mask (`fields` names them in messages), decoded and checked
+/// to be of one size; `mask_of` reads the mask as the API defines it (white repaints, or
+/// OpenAI's transparent pixels).
+pub fn picture_input(
+    api: Api,
+    fields: [&str; 2],
+    image: &[u8],
+    mask: Option<&[u8]>,
+    strength: Option<f64>,
+    mask_of: fn(&image::DynamicImage) -> image::DynamicImage,
+) -> Result<crate::generation::PictureInput, ApiError> {
+    let [image_field, mask_field] = fields;
+    let bad = |e: crate::image_in::Error| ApiError::bad_request(api, e.to_string());
+    let picture = crate::image_in::decode(image, "field", image_field).map_err(bad)?;
+    let mask = match mask {
+        None => None,
+        Some(bytes) => {
+            let mask = crate::image_in::decode(bytes, "field", mask_field).map_err(bad)?;
+            if (mask.width(), mask.height()) != (picture.width(), picture.height()) {
+                return Err(ApiError::bad_request(
+                    api,
+                    format!(
+                        "field `{mask_field}` is {}×{}, but `{image_field}` is {}×{}; give a mask of the picture's size",
+                        mask.width(),
+                        mask.height(),
+                        picture.width(),
+                        picture.height()
+                    ),
+                )
+                .with_param("mask"));
+            }
+            Some(mask_of(&mask))
+        }
+    };
+    Ok(crate::generation::PictureInput {
+        picture: crate::generation::Picture {
+            image: picture,
+            label: format!("field `{image_field}`"),
+        },
+        mask: mask.map(|image| crate::generation::Picture {
+            image,
+            label: format!("field `{mask_field}`"),
+        }),
+        strength,
+    })
+}
+
 /// A request's `strength`: only with a picture, and within (0, 1] as `--strength` takes it.
 pub fn check_strength(api: Api, strength: Option<f64>, has_picture: bool) -> Result<(), ApiError> {
     match strength {
@@ -701,6 +753,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/sdapi/v1/refresh-checkpoints",
             post(a1111::refresh_checkpoints),
         )
+        .route("/controlnet/version", get(a1111::controlnet_version))
+        .route("/controlnet/model_list", get(a1111::controlnet_models))
+        .route("/controlnet/module_list", get(a1111::controlnet_modules))
+        .merge(ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -711,8 +767,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn root() -> &'static str {
-    "zimage is running"
+/// `/`: API clients and monitors get a plain answer; a browser is sent to the page.
+async fn root(headers: HeaderMap) -> Response {
+    if ui::wants_page(&headers) {
+        return axum::response::Redirect::to("/ui").into_response();
+    }
+    "zimage is running".into_response()
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -732,12 +792,13 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 /// Checks `Authorization: Bearer <key>` when the server has a key. `/` stays open, so that
-/// clients and monitors can see the server is up.
+/// clients and monitors can see the server is up, and so does the page (not its API), which
+/// asks for the key.
 async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(key) = &state.api_key else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/" {
+    if req.uri().path() == "/" || ui::is_public(req.uri().path()) {
         return next.run(req).await;
     }
     let given = req

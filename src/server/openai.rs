@@ -475,39 +475,14 @@ pub fn decode_edit(
     mask: Option<&[u8]>,
     strength: Option<f64>,
 ) -> Result<PictureInput, ApiError> {
-    let bad = |e: crate::image_in::Error| ApiError::bad_request(API, e.to_string());
-    let picture = crate::image_in::decode(image, "field", "image").map_err(bad)?;
-    let mask = match mask {
-        None => None,
-        Some(bytes) => {
-            let mask = crate::image_in::decode(bytes, "field", "mask").map_err(bad)?;
-            if (mask.width(), mask.height()) != (picture.width(), picture.height()) {
-                return Err(ApiError::bad_request(
-                    API,
-                    format!(
-                        "field `mask` is {}×{}, but `image` is {}×{}; give a mask of the picture's size",
-                        mask.width(),
-                        mask.height(),
-                        picture.width(),
-                        picture.height()
-                    ),
-                )
-                .with_param("mask"));
-            }
-            Some(crate::image_in::mask_from_alpha(&mask))
-        }
-    };
-    Ok(PictureInput {
-        picture: crate::generation::Picture {
-            image: picture,
-            label: "field `image`".into(),
-        },
-        mask: mask.map(|image| crate::generation::Picture {
-            image,
-            label: "field `mask`".into(),
-        }),
+    super::picture_input(
+        API,
+        ["image", "mask"],
+        image,
+        mask,
         strength,
-    })
+        crate::image_in::mask_from_alpha,
+    )
 }
 
 impl super::ControlFields for ImagesBody {

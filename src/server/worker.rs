@@ -109,6 +109,11 @@ impl Cancel {
         self.gone.cancel();
     }
 
+    /// Drops the image being made at its next step boundary; the job goes on with the next.
+    pub fn skip(&self) {
+        self.gone.skip_image();
+    }
+
     pub fn was_interrupted(&self) -> bool {
         self.interrupted.load(Ordering::SeqCst)
     }
@@ -344,11 +349,35 @@ impl Worker {
             .count()
     }
 
+    /// Where the job with this cancel switch waits: 1 runs next; `None` when it is not queued
+    /// (running, finished or dropped).
+    pub fn position(&self, cancel: &Arc<Cancel>) -> Option<usize> {
+        let state = self.queue.lock();
+        state
+            .jobs
+            .iter()
+            .filter(|j| !j.cancel.is_cancelled())
+            .position(|j| Arc::ptr_eq(&j.cancel, cancel))
+            .map(|i| i + 1)
+    }
+
     /// Stops the running job at its next step boundary; whether one was running.
     pub fn interrupt(&self) -> bool {
         match lock(&self.running).as_ref() {
             Some(r) => {
                 r.cancel.interrupt();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops the running job's current image at its next step boundary; whether one was
+    /// running.
+    pub fn skip(&self) -> bool {
+        match lock(&self.running).as_ref() {
+            Some(r) => {
+                r.cancel.skip();
                 true
             }
             None => false,

@@ -55,15 +55,21 @@ pub fn heldout_dir(tmp: &Path) -> std::path::PathBuf {
     dir
 }
 
-/// A Python with the packages the tests drive (the official `ollama` and `openai` clients, and
-/// `webuiapi`, an AUTOMATIC1111 client), in a venv made once under the test cache and reused.
-pub fn test_python() -> std::path::PathBuf {
-    let cache = std::env::var_os("ZIMAGE_TEST_CACHE")
+/// Where the tests keep what they install (Python venvs): `ZIMAGE_TEST_CACHE`, else
+/// `~/.cache/zimage-tests`.
+pub fn test_cache() -> std::path::PathBuf {
+    std::env::var_os("ZIMAGE_TEST_CACHE")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME or ZIMAGE_TEST_CACHE"))
                 .join(".cache/zimage-tests")
-        });
+        })
+}
+
+/// A Python with the packages the tests drive (the official `ollama` and `openai` clients, and
+/// `webuiapi`, an AUTOMATIC1111 client), in a venv made once under the test cache and reused.
+pub fn test_python() -> std::path::PathBuf {
+    let cache = test_cache();
     let venv = cache.join("venv");
     let python = venv.join("bin/python");
     let ready = Command::new(&python)

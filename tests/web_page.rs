@@ -1,0 +1,584 @@
+//! The web page of `zimage serve` (`/ui`): its JSON API and gallery against the real server
+//! and the demo model, and the page itself driven in Debian's Chromium by Playwright
+//! (`tests/web_page.py`): prompt, progress, result, gallery after a reload, reusing settings,
+//! a painted mask, cancel, phone width and keyboard use.
+
+mod common;
+
+use common::server::{demo_store, get, json, post, raw, request, Server};
+use common::{s, zimage_in};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Installs Debian's Chromium with apt when it is missing; fails, never skips.
+fn ensure_chromium() {
+    if Path::new(CHROMIUM).exists() {
+        return;
+    }
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        assert!(
+            install(),
+            "cannot install Debian's chromium with apt-get; the page's browser test needs it"
+        );
+    }
+}
+
+/// A Python with Playwright (which drives the system Chromium; it downloads no browser), in a
+/// venv made once under the test cache and reused.
+fn playwright_python() -> PathBuf {
+    let venv = common::test_cache().join("venv-browser");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import playwright.sync_api"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        std::fs::create_dir_all(common::test_cache()).unwrap();
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed to run the browser test");
+        assert!(made.success(), "cannot create a venv at {}", venv.display());
+        let installed = Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "playwright==1.65.*"])
+            .status()
+            .unwrap();
+        assert!(installed.success(), "pip could not install playwright");
+    }
+    python
+}
+
+/// A 256×256 picture (the demo model's size) to start img2img from.
+fn write_picture(path: &Path) {
+    let img = image::RgbImage::from_fn(256, 256, |x, y| {
+        image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x * y) % 251) as u8])
+    });
+    img.save(path).unwrap();
+}
+
+struct Page {
+    _dir: tempfile::TempDir,
+    store: PathBuf,
+    gallery: PathBuf,
+    loras: PathBuf,
+}
+
+fn page_setup() -> Page {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let loras = dir.path().join("loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    common::server::write_attention_lora(&loras.join("style.safetensors"));
+    let gallery = dir.path().join("gallery");
+    Page {
+        store,
+        gallery,
+        loras,
+        _dir: dir,
+    }
+}
+
+fn start(page: &Page, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--lora-dir",
+        s(&page.loras),
+        "--gallery-dir",
+        s(&page.gallery),
+        "--keep-alive",
+        "-1",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&page.store, &args, &[])
+}
+
+/// Polls a page job until it ends; its last state.
+fn wait_job(port: u16, id: &str) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = get(port, &format!("/ui/api/jobs/{id}"));
+        assert_eq!(status, 200, "{body}");
+        let state = json(&body);
+        if !matches!(state["state"].as_str(), Some("queued" | "running")) {
+            return state;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "job {id} did not end: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn data_url(png: &[u8]) -> String {
+    use base64::Engine;
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(png)
+    )
+}
+
+#[test]
+fn browsers_are_sent_to_the_page_and_api_clients_are_not() {
+    let page = page_setup();
+    let server = start(&page, &["--api-key", "secret"]);
+    let (status, body) = get(server.port, "/");
+    assert_eq!((status, body.as_str()), (200, "zimage is running"));
+    let (status, _) = raw(
+        server.port,
+        &request(
+            "GET",
+            "/",
+            "Accept: text/html,application/xhtml+xml\r\n",
+            "",
+        ),
+    );
+    assert_eq!(status, 303);
+    // The page loads without the key, and asks for it; its API does not answer without it.
+    let (status, html) = get(server.port, "/ui");
+    assert_eq!(status, 200);
+    assert!(html.contains("app.js"), "{html}");
+    assert_eq!(get(server.port, "/ui/app.js").0, 200);
+    assert_eq!(get(server.port, "/ui/app.css").0, 200);
+    assert_eq!(get(server.port, "/ui/api/info").0, 401);
+    let (status, body) = raw(
+        server.port,
+        &request(
+            "GET",
+            "/ui/api/info",
+            "Authorization: Bearer secret\r\n",
+            "",
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let info = json(&body);
+    assert_eq!(info["models"][0]["short"], "tiny");
+    assert_eq!(info["models"][0]["width"], 256);
+    assert_eq!(info["loras"], serde_json::json!(["style.safetensors"]));
+}
+
+#[test]
+fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    let body = serde_json::json!({
+        "model": "tiny", "prompt": "a red fox in snow", "width": 64, "height": 48,
+        "steps": 3, "seed": 11, "count": 2,
+        "loras": [{"path": "style.safetensors", "scale": 0.5}],
+    });
+    let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let id = json(&answer)["id"].as_str().unwrap().to_string();
+    let done = wait_job(port, &id);
+    assert_eq!(done["state"], "done", "{done}");
+    let images = done["images"].as_array().unwrap();
+    assert_eq!(images.len(), 2);
+    let second = &images[1];
+    assert_eq!(second["settings"]["seed"], 12);
+    assert_eq!(second["settings"]["prompt"], "a red fox in snow");
+    assert_eq!(
+        second["settings"]["loras"],
+        serde_json::json!([{"path": "style.safetensors", "scale": 0.5}])
+    );
+    assert_eq!(
+        (second["width"].as_u64(), second["height"].as_u64()),
+        (Some(64), Some(48))
+    );
+
+    // The page's second image is the command line's run from its seed, byte for byte.
+    let out = page._dir.path().join("cli.png");
+    let lora = format!("{}:0.5", s(&page.loras.join("style.safetensors")));
+    let cli = zimage_in(
+        &page.store,
+        &[
+            "generate",
+            "a red fox in snow",
+            "--model",
+            "tiny",
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "--steps",
+            "3",
+            "--seed",
+            "12",
+            "--lora",
+            &lora,
+            "-o",
+            s(&out),
+        ],
+    );
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let file = second["file"].as_str().unwrap();
+    let served = raw(
+        port,
+        &request("GET", &format!("/ui/gallery/{file}"), "", ""),
+    )
+    .0;
+    assert_eq!(served, 200);
+    assert_eq!(
+        std::fs::read(page.gallery.join(file)).unwrap(),
+        std::fs::read(&out).unwrap(),
+        "the page's image differs from the command line's"
+    );
+
+    // img2img with a mask painted white where to repaint.
+    let picture = page._dir.path().join("picture.png");
+    write_picture(&picture);
+    let mut mask = image::GrayImage::new(256, 256);
+    for (x, _, p) in mask.enumerate_pixels_mut() {
+        p.0[0] = if x >= 128 { 255 } else { 0 };
+    }
+    let mut mask_png = Vec::new();
+    mask.write_to(
+        &mut std::io::Cursor::new(&mut mask_png),
+        image::ImageFormat::Png,
+    )
+    .unwrap();
+    let body = serde_json::json!({
+        "prompt": "a red fox in snow", "steps": 4, "seed": 3, "strength": 0.8,
+        "picture": data_url(&std::fs::read(&picture).unwrap()), "mask": data_url(&mask_png),
+    });
+    let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let done = wait_job(port, json(&answer)["id"].as_str().unwrap());
+    assert_eq!(done["state"], "done", "{done}");
+    let inpainted = &done["images"][0];
+    assert_eq!(inpainted["settings"]["strength"], 0.8);
+    assert_eq!(inpainted["settings"]["inpaint"], true);
+    let mask_file = page._dir.path().join("mask.png");
+    std::fs::write(&mask_file, &mask_png).unwrap();
+    let out = page._dir.path().join("inpaint.png");
+    let cli = zimage_in(
+        &page.store,
+        &[
+            "generate",
+            "a red fox in snow",
+            "--model",
+            "tiny",
+            "--steps",
+            "4",
+            "--seed",
+            "3",
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&mask_file),
+            "--strength",
+            "0.8",
+            "-o",
+            s(&out),
+        ],
+    );
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert_eq!(
+        std::fs::read(page.gallery.join(inpainted["file"].as_str().unwrap())).unwrap(),
+        std::fs::read(&out).unwrap(),
+        "the page's inpaint differs from the command line's"
+    );
+
+    // After a restart the gallery lists every image again, newest first, from the files.
+    drop(server);
+    let server = start(&page, &[]);
+    let (status, body) = get(server.port, "/ui/api/gallery");
+    assert_eq!(status, 200);
+    let listed = json(&body);
+    let files: Vec<&str> = listed["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(files.len(), 3, "{listed}");
+    assert_eq!(files[0], inpainted["file"].as_str().unwrap());
+    assert!(files.contains(&file));
+    // Deleting one leaves the others.
+    let (status, _) = raw(
+        server.port,
+        &request("DELETE", &format!("/ui/api/gallery/{file}"), "", ""),
+    );
+    assert_eq!(status, 200);
+    assert!(!page.gallery.join(file).exists());
+}
+
+#[test]
+fn a_cancelled_page_job_keeps_no_image_and_queued_jobs_know_their_place() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    let long = serde_json::json!({"prompt": "a long one", "width": 64, "height": 64, "steps": 400, "count": 3});
+    let (_, first) = post(port, "/ui/api/jobs", &long.to_string());
+    let first = json(&first)["id"].as_str().unwrap().to_string();
+    let (_, second) = post(port, "/ui/api/jobs", &long.to_string());
+    let second = json(&second)["id"].as_str().unwrap().to_string();
+    // The second waits behind the first.
+    let start = Instant::now();
+    loop {
+        let a = json(&get(port, &format!("/ui/api/jobs/{first}")).1);
+        if a["state"] == "running" && a["progress"]["step"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{a}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let b = json(&get(port, &format!("/ui/api/jobs/{second}")).1);
+    assert_eq!(
+        (b["state"].as_str(), b["position"].as_u64()),
+        (Some("queued"), Some(1)),
+        "{b}"
+    );
+    // Cancelling the queued one ends it at once; the running one stops at its next step.
+    let (status, body) = post(port, &format!("/ui/api/jobs/{second}/cancel"), "");
+    assert_eq!(
+        (status, json(&body)["cancelled"].as_bool()),
+        (200, Some(true))
+    );
+    assert_eq!(
+        json(&get(port, &format!("/ui/api/jobs/{second}")).1)["state"],
+        "cancelled"
+    );
+    post(port, &format!("/ui/api/jobs/{first}/cancel"), "");
+    let ended = wait_job(port, &first);
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    assert!(
+        ended["error"].as_str().unwrap().contains("interrupted"),
+        "{ended}"
+    );
+    let listed = json(&get(port, "/ui/api/gallery").1);
+    assert_eq!(listed["images"], serde_json::json!([]));
+    // The server goes on serving.
+    let (status, answer) = post(
+        port,
+        "/ui/api/jobs",
+        r#"{"prompt": "after", "width": 32, "height": 32, "steps": 2}"#,
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        wait_job(port, json(&answer)["id"].as_str().unwrap())["state"],
+        "done"
+    );
+}
+
+#[test]
+fn bad_page_requests_get_a_message_and_the_server_keeps_serving() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    let picture = page._dir.path().join("picture.png");
+    write_picture(&picture);
+    let picture = data_url(&std::fs::read(&picture).unwrap());
+    let small_mask = {
+        let mut png = Vec::new();
+        image::GrayImage::new(64, 64)
+            .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .unwrap();
+        data_url(&png)
+    };
+    let cases = [
+        (
+            serde_json::json!({"prompt": "x", "picture": "data:image/png;base64,@@@"}),
+            400,
+            "not base64",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "picture": picture, "mask": small_mask}),
+            400,
+            "mask",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "count": 10000}),
+            400,
+            "count",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "model": "nothere"}),
+            404,
+            "nothere",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "sampler": "DPM++"}),
+            400,
+            "sampler",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "strength": 0.5}),
+            400,
+            "strength",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "loras": [{"path": "../x.safetensors"}]}),
+            400,
+            "LoRA",
+        ),
+        (
+            serde_json::json!({"prompt": "x", "width": 50, "height": 64}),
+            400,
+            "16",
+        ),
+    ];
+    for (body, want, words) in cases {
+        let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
+        assert_eq!(status, want, "{body}: {answer}");
+        let message = json(&answer)["error"].as_str().unwrap().to_string();
+        assert!(message.contains(words), "{body}: {message}");
+    }
+    for path in [
+        "/ui/gallery/..%2Fstore.png",
+        "/ui/gallery/nothing.png",
+        "/ui/api/jobs/99",
+        "/ui/api/jobs/x",
+    ] {
+        assert_eq!(get(port, path).0, 404, "{path}");
+    }
+    let (status, answer) = post(
+        port,
+        "/ui/api/jobs",
+        r#"{"prompt": "fine", "width": 32, "height": 32, "steps": 1}"#,
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        wait_job(port, json(&answer)["id"].as_str().unwrap())["state"],
+        "done"
+    );
+}
+
+#[test]
+fn the_page_works_in_a_real_browser() {
+    ensure_chromium();
+    let python = playwright_python();
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let picture = page._dir.path().join("picture.png");
+    write_picture(&picture);
+    // The screenshots stay after the run, for a person to look at.
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web_page.py");
+    let started = Instant::now();
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(server.url())
+        .arg(&shots)
+        .arg(&picture)
+        .env("CHROMIUM", CHROMIUM)
+        .output()
+        .unwrap();
+    eprintln!(
+        "browser script: {:.1} s\n{}\n{}",
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the browser test failed; server log: {:?}",
+        server.log()
+    );
+    let summary = json(&std::fs::read_to_string(shots.join("summary.json")).unwrap());
+    // What the page made from seed 7 is the command line's image from seed 7.
+    let file = summary["txt2img_file"].as_str().unwrap();
+    let made = std::fs::read(page.gallery.join(file)).unwrap();
+    let out = page._dir.path().join("cli.png");
+    let cli = zimage_in(
+        &page.store,
+        &[
+            "generate",
+            "a red fox in snow",
+            "--model",
+            "tiny",
+            "--seed",
+            "7",
+            "-o",
+            s(&out),
+        ],
+    );
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert_eq!(made, std::fs::read(&out).unwrap());
+    for shot in ["desktop.png", "phone.png"] {
+        let (w, _) = image::image_dimensions(shots.join(shot)).unwrap();
+        assert!(w > 0);
+    }
+}
+
+#[test]
+fn a_page_job_steered_by_a_controlnet_is_the_command_lines() {
+    let page = page_setup();
+    let cn = page._dir.path().join("cn");
+    common::controlnet::write_tiny_dir("2.1", &cn);
+    let created = zimage_in(&page.store, &["create", "cn", "--from", s(&cn)]);
+    assert!(created.status.success(), "{created:?}");
+    let server = start(&page, &[]);
+    let info = json(&get(server.port, "/ui/api/info").1);
+    assert_eq!(info["controlnets"], serde_json::json!(["cn"]));
+    assert_eq!(info["models"].as_array().unwrap().len(), 1, "{info}");
+    let control =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs/picture-96x80.png");
+    let body = serde_json::json!({
+        "model": "tiny", "prompt": "a red fox in snow", "steps": 2, "seed": 5,
+        "controlnet": "cn", "control_image": data_url(&std::fs::read(&control).unwrap()),
+        "control_scale": 0.6,
+    });
+    let (status, answer) = post(server.port, "/ui/api/jobs", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let done = wait_job(server.port, json(&answer)["id"].as_str().unwrap());
+    assert_eq!(done["state"], "done", "{done}");
+    let entry = &done["images"][0];
+    assert_eq!(entry["settings"]["controlnet"], "cn");
+    assert_eq!(entry["settings"]["control_scale"], 0.6);
+    let out = page._dir.path().join("cli.png");
+    let cli = zimage_in(
+        &page.store,
+        &[
+            "generate",
+            "a red fox in snow",
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--seed",
+            "5",
+            "--controlnet",
+            "cn",
+            "--control",
+            s(&control),
+            "--control-scale",
+            "0.6",
+            "-o",
+            s(&out),
+        ],
+    );
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert_eq!(
+        std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
+        std::fs::read(&out).unwrap()
+    );
+}
