@@ -582,3 +582,53 @@ fn a_page_job_steered_by_a_controlnet_is_the_command_lines() {
         std::fs::read(&out).unwrap()
     );
 }
+
+#[test]
+fn every_api_sees_one_queue_and_one_running_job() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    let long = r#"{"prompt": "a long one", "width": 64, "height": 64, "steps": 400}"#;
+    let (_, answer) = post(port, "/ui/api/jobs", long);
+    let page_job = json(&answer)["id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while json(&get(port, &format!("/ui/api/jobs/{page_job}")).1)["state"] != "running" {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // An Ollama client streams while the page's job runs: it hears where it waits.
+    let ollama = std::thread::spawn(move || {
+        post(
+            port,
+            "/api/generate",
+            r#"{"model": "tiny", "prompt": "a fox", "width": 64, "height": 64, "steps": 2}"#,
+        )
+    });
+    let start = Instant::now();
+    loop {
+        let p = json(&get(port, "/sdapi/v1/progress").1);
+        if p["state"]["job_count"] == 2 {
+            assert!(
+                p["state"]["job"].as_str().unwrap().contains("/ui/api/jobs"),
+                "{p}"
+            );
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{p}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A1111's interrupt stops the page's job; the Ollama request runs next.
+    assert_eq!(post(port, "/sdapi/v1/interrupt", "").0, 200);
+    let ended = wait_job(port, &page_job);
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    let (status, body) = ollama.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    let lines: Vec<serde_json::Value> = body.lines().map(json).collect();
+    assert_eq!(lines[0]["queue_position"], 1, "{body}");
+    assert_eq!(lines[0]["done"], false);
+    assert!(
+        lines.iter().any(|l| l["completed"] == 2 && l["total"] == 2),
+        "{body}"
+    );
+    assert_eq!(lines.last().unwrap()["done"], true, "{body}");
+}

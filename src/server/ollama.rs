@@ -403,6 +403,17 @@ pub async fn generate(
         label,
     })?;
     let model = body.model.clone();
+    if body.stream.unwrap_or(true) && state.worker.position(guard.cancel()).is_some() {
+        // The job waits behind others: the stream starts now and says where it waits.
+        let waiting = Waiting {
+            worker: state.worker.clone(),
+            cancel: guard.cancel().clone(),
+            reported: None,
+            looked: false,
+        };
+        let answer = stream_answer(model.clone(), rx, (guard, reservation), Some(waiting));
+        return Ok(with_model(answer, &model));
+    }
     let first = first_event(&mut rx).await;
     let response = match first {
         Event::Done(Err(e)) => return Err(super::job_error(API, e)),
@@ -411,7 +422,9 @@ pub async fn generate(
             guard.finish();
             Json(final_line(&model, &finished)).into_response()
         }
-        _ if body.stream.unwrap_or(true) => stream_answer(model.clone(), rx, (guard, reservation)),
+        _ if body.stream.unwrap_or(true) => {
+            stream_answer(model.clone(), rx, (guard, reservation), None)
+        }
         _ => {
             let mut guard = guard;
             let finished = wait_done(&mut rx)
@@ -443,29 +456,85 @@ pub async fn wait_done(rx: &mut UnboundedReceiver<Event>) -> Result<Finished, Jo
     }
 }
 
-/// The NDJSON stream: a line per step, then the final line (or an `error` line). The stream
-/// holds the cancel guard, so a client that leaves stops the job, and the reservation of the
-/// request's pictures, given back when the stream ends.
+/// How often a waiting job's stream looks at its place in the queue.
+const QUEUE_LOOK: Duration = Duration::from_millis(500);
+
+/// A streamed job that waits in the queue: where it was last said to be.
+struct Waiting {
+    worker: super::worker::Worker,
+    cancel: Arc<super::worker::Cancel>,
+    /// The place last reported; `None` before the first look.
+    reported: Option<usize>,
+    looked: bool,
+}
+
+impl Waiting {
+    /// A line with the job's place in the queue when it changed; null otherwise.
+    fn look(&mut self, model: &str) -> Value {
+        self.looked = true;
+        match self.worker.position(&self.cancel) {
+            Some(n) if self.reported != Some(n) => {
+                self.reported = Some(n);
+                json!({
+                    "model": model,
+                    "created_at": now(),
+                    "response": "",
+                    "done": false,
+                    "queue_position": n,
+                })
+            }
+            _ => Value::Null,
+        }
+    }
+}
+
+/// The NDJSON stream: while the job waits, a line whenever its place in the queue changes
+/// (`queue_position`, 1 = next); then a line per step, then the final line (or an `error`
+/// line). The stream holds the cancel guard, so a client that leaves stops the job, and the
+/// reservation of the request's pictures, given back when the stream ends.
 fn stream_answer(
     model: String,
     rx: UnboundedReceiver<Event>,
     held: (CancelGuard, Option<crate::input_budget::Reservation>),
+    waiting: Option<Waiting>,
 ) -> Response {
     let lines = futures_util::stream::unfold(
-        (rx, Some(held), model),
-        |(mut rx, held, model)| async move {
+        (rx, Some(held), model, waiting),
+        |(mut rx, held, model, mut waiting)| async move {
             let (mut guard, reservation) = held?;
-            let line = match first_event(&mut rx).await {
+            let event = match waiting.as_mut() {
+                Some(w) if !w.looked => Err(w.look(&model)),
+                Some(w) => match tokio::time::timeout(QUEUE_LOOK, first_event(&mut rx)).await {
+                    Ok(event) => Ok(event),
+                    Err(_) => Err(w.look(&model)),
+                },
+                None => Ok(first_event(&mut rx).await),
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(line) => {
+                    let bytes = if line.is_null() {
+                        Ok(Bytes::new())
+                    } else {
+                        ndjson(&line)
+                    };
+                    return Some((bytes, (rx, Some((guard, reservation)), model, waiting)));
+                }
+            };
+            // Once the job has left the queue its events alone are reported: the state below
+            // carries no `Waiting` on.
+            let line = match event {
                 Event::Started => json!(null),
                 Event::Progress(p) => progress_line(&model, p.step, p.steps),
                 Event::Done(Ok(finished)) => {
                     guard.finish();
                     let line = final_line(&model, &finished);
-                    return Some((ndjson(&line), (rx, None, model)));
+                    return Some((ndjson(&line), (rx, None, model, None)));
                 }
                 Event::Done(Err(e)) => {
                     guard.finish();
-                    return Some((ndjson(&json!({ "error": e.message })), (rx, None, model)));
+                    let line = json!({ "error": e.message });
+                    return Some((ndjson(&line), (rx, None, model, None)));
                 }
             };
             let bytes = if line.is_null() {
@@ -473,7 +542,7 @@ fn stream_answer(
             } else {
                 ndjson(&line)
             };
-            Some((bytes, (rx, Some((guard, reservation)), model)))
+            Some((bytes, (rx, Some((guard, reservation)), model, None)))
         },
     );
     (

@@ -138,6 +138,11 @@ impl CancelGuard {
         )
     }
 
+    /// The switch this guard flips, to find the job in the queue.
+    pub fn cancel(&self) -> &Arc<Cancel> {
+        &self.cancel
+    }
+
     /// The answer reached the client: dropping the guard no longer cancels anything.
     pub fn finish(&mut self) {
         self.finished = true;
