@@ -102,6 +102,9 @@ pub struct MemoryPlan {
     pub tiling: Option<Tiling>,
     pub estimate: MemoryEstimate,
     pub budget: u64,
+    /// The most freed buffers MLX may keep for reuse within a phase, on the GPU graph (`None`:
+    /// MLX's own limit, on the CPU graph, whose phases free their memory to the system).
+    pub cache_limit: Option<u64>,
 }
 
 /// The request cannot fit the budget in any mode.
@@ -137,6 +140,9 @@ const WIDEN_SCRATCH_BYTES: u64 = 64 << 20;
 /// and those in the compute dtype (measured with `ZIMAGE_DEBUG_BLOCKS` on MLX's CPU backend).
 const GPU_STREAM_F32: u64 = 4;
 const GPU_STREAM_NARROW: u64 = 6;
+/// The smallest cache limit the GPU graph sets: the small buffers of a phase (norm
+/// statistics, the timestep embedding) stay cached whatever the request.
+const MIN_CACHE_LIMIT: u64 = 64 << 20;
 /// What the process adds once it computes: BLAS thread buffers, MLX's worker state.
 const RUNTIME_BYTES: u64 = 48 << 20;
 
@@ -407,6 +413,23 @@ impl ModelSizes<'_> {
         s * dim * (GPU_STREAM_F32 * 4 + GPU_STREAM_NARROW * cb) + s * ffn * cb * 4 + scores
     }
 
+    /// The GPU graph's cache limit for a request estimated at `estimate`: enough to keep one
+    /// block's transients for the next block (each block frees and asks again for the same
+    /// buffers), never more than the budget leaves beside the estimate, so that the cache
+    /// cannot take a run past its budget. Freed buffers beyond it go back to the device.
+    pub fn cache_limit(
+        &self,
+        req: &RequestShape,
+        estimate: &MemoryEstimate,
+        budget: u64,
+    ) -> Option<u64> {
+        if req.graph != Graph::Gpu {
+            return None;
+        }
+        let block = self.denoise_activations_gpu(req).max(MIN_CACHE_LIMIT);
+        Some(block.min(budget.saturating_sub(estimate.peak())))
+    }
+
     fn decode_activations(&self, req: &RequestShape, tiling: Option<&Tiling>) -> u64 {
         let (h, w) = (req.height as i32, req.width as i32);
         let cb = req.compute_bytes as usize;
@@ -508,6 +531,7 @@ impl ModelSizes<'_> {
             let e = self.estimate(req, residency, tiling.as_ref(), base);
             if fits(&e) {
                 chosen = Some(MemoryPlan {
+                    cache_limit: self.cache_limit(req, &e, budget),
                     residency,
                     tiling,
                     estimate: e,

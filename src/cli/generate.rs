@@ -587,6 +587,12 @@ fn print_memory(out: &generation::Outcome) {
         gb(e.decode),
         gb(e.base)
     );
+    if let Some(limit) = plan.cache_limit {
+        eprintln!(
+            "memory   MLX keeps at most {} of freed buffers for reuse within a phase",
+            gb(limit)
+        );
+    }
     if let Some(image) = out.images.last() {
         for p in &image.phases {
             let estimated = match p.phase {

@@ -58,6 +58,7 @@ pub fn plan_memory<S: ModelSource>(
     if let Some(residency) = residency.filter(|r| *r != plan.residency) {
         plan.residency = residency;
         plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);
+        plan.cache_limit = model.cache_limit(&shape, &plan.estimate, budget);
     }
     Ok(plan)
 }

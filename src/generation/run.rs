@@ -305,6 +305,9 @@ fn run_pass<S: ModelSource>(
 ) -> Result<pipeline::Generated, Error> {
     pipeline.set_residency(plan.residency);
     pipeline.set_tiling(plan.tiling);
+    if let Some(limit) = plan.cache_limit {
+        crate::mlx::memory::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
     pipeline
         .generate_controlled(req, control, &mut |p| {
             progress(p);

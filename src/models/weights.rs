@@ -598,8 +598,13 @@ impl RmsNorm {
         self.eps
     }
 
+    /// `x / rms(x) · weight`, normalised in f32 and rounded to `x`'s dtype before the weight
+    /// multiplies it, as the reference rounds. MLX's fused norm computes exactly that (its
+    /// CPU backend composes these very steps; a GPU runs one kernel where the composition
+    /// would run seven, with two f32 copies of `x`), so it serves whenever the weight has
+    /// `x`'s dtype; a weight of another dtype multiplies the rounded values by itself.
     pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        if x.dtype() == Dtype::F32 {
+        if x.dtype() == Dtype::F32 || self.weight.dtype() == x.dtype() {
             return mlx::fast::rms_norm(x, Some(&self.weight), self.eps);
         }
         let x32 = x.astype(Dtype::F32)?;
