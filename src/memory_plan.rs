@@ -237,6 +237,24 @@ fn widen_scratch(tensors: &[TensorSize], residency: Residency, compute_bytes: u6
     }
 }
 
+/// The stored copy of the largest layer whose weights are held widened to the compute dtype:
+/// the GPU graph casts a layer's weights when it first runs it, and the stored copy is alive
+/// until the cast is done. Nothing when no weight is widened.
+fn cast_source(tensors: &[TensorSize], residency: Residency, compute_bytes: u64) -> u64 {
+    if residency != Residency::Compute {
+        return 0;
+    }
+    let mut layers: HashMap<&str, u64> = HashMap::new();
+    for t in tensors {
+        let widened = !t.packed && t.stored_bytes < t.numel().saturating_mul(compute_bytes);
+        if let Some(block) = block_of(&t.name).filter(|_| widened) {
+            let held = layers.entry(block).or_default();
+            *held = held.saturating_add(t.stored_bytes);
+        }
+    }
+    layers.into_values().max().unwrap_or(0)
+}
+
 /// The GPU graph's widened copy of one quantized layer, for products over `rows` rows
 /// ([`crate::platform::widens_quantized_for`]): the largest packed linear weight in the compute
 /// dtype, or nothing when no weight is packed or the rows are few.
@@ -292,7 +310,8 @@ impl ModelSizes<'_> {
                 self.text_weights(residency, cb),
                 self.text_activations(req),
                 match gpu {
-                    true => widened_layer(self.text_encoder, req.prompt_tokens as u64, cb),
+                    true => widened_layer(self.text_encoder, req.prompt_tokens as u64, cb)
+                        .max(cast_source(self.text_encoder, residency, cb)),
                     false => widen_scratch(self.text_encoder, residency, cb),
                 },
             ]),

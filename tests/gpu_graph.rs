@@ -238,4 +238,30 @@ fn the_gpu_graph_holds_what_its_estimate_says_at_the_real_widths() {
         (100.0..800.0).contains(&transients),
         "one block's transients: {transients:.1} MB"
     );
+
+    // MLX's cache stays within the limit the plan set for each phase: one block's transients.
+    let limit = log
+        .lines()
+        .find_map(|l| l.strip_prefix("memory   MLX keeps at most "))
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let n: f64 = words.next().unwrap().parse().unwrap();
+            match words.next() {
+                Some("GB") => n * 1000.0,
+                _ => n,
+            }
+        })
+        .unwrap_or_else(|| panic!("no cache limit reported: {log}"));
+    assert!((100.0..800.0).contains(&limit), "cache limit {limit} MB");
+    for line in log
+        .lines()
+        .filter(|l| l.starts_with("denoise ") || l.starts_with("decode "))
+    {
+        // `denoise 27.0 s MLX peak 3464.0 MB cache 464.8 MB …`: the cache is the third number.
+        let cache = numbers(line)[2];
+        assert!(
+            cache <= limit + 1.0,
+            "{line}: cache above the limit of {limit} MB"
+        );
+    }
 }
