@@ -235,12 +235,12 @@ fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
         (
             "/sdapi/v1/img2img",
             format!(
-                r#"{{"prompt": "x", {small}, "init_images": ["{}"], "mask": "{}", "inpaint_full_res": true}}"#,
+                r#"{{"prompt": "x", {small}, "init_images": ["{}"], "mask": "{}", "inpaint_full_res": true, "inpaint_full_res_padding": -1}}"#,
                 b64("picture-96x80.png"),
                 b64("mask-96x80.png")
             ),
             400,
-            "inpaint_full_res",
+            "inpaint_full_res_padding is -1",
         ),
         (
             "/sdapi/v1/txt2img",
@@ -517,4 +517,86 @@ fn skip_drops_the_current_image_and_the_batch_goes_on() {
         got == cli,
         "the image after the skip differs from the CLI's for its seed"
     );
+}
+
+#[test]
+fn only_masked_inpaints_the_cut_out_and_keeps_the_rest_of_the_picture() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let picture = inputs.join("picture-96x80.png");
+    let mask = inputs.join("mask-96x80.png");
+    let b64 = |p: &Path| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap())
+    };
+    let body = format!(
+        r#"{{"prompt": "a red fox in the snow", "steps": 2, "cfg_scale": 0, "seed": 7, "width": 96, "height": 80,
+            "init_images": ["{}"], "mask": "{}", "mask_blur": 0, "inpaint_full_res": true,
+            "inpaint_full_res_padding": 8, "inpainting_fill": 1, "denoising_strength": 0.8}}"#,
+        b64(&picture),
+        b64(&mask)
+    );
+    let (status, answer) = post(server.port, "/sdapi/v1/img2img", &body);
+    assert_eq!(status, 200, "{answer}");
+    let answer = json(&answer);
+    let png = common::server::b64(answer["images"][0].as_str().unwrap());
+    let infotext = json(answer["info"].as_str().unwrap())["infotexts"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        infotext.contains("Inpaint area: Only masked, Masked area padding: 8"),
+        "{infotext}"
+    );
+    let got = pixels(&png);
+    let cli = cli_generate(
+        &store,
+        dir.path(),
+        &[
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&mask),
+            "--strength",
+            "0.8",
+            "--seed",
+            "7",
+            "--width",
+            "96",
+            "--height",
+            "80",
+            "--only-masked",
+            "8",
+        ],
+    );
+    assert!(got == cli, "only-masked inpainting differs from the CLI's");
+    // Outside the mask the picture is kept exactly; inside it is repainted.
+    let original = image::open(&picture).unwrap().to_rgb8();
+    let keep = image::open(&mask).unwrap().to_luma8();
+    let (mut kept, mut changed) = (0, 0);
+    for (x, y, m) in keep.enumerate_pixels() {
+        let i = ((y * 96 + x) * 3) as usize;
+        let same = got.2[i..i + 3] == original.get_pixel(x, y).0;
+        if m.0[0] < 128 {
+            assert!(same, "pixel ({x}, {y}) outside the mask changed");
+            kept += 1;
+        } else if !same {
+            changed += 1;
+        }
+    }
+    assert!(kept > 0 && changed > 0, "kept {kept}, changed {changed}");
+    // Without a mask there is no area to cut out.
+    let (status, answer) = post(
+        server.port,
+        "/sdapi/v1/img2img",
+        &format!(
+            r#"{{"prompt": "x", "steps": 2, "init_images": ["{}"], "mask": "{}", "inpaint_full_res": true, "inpaint_full_res_padding": 5000}}"#,
+            b64(&picture),
+            b64(&mask)
+        ),
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("inpaint_full_res_padding"), "{answer}");
 }

@@ -112,6 +112,11 @@ pub struct GenerateArgs {
     /// image-to-image, 1.0 for inpainting): the schedule's first steps are skipped accordingly.
     #[arg(long, allow_negative_numbers = true)]
     pub strength: Option<f64>,
+    /// With --mask: inpaint only the masked area, with PADDING pixels around it (default 32),
+    /// cut out and made at the full --width×--height, then pasted back; the picture outside
+    /// the mask stays exactly as it was (A1111's "Inpaint area: Only masked").
+    #[arg(long, value_name = "PADDING", num_args = 0..=1, default_missing_value = "32")]
+    pub only_masked: Option<u32>,
     /// A control image (PNG, JPEG or WebP: a pose, an edge or depth map, a line drawing) whose
     /// layout --controlnet holds while the prompt paints. It is encoded by the VAE; without
     /// --width/--height (or --image) the output takes its size, each side rounded down to a
@@ -375,6 +380,7 @@ fn read_input(a: &GenerateArgs) -> anyhow::Result<Option<PictureInput>> {
             .map(|m| read_picture(m, "--mask"))
             .transpose()?,
         strength: a.strength,
+        only_masked: a.only_masked,
     }))
 }
 

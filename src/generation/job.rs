@@ -10,6 +10,10 @@ use std::path::PathBuf;
 
 /// The most images one job makes.
 pub const MAX_COUNT: u32 = 100;
+/// The most pixels of padding around an only-masked area (A1111's slider stops at 256).
+pub const MAX_MASKED_PADDING: u32 = 1024;
+/// The padding around an only-masked area when a request names none (A1111's).
+pub const DEFAULT_MASKED_PADDING: u32 = 32;
 /// The hires pass's bounds on its scale.
 pub const MIN_HIRES_SCALE: f32 = 1.0;
 pub const MAX_HIRES_SCALE: f32 = 4.0;
@@ -71,6 +75,9 @@ pub struct PictureInput {
     pub mask: Option<Picture>,
     /// `None`: 0.6 for image-to-image, 1.0 for inpainting.
     pub strength: Option<f64>,
+    /// Inpaint the masked area alone, with this many pixels around it, at the image's full
+    /// size, and paste it back (A1111's "only masked"); `None`: the whole picture.
+    pub only_masked: Option<u32>,
 }
 
 /// A control image and the ControlNet it steers.
@@ -176,6 +183,21 @@ impl Job {
                         p.image.height()
                     ));
                 }
+            }
+        }
+        if let Some(padding) = self.input.as_ref().and_then(|i| i.only_masked) {
+            if self.input.as_ref().is_some_and(|i| i.mask.is_none()) {
+                return bad(
+                    "--only-masked needs --mask: it inpaints the area the mask marks".into(),
+                );
+            }
+            if padding > MAX_MASKED_PADDING {
+                return bad(format!(
+                    "--only-masked padding is {padding} pixels; it must be at most {MAX_MASKED_PADDING}"
+                ));
+            }
+            if self.control.is_some() || self.hires.is_some() {
+                return bad("--only-masked inpaints a cut-out of the picture; it takes no --control or --hires-scale".into());
             }
         }
         if let Some(c) = &self.control {

@@ -19,6 +19,8 @@ pub struct Provenance<'a> {
     pub loras: &'a [crate::lora::Applied],
     /// The scheduler's shift, from the model's scheduler config.
     pub shift: f32,
+    /// The padding of an only-masked inpaint ([`super::masked_area`]).
+    pub only_masked: Option<u32>,
 }
 
 /// The ControlNet an image was steered with, for its metadata.
@@ -100,6 +102,11 @@ pub fn png_text_full(
     if let Some(input) = &req.input {
         fields.push(("Denoising strength", input.strength.to_string()));
     }
+    if let Some(padding) = from.only_masked {
+        // As A1111 writes an "Only masked" inpaint.
+        fields.push(("Inpaint area", "Only masked".into()));
+        fields.push(("Masked area padding", padding.to_string()));
+    }
     if let Some(h) = hires {
         // As A1111 writes a hires fix: the pass's strength as the denoising strength.
         fields.push(("Denoising strength", h.strength.to_string()));
@@ -147,6 +154,9 @@ pub fn png_text_full(
     }
     if let Some(h) = hires {
         request_json["hires"] = serde_json::json!(h);
+    }
+    if let Some(padding) = from.only_masked {
+        request_json["only_masked"] = serde_json::json!({ "padding": padding });
     }
     (parameters, request_json.to_string())
 }

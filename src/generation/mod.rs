@@ -7,6 +7,7 @@
 mod engine;
 mod error;
 mod job;
+pub mod masked_area;
 pub mod metadata;
 mod noise;
 mod progress;
@@ -15,7 +16,10 @@ mod source;
 
 pub use engine::{ControlNetChoice, Engine};
 pub use error::{Error, ErrorClass};
-pub use job::{ControlJob, Hires, Job, Picture, PictureInput, MAX_COUNT};
+pub use job::{
+    ControlJob, Hires, Job, Picture, PictureInput, DEFAULT_MASKED_PADDING, MAX_COUNT,
+    MAX_MASKED_PADDING,
+};
 pub use metadata::{png_text, png_text_full, ControlProvenance, HiresProvenance, Provenance};
 pub use progress::{Cancel, Progress};
 pub use run::{run, Image, Outcome};

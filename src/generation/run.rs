@@ -3,6 +3,7 @@
 //! makes each image of the batch from its own seed, runs the hires pass, and writes each PNG's
 //! metadata; front ends only parse requests into jobs and encode what comes back.
 
+use super::masked_area::MaskedArea;
 use super::metadata::{self, ControlProvenance, HiresProvenance, Provenance};
 use super::{plan_memory, Cancel, Engine, Error, Hires, Job, Progress};
 use crate::generation_defaults::GenerationDefaults;
@@ -98,6 +99,8 @@ impl Reporter<'_> {
 
 /// One pass of one image: the request and the control input at its size.
 struct Pass {
+    /// An only-masked inpaint's cut-out, pasted back into each image made.
+    area: Option<super::masked_area::MaskedArea>,
     req: Request,
     control: Option<ControlInput>,
 }
@@ -231,6 +234,12 @@ pub fn run(
                 None,
             ),
         };
+        let rgb = match &first.area {
+            Some(area) => area
+                .paste(rgb, width, height)
+                .ok_or_else(|| Error::Png("the inpainted area has the wrong size".into()))?,
+            None => rgb,
+        };
         let steered = ControlProvenance::of(pipeline, first.control.as_ref());
         let from = Provenance {
             model_name: &model_name,
@@ -239,6 +248,10 @@ pub fn run(
             noise_file: job.noise.as_deref(),
             loras: &pipeline.adapters().applied,
             shift,
+            only_masked: first
+                .area
+                .as_ref()
+                .and(job.input.as_ref().and_then(|i| i.only_masked)),
         };
         // The metadata speaks of the request as asked: the first pass's size and schedule,
         // with the hires pass's settings beside them.
@@ -373,18 +386,29 @@ fn first_pass<S: ModelSource>(
         input: None,
     };
     pipeline.validate(&req)?;
+    let mut area = None;
     if let Some(i) = &job.input {
         let strength = i.strength.unwrap_or(if i.mask.is_some() {
             pipeline::condition::DEFAULT_INPAINT_STRENGTH
         } else {
             pipeline::condition::DEFAULT_STRENGTH
         });
+        let rgb = crate::image_in::picture(&i.picture.image, req.width, req.height);
+        let mask =
+            (i.mask.as_ref()).map(|m| crate::image_in::mask(&m.image, req.width, req.height));
+        let (rgb, mask) = match (i.only_masked, mask) {
+            (Some(padding), Some(mask)) => {
+                let cut = MaskedArea::new(rgb, mask, padding, (req.width, req.height))
+                    .map_err(|e| Error::Request(format!("--only-masked: {e}")))?;
+                let (rgb, mask) = cut.input(req.width, req.height);
+                area = Some(cut);
+                (rgb, Some(mask))
+            }
+            (_, mask) => (rgb.into_raw(), mask),
+        };
         req.input = Some(pipeline::ImageInput {
-            rgb: crate::image_in::picture(&i.picture.image, req.width, req.height).into_raw(),
-            mask: i
-                .mask
-                .as_ref()
-                .map(|m| crate::image_in::mask(&m.image, req.width, req.height)),
+            rgb,
+            mask,
             strength,
         });
         pipeline.validate(&req)?;
@@ -400,7 +424,7 @@ fn first_pass<S: ModelSource>(
     if let Some(c) = &control {
         pipeline.validate_control(&req, c)?;
     }
-    Ok(Pass { req, control })
+    Ok(Pass { req, control, area })
 }
 
 /// The hires pass's request: image-to-image of the first picture (filled in per image) at the

@@ -481,6 +481,7 @@ pub fn picture_input(
             label: format!("field `{mask_field}`"),
         }),
         strength,
+        only_masked: None,
     })
 }
 

@@ -291,6 +291,7 @@ pub fn decode_input(
         },
         mask: None,
         strength,
+        only_masked: None,
     })
 }
 

@@ -62,6 +62,7 @@ pub(super) struct Body1111 {
     mask_blur: Option<f32>,
     inpainting_fill: Option<i64>,
     inpaint_full_res: Option<Value>,
+    inpaint_full_res_padding: Option<i64>,
     inpainting_mask_invert: Option<Value>,
     initial_noise_multiplier: Option<f64>,
 }
@@ -278,13 +279,21 @@ fn img2img_input(b: &Body1111) -> Result<PictureInput, ApiError> {
             "denoising_strength is {strength}; it must be within (0, 1]"
         )));
     }
+    let mut only_masked = None;
     let mask = match b.mask.as_deref().filter(|m| !m.is_empty()) {
         None => None,
         Some(text) => {
             if flag("inpaint_full_res", &b.inpaint_full_res)? {
-                return Err(bad(
-                    "inpaint_full_res: zimage inpaints the whole picture, not the masked area at full resolution; send false (`Whole picture`)",
-                ));
+                let padding = b
+                    .inpaint_full_res_padding
+                    .unwrap_or(generation::DEFAULT_MASKED_PADDING as i64);
+                if !(0..=generation::MAX_MASKED_PADDING as i64).contains(&padding) {
+                    return Err(bad(format!(
+                        "inpaint_full_res_padding is {padding}; it must be within 0..={} pixels",
+                        generation::MAX_MASKED_PADDING
+                    )));
+                }
+                only_masked = Some(padding as u32);
             }
             // With the whole picture taken back to noise, every fill starts the same.
             match b.inpainting_fill {
@@ -310,6 +319,7 @@ fn img2img_input(b: &Body1111) -> Result<PictureInput, ApiError> {
         picture,
         mask,
         strength: Some(strength),
+        only_masked,
     })
 }
 
