@@ -600,3 +600,34 @@ fn only_masked_inpaints_the_cut_out_and_keeps_the_rest_of_the_picture() {
     assert_eq!(status, 400, "{answer}");
     assert!(answer.contains("inpaint_full_res_padding"), "{answer}");
 }
+
+#[test]
+fn interrupt_after_an_image_answers_with_the_images_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let port = server.port;
+    let body = r#"{"prompt": "a red fox in the snow", "steps": 300, "cfg_scale": 0, "seed": 7,
+                   "width": 64, "height": 64, "batch_size": 1, "n_iter": 3}"#;
+    let run = std::thread::spawn(move || post(port, "/sdapi/v1/txt2img", body));
+    let start = std::time::Instant::now();
+    loop {
+        let p = json(&get(port, "/sdapi/v1/progress").1);
+        if p["state"]["job_no"] == 1 && p["state"]["sampling_step"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 60, "{p}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(post(port, "/sdapi/v1/interrupt", "").0, 200);
+    let (status, answer) = run.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let answer = json(&answer);
+    let info = json(answer["info"].as_str().unwrap());
+    assert_eq!(answer["images"].as_array().unwrap().len(), 1, "{info}");
+    assert_eq!(info["all_seeds"], serde_json::json!([7]));
+    assert!(server
+        .log()
+        .iter()
+        .any(|l| l.contains("interrupted; answered with the 1 image made before")));
+}

@@ -632,3 +632,36 @@ fn every_api_sees_one_queue_and_one_running_job() {
     );
     assert_eq!(lines.last().unwrap()["done"], true, "{body}");
 }
+
+#[test]
+fn cancelling_a_batch_keeps_the_images_it_finished() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    let body = r#"{"prompt": "three foxes", "width": 64, "height": 64, "steps": 300, "count": 3, "seed": 4}"#;
+    let (_, answer) = post(port, "/ui/api/jobs", body);
+    let id = json(&answer)["id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    loop {
+        let s = json(&get(port, &format!("/ui/api/jobs/{id}")).1);
+        if s["progress"]["image"] == 2 && s["progress"]["step"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{s}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    post(port, &format!("/ui/api/jobs/{id}/cancel"), "");
+    let ended = wait_job(port, &id);
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    assert_eq!(ended["images"].as_array().unwrap().len(), 1, "{ended}");
+    assert_eq!(ended["images"][0]["settings"]["seed"], 4);
+    assert!(
+        ended["error"]
+            .as_str()
+            .unwrap()
+            .contains("kept in the gallery"),
+        "{ended}"
+    );
+    let listed = json(&get(port, "/ui/api/gallery").1);
+    assert_eq!(listed["images"].as_array().unwrap().len(), 1);
+}

@@ -39,6 +39,7 @@ impl Progress {
 pub struct Cancel {
     stop: Arc<AtomicBool>,
     skip: Arc<AtomicBool>,
+    keep: Arc<AtomicBool>,
 }
 
 impl Cancel {
@@ -52,6 +53,18 @@ impl Cancel {
 
     pub fn is_cancelled(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Stops the job at its next step boundary, and keeps the images it finished: the job
+    /// answers with those (someone stopped a batch, and nobody went away).
+    pub fn stop_keeping_finished(&self) {
+        self.keep.store(true, Ordering::SeqCst);
+        self.cancel();
+    }
+
+    /// Whether a stop keeps the images finished before it.
+    pub fn keeps_finished(&self) -> bool {
+        self.keep.load(Ordering::SeqCst)
     }
 
     /// Drops the image being made at its next step boundary; the job goes on with the next.

@@ -52,6 +52,9 @@ pub struct Outcome {
     pub images: Vec<Image>,
     /// The seeds of the images skipped while they were made (A1111's skip), in order.
     pub skipped: Vec<u64>,
+    /// The job was stopped with [`Cancel::stop_keeping_finished`] after these images; the rest
+    /// of its count was not made.
+    pub stopped: bool,
     /// The plan of the job's largest pass.
     pub plan: MemoryPlan,
     /// Time spent loading the model's configs and binding LoRAs (zero when all was loaded).
@@ -159,6 +162,7 @@ pub fn run(
 
     let mut out = Vec::with_capacity(job.count as usize);
     let mut skipped = Vec::new();
+    let mut stopped = false;
     for k in 0..job.count as usize {
         let image = k + 1;
         reporter.image = image;
@@ -178,6 +182,10 @@ pub fn run(
             Err(Error::Stopped { .. }) if cancel.take_skip() => {
                 skipped.push(seed);
                 continue;
+            }
+            Err(Error::Stopped { .. }) if cancel.keeps_finished() && !out.is_empty() => {
+                stopped = true;
+                break;
             }
             other => other?,
         };
@@ -206,6 +214,10 @@ pub fn run(
                     Err(Error::Stopped { .. }) if cancel.take_skip() => {
                         skipped.push(seed);
                         continue;
+                    }
+                    Err(Error::Stopped { .. }) if cancel.keeps_finished() && !out.is_empty() => {
+                        stopped = true;
+                        break;
                     }
                     other => other?,
                 };
@@ -298,6 +310,7 @@ pub fn run(
     Ok(Outcome {
         images: out,
         skipped,
+        stopped,
         plan,
         load,
         model_name,

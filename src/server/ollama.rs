@@ -404,8 +404,10 @@ pub async fn generate(
         label,
     })?;
     let model = body.model.clone();
-    if body.stream.unwrap_or(true) && state.worker.position(guard.cancel()).is_some() {
-        // The job waits behind others: the stream starts now and says where it waits.
+    // A job behind another one: the stream starts now and says where it waits. (An idle
+    // worker takes the job at once, and loading a model answers in one line.)
+    let waits = state.worker.running().is_some() && state.worker.position(guard.cancel()).is_some();
+    if !body.prompt.is_empty() && body.stream.unwrap_or(true) && waits {
         let waiting = Waiting {
             worker: state.worker.clone(),
             cancel: guard.cancel().clone(),

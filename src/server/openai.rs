@@ -197,6 +197,7 @@ async fn run(
         .await
         .map_err(|e| super::job_error(API, e))?;
     guard.finish();
+    let interrupted = finished.interrupted.then_some(finished.images.len());
     let data: Vec<Value> = (finished.images.into_iter())
         .map(|image| match by_url {
             true => json!({
@@ -210,11 +211,20 @@ async fn run(
         })
         .collect();
     let mut reply = json!({ "created": unix_seconds(SystemTime::now()), "data": data });
+    let mut notes = Vec::new();
     if answer.ignored > 0 {
-        reply["zimage_note"] = json!(format!(
+        notes.push(format!(
             "{} more `image[]` files were left out: zimage edits the first picture alone",
             answer.ignored
         ));
+    }
+    if let Some(made) = interrupted {
+        notes.push(format!(
+            "the run was interrupted after {made} of the {n} images asked for"
+        ));
+    }
+    if !notes.is_empty() {
+        reply["zimage_note"] = json!(notes.join("; "));
     }
     Ok(with_model(Json(reply).into_response(), &body.model))
 }

@@ -38,6 +38,8 @@ pub struct Finished {
     pub total: Duration,
     /// The model was unloaded at the job's end (`keep_alive` 0).
     pub unloaded: bool,
+    /// The job was interrupted after `images`; the rest of its count was not made.
+    pub interrupted: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +108,7 @@ impl Cancel {
         let done = self.steps_done.load(Ordering::SeqCst);
         self.left_after.store(done, Ordering::SeqCst);
         self.interrupted.store(true, Ordering::SeqCst);
-        self.gone.cancel();
+        self.gone.stop_keeping_finished();
     }
 
     /// Drops the image being made at its next step boundary; the job goes on with the next.
@@ -505,6 +507,7 @@ fn run_job(
             load: Duration::ZERO,
             total: start.elapsed(),
             unloaded: true,
+            interrupted: false,
         });
     }
     if let Some(old) = resident.model().filter(|m| m.name != job.model) {
@@ -514,12 +517,12 @@ fn run_job(
             job.model.short()
         );
     }
-    let (images, load) = match &job.generate {
+    let (images, load, interrupted) = match &job.generate {
         None => {
             let load = Instant::now();
             resident.engine.load(&model)?;
             let _ = job.events.send(Event::Started);
-            (Vec::new(), load.elapsed())
+            (Vec::new(), load.elapsed(), false)
         }
         Some(generate) => {
             let generate = generation::Job {
@@ -578,7 +581,7 @@ fn run_job(
                 other => other.into(),
             });
             match outcome {
-                Ok(o) => (o.images, o.load),
+                Ok(o) => (o.images, o.load, o.stopped),
                 Err(e) => {
                     resident.expires = expiry(keep_alive);
                     if unloads {
@@ -593,11 +596,20 @@ fn run_job(
     if unloads {
         resident.engine.unload();
     }
+    if interrupted {
+        eprintln!(
+            "{}: interrupted; answered with the {} image{} made before",
+            job.label,
+            images.len(),
+            if images.len() == 1 { "" } else { "s" }
+        );
+    }
     Ok(Finished {
         images,
         load,
         total: start.elapsed(),
         unloaded: unloads,
+        interrupted,
     })
 }
 

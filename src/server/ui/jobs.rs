@@ -215,9 +215,19 @@ async fn follow(
         Some(Err(e)) => (State::Failed, Vec::new(), Some(e.message)),
         Some(Ok(finished)) => {
             let gallery: Gallery = state.gallery.clone();
+            let interrupted = finished.interrupted;
             let saved =
                 tokio::task::spawn_blocking(move || gallery.save(id, &finished.images)).await;
             match saved {
+                // Cancelled after some images were made: those are kept.
+                Ok(Ok(names)) if interrupted => {
+                    let note = format!(
+                        "cancelled after {} image{}, kept in the gallery",
+                        names.len(),
+                        if names.len() == 1 { "" } else { "s" }
+                    );
+                    (State::Cancelled, names, Some(note))
+                }
                 Ok(Ok(names)) => (State::Done, names, None),
                 Ok(Err(e)) => (State::Failed, Vec::new(), Some(e)),
                 Err(e) => (State::Failed, Vec::new(), Some(e.to_string())),

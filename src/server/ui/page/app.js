@@ -681,7 +681,9 @@ function showJob(job, status) {
     case "cancelled":
       showProgress(0);
       showStatus(cancelledText(status.error));
-      endJob();
+      // A batch cancelled after some images keeps them: show them as a finished job's.
+      if (status.images && status.images.length > 0) jobDone(job, status.images);
+      else endJob();
       break;
     default:
       showProgress(0);
