@@ -226,6 +226,9 @@ def inpaint(page):
     next_frame(page)
     check(center_pixel(page) == painted, "inverting twice should give back the painted mask")
 
+    # Only the masked area, made at full size and pasted back.
+    page.check("#only-masked")
+
     before = gallery(page)[0]["file"]
     page.click("#generate")
     wait_for_result(page)
@@ -233,6 +236,7 @@ def inpaint(page):
     check(newest["file"] != before, "the inpaint should add a gallery entry")
     settings = newest["settings"]
     check(settings.get("strength") == 0.8, f"the inpaint should record strength 0.8: {settings}")
+    check(settings.get("only_masked") == 32, f"the inpaint should record the only-masked padding: {settings}")
     if "inpaint" in settings:
         check(settings["inpaint"] is True, f"the painted mask should make it an inpaint: {settings}")
     check((newest["width"], newest["height"]) == png_size(picture),

@@ -665,3 +665,58 @@ fn cancelling_a_batch_keeps_the_images_it_finished() {
     let listed = json(&get(port, "/ui/api/gallery").1);
     assert_eq!(listed["images"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn a_page_inpaint_of_the_masked_area_alone_is_the_command_lines() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    let (picture, mask) = (
+        inputs.join("picture-96x80.png"),
+        inputs.join("mask-96x80.png"),
+    );
+    let body = serde_json::json!({
+        "prompt": "a red fox in snow", "steps": 2, "seed": 9, "strength": 0.9, "only_masked": 8,
+        "picture": data_url(&std::fs::read(&picture).unwrap()),
+        "mask": data_url(&std::fs::read(&mask).unwrap()),
+    });
+    let (status, answer) = post(server.port, "/ui/api/jobs", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let done = wait_job(server.port, json(&answer)["id"].as_str().unwrap());
+    assert_eq!(done["state"], "done", "{done}");
+    let entry = &done["images"][0];
+    assert_eq!(entry["settings"]["only_masked"], 8);
+    let out = page._dir.path().join("cli.png");
+    let cli = zimage_in(
+        &page.store,
+        &[
+            "generate",
+            "a red fox in snow",
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--seed",
+            "9",
+            "--strength",
+            "0.9",
+            "--image",
+            s(&picture),
+            "--mask",
+            s(&mask),
+            "--only-masked",
+            "8",
+            "-o",
+            s(&out),
+        ],
+    );
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert_eq!(
+        std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
+        std::fs::read(&out).unwrap()
+    );
+}

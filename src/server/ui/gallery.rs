@@ -154,6 +154,7 @@ fn settings(recorded: &Value, lora_dir: Option<&Path>) -> Value {
         "controlnet": recorded["control"]["controlnet"],
         "control_scale": single(&recorded["control"]["scale"]),
         "hires": recorded["hires"],
+        "only_masked": recorded["only_masked"]["padding"],
     })
 }
 

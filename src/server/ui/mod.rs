@@ -205,6 +205,8 @@ struct PageBody {
     strength: Option<f64>,
     /// White repaints, black keeps; the picture's size.
     mask: Option<String>,
+    /// Inpaint the masked area alone with this padding (`--only-masked`).
+    only_masked: Option<u32>,
     controlnet: Option<String>,
     control_image: Option<String>,
     control_scale: Option<f32>,
@@ -268,7 +270,11 @@ async fn submit(
                     image::DynamicImage::clone,
                 )
             })
-            .transpose()?;
+            .transpose()?
+            .map(|input| generation::PictureInput {
+                only_masked: read.only_masked,
+                ..input
+            });
         let control = super::request_control(&store, API, read.as_ref(), control_image.as_deref())?;
         Ok::<_, ApiError>((input, control))
     })

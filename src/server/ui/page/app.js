@@ -7,6 +7,7 @@ const JOB_STORAGE = "zimage-job";
 const POLL_MS = 300;
 const POLL_FAILURES_TOLERATED = 10;
 const GALLERY_PAGE = 40;
+const ONLY_MASKED_PADDING = 32;
 const SIZE_CLASSES = { small: 0.25, default: 1, large: 2 };
 const NARROW_SCREEN = "(max-width: 819px)";
 
@@ -538,7 +539,11 @@ async function buildJob() {
 function addPicture(job, picture) {
   job.picture = picture.dataUrl;
   job.strength = numberOf("strength");
-  if (!maskIsEmpty(picture.mask)) job.mask = maskPng(picture.mask);
+  if (!maskIsEmpty(picture.mask)) {
+    job.mask = maskPng(picture.mask);
+    // The area around the mask, made at the full size and pasted back (A1111's "only masked").
+    if ($("only-masked").checked) job.only_masked = ONLY_MASKED_PADDING;
+  }
   // Without a size the server keeps the picture's own; send one only when the user chose another.
   if (job.width === picture.fitWidth && job.height === picture.fitHeight) {
     delete job.width;
@@ -865,6 +870,7 @@ function reuseSettings(entry) {
   }
   $("count").value = 1;
   if (s.strength != null) $("strength").value = s.strength;
+  $("only-masked").checked = s.only_masked != null;
   reuseLoras(s.loras || []);
   reuseControl(s);
   updateNegativeRow();
