@@ -35,6 +35,33 @@ fn cli_generate(store: &Path, dir: &Path, flags: &[&str]) -> (u32, u32, Vec<u8>)
     pixels(&std::fs::read(&png).unwrap())
 }
 
+/// The pixels of the command line's inpaint of `picture` (96×80) under `mask` at strength
+/// 0.8 from seed 7, with `flags`.
+fn cli_inpaint(
+    store: &Path,
+    dir: &Path,
+    picture: &Path,
+    mask: &Path,
+    flags: &[&str],
+) -> (u32, u32, Vec<u8>) {
+    let mut args = vec![
+        "--image",
+        s(picture),
+        "--mask",
+        s(mask),
+        "--strength",
+        "0.8",
+        "--seed",
+        "7",
+        "--width",
+        "96",
+        "--height",
+        "80",
+    ];
+    args.extend(flags);
+    cli_generate(store, dir, &args)
+}
+
 /// The demo store with a second name for the demo model, created after `tiny`.
 fn two_model_store(dir: &Path) -> std::path::PathBuf {
     let store = demo_store(dir);
@@ -116,24 +143,7 @@ fn webuiapi_gets_the_pixels_zimage_generate_makes() {
     assert_eq!(report["img2img"]["denoising_strength"], 0.8);
     assert_eq!(report["img2img_infotexts"], serde_json::json!([true]));
     let got = pixels(&std::fs::read(dir.path().join("img2img.png")).unwrap());
-    let cli = cli_generate(
-        &store,
-        dir.path(),
-        &[
-            "--image",
-            s(&picture),
-            "--mask",
-            s(&mask),
-            "--strength",
-            "0.8",
-            "--seed",
-            "7",
-            "--width",
-            "96",
-            "--height",
-            "80",
-        ],
-    );
+    let cli = cli_inpaint(&store, dir.path(), &picture, &mask, &[]);
     assert!(got == cli, "img2img differs from the CLI's");
 
     // The options switch the model requests run on, and back.
@@ -343,24 +353,7 @@ fn an_inverted_mask_repaints_what_the_mask_keeps() {
     let got = pixels(&common::server::b64(
         json(&answer)["images"][0].as_str().unwrap(),
     ));
-    let cli = cli_generate(
-        &store,
-        dir.path(),
-        &[
-            "--image",
-            s(&picture),
-            "--mask",
-            s(&inverted_path),
-            "--strength",
-            "0.8",
-            "--seed",
-            "7",
-            "--width",
-            "96",
-            "--height",
-            "80",
-        ],
-    );
+    let cli = cli_inpaint(&store, dir.path(), &picture, &inverted_path, &[]);
     assert!(
         got == cli,
         "the inverted mask's image differs from the CLI's"
@@ -551,26 +544,7 @@ fn only_masked_inpaints_the_cut_out_and_keeps_the_rest_of_the_picture() {
         "{infotext}"
     );
     let got = pixels(&png);
-    let cli = cli_generate(
-        &store,
-        dir.path(),
-        &[
-            "--image",
-            s(&picture),
-            "--mask",
-            s(&mask),
-            "--strength",
-            "0.8",
-            "--seed",
-            "7",
-            "--width",
-            "96",
-            "--height",
-            "80",
-            "--only-masked",
-            "8",
-        ],
-    );
+    let cli = cli_inpaint(&store, dir.path(), &picture, &mask, &["--only-masked", "8"]);
     assert!(got == cli, "only-masked inpainting differs from the CLI's");
     // Outside the mask the picture is kept exactly; inside it is repainted.
     let original = image::open(&picture).unwrap().to_rgb8();

@@ -25,23 +25,11 @@ fn tiny_model() -> PathBuf {
 fn ensure_installed() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if Path::new(REGISTRY_BIN).exists() && Path::new("/usr/bin/htpasswd").exists() {
-            return;
-        }
-        let install = || {
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "docker-registry", "apache2-utils"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !install() {
-            let _ = Command::new("apt-get").args(["update", "-q"]).status();
-            assert!(
-                install(),
-                "cannot install docker-registry and apache2-utils with apt-get; these tests need them"
-            );
-        }
+        common::apt_install(
+            &["docker-registry", "apache2-utils"],
+            &[REGISTRY_BIN, "/usr/bin/htpasswd"],
+            "the registry tests",
+        )
     });
 }
 

@@ -15,23 +15,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Installs Debian's Chromium with apt when it is missing; fails, never skips.
 fn ensure_chromium() {
-    if Path::new(CHROMIUM).exists() {
-        return;
-    }
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "chromium"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !install() {
-        let _ = Command::new("apt-get").args(["update", "-q"]).status();
-        assert!(
-            install(),
-            "cannot install Debian's chromium with apt-get; the page's browser test needs it"
-        );
-    }
+    common::apt_install(&["chromium"], &[CHROMIUM], "the page's browser test");
 }
 
 /// A Python with Playwright (which drives the system Chromium; it downloads no browser), in a
@@ -119,6 +103,15 @@ fn wait_job(port: u16, id: &str) -> serde_json::Value {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A small page job runs to its end: the server goes on serving.
+fn still_serves(port: u16) {
+    let body = r#"{"prompt": "after", "width": 32, "height": 32, "steps": 1}"#;
+    let (status, answer) = post(port, "/ui/api/jobs", body);
+    assert_eq!(status, 200, "{answer}");
+    let id = json(&answer)["id"].as_str().unwrap().to_string();
+    assert_eq!(wait_job(port, &id)["state"], "done");
 }
 
 fn data_url(png: &[u8]) -> String {
@@ -368,16 +361,7 @@ fn a_cancelled_page_job_keeps_no_image_and_queued_jobs_know_their_place() {
     let listed = json(&get(port, "/ui/api/gallery").1);
     assert_eq!(listed["images"], serde_json::json!([]));
     // The server goes on serving.
-    let (status, answer) = post(
-        port,
-        "/ui/api/jobs",
-        r#"{"prompt": "after", "width": 32, "height": 32, "steps": 2}"#,
-    );
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(
-        wait_job(port, json(&answer)["id"].as_str().unwrap())["state"],
-        "done"
-    );
+    still_serves(port);
 }
 
 #[test]
@@ -451,16 +435,7 @@ fn bad_page_requests_get_a_message_and_the_server_keeps_serving() {
     ] {
         assert_eq!(get(port, path).0, 404, "{path}");
     }
-    let (status, answer) = post(
-        port,
-        "/ui/api/jobs",
-        r#"{"prompt": "fine", "width": 32, "height": 32, "steps": 1}"#,
-    );
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(
-        wait_job(port, json(&answer)["id"].as_str().unwrap())["state"],
-        "done"
-    );
+    still_serves(port);
 }
 
 #[test]

@@ -178,16 +178,16 @@ pub fn run(
             image,
             &mut |p| reporter.pipeline(p),
         );
-        let generated = match generated {
-            Err(Error::Stopped { .. }) if cancel.take_skip() => {
+        let generated = match pass_end(generated, cancel, out.len())? {
+            PassEnd::Made(g) => g,
+            PassEnd::Skipped => {
                 skipped.push(seed);
                 continue;
             }
-            Err(Error::Stopped { .. }) if cancel.keeps_finished() && !out.is_empty() => {
+            PassEnd::BatchStopped => {
                 stopped = true;
                 break;
             }
-            other => other?,
         };
         let mut phases = generated.phases;
         let mut steps_run = steps_run_of(&req);
@@ -210,16 +210,16 @@ pub fn run(
                 let refined = run_pass(pipeline, plan, &second, None, cancel, image, &mut |p| {
                     reporter.pipeline(p)
                 });
-                let refined = match refined {
-                    Err(Error::Stopped { .. }) if cancel.take_skip() => {
+                let refined = match pass_end(refined, cancel, out.len())? {
+                    PassEnd::Made(r) => r,
+                    PassEnd::Skipped => {
                         skipped.push(seed);
                         continue;
                     }
-                    Err(Error::Stopped { .. }) if cancel.keeps_finished() && !out.is_empty() => {
+                    PassEnd::BatchStopped => {
                         stopped = true;
                         break;
                     }
-                    other => other?,
                 };
                 phases.extend(refined.phases);
                 steps_run += steps_run_of(&second);
@@ -317,6 +317,31 @@ pub fn run(
         loras: pipeline.adapters().applied.clone(),
         controlnet_weights,
     })
+}
+
+/// How a pass of a batch's image ended.
+enum PassEnd<T> {
+    Made(T),
+    /// Stopped by a skip: the batch goes on with the next image.
+    Skipped,
+    /// Stopped by a stop that keeps the `finished` images made before: the batch ends there.
+    BatchStopped,
+}
+
+/// A pass's result read against the job's `cancel`; any other stop or error is the job's.
+fn pass_end<T>(
+    result: Result<T, Error>,
+    cancel: &Cancel,
+    finished: usize,
+) -> Result<PassEnd<T>, Error> {
+    match result {
+        Ok(made) => Ok(PassEnd::Made(made)),
+        Err(Error::Stopped { .. }) if cancel.take_skip() => Ok(PassEnd::Skipped),
+        Err(Error::Stopped { .. }) if cancel.keeps_finished() && finished > 0 => {
+            Ok(PassEnd::BatchStopped)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Generates one pass with `plan`'s residency and tiling.

@@ -55,6 +55,30 @@ pub fn heldout_dir(tmp: &Path) -> std::path::PathBuf {
     dir
 }
 
+/// Installs Debian `packages` with apt unless every file of `needed` exists; fails (naming
+/// `what` needs them), never skips.
+pub fn apt_install(packages: &[&str], needed: &[&str], what: &str) {
+    if needed.iter().all(|p| Path::new(p).exists()) {
+        return;
+    }
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        assert!(
+            install(),
+            "cannot install {} with apt-get; {what} needs them",
+            packages.join(" and ")
+        );
+    }
+}
+
 /// Where the tests keep what they install (Python venvs): `ZIMAGE_TEST_CACHE`, else
 /// `~/.cache/zimage-tests`.
 pub fn test_cache() -> std::path::PathBuf {
