@@ -105,6 +105,29 @@ fn wait_job(port: u16, id: &str) -> serde_json::Value {
     }
 }
 
+/// Runs a page job to its end, which must be `done`; its last state.
+fn done_job(port: u16, body: &serde_json::Value) -> serde_json::Value {
+    let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let done = wait_job(port, json(&answer)["id"].as_str().unwrap());
+    assert_eq!(done["state"], "done", "{done}");
+    done
+}
+
+/// The PNG `zimage generate PROMPT --model tiny FLAGS` writes.
+fn cli_png(page: &Page, prompt: &str, flags: &[&str]) -> Vec<u8> {
+    let out = page._dir.path().join("cli.png");
+    let mut args = vec!["generate", prompt, "--model", "tiny", "-o", s(&out)];
+    args.extend(flags);
+    let cli = zimage_in(&page.store, &args);
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    std::fs::read(&out).unwrap()
+}
+
 /// A small page job runs to its end: the server goes on serving.
 fn still_serves(port: u16) {
     let body = r#"{"prompt": "after", "width": 32, "height": 32, "steps": 1}"#;
@@ -171,11 +194,7 @@ fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
         "steps": 3, "seed": 11, "count": 2,
         "loras": [{"path": "style.safetensors", "scale": 0.5}],
     });
-    let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    let id = json(&answer)["id"].as_str().unwrap().to_string();
-    let done = wait_job(port, &id);
-    assert_eq!(done["state"], "done", "{done}");
+    let done = done_job(port, &body);
     let images = done["images"].as_array().unwrap();
     assert_eq!(images.len(), 2);
     let second = &images[1];
@@ -191,33 +210,13 @@ fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
     );
 
     // The page's second image is the command line's run from its seed, byte for byte.
-    let out = page._dir.path().join("cli.png");
     let lora = format!("{}:0.5", s(&page.loras.join("style.safetensors")));
-    let cli = zimage_in(
-        &page.store,
+    let cli = cli_png(
+        &page,
+        "a red fox in snow",
         &[
-            "generate",
-            "a red fox in snow",
-            "--model",
-            "tiny",
-            "--width",
-            "64",
-            "--height",
-            "48",
-            "--steps",
-            "3",
-            "--seed",
-            "12",
-            "--lora",
-            &lora,
-            "-o",
-            s(&out),
+            "--width", "64", "--height", "48", "--steps", "3", "--seed", "12", "--lora", &lora,
         ],
-    );
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
     );
     let file = second["file"].as_str().unwrap();
     let served = raw(
@@ -228,7 +227,7 @@ fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
     assert_eq!(served, 200);
     assert_eq!(
         std::fs::read(page.gallery.join(file)).unwrap(),
-        std::fs::read(&out).unwrap(),
+        cli,
         "the page's image differs from the command line's"
     );
 
@@ -249,23 +248,16 @@ fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
         "prompt": "a red fox in snow", "steps": 4, "seed": 3, "strength": 0.8,
         "picture": data_url(&std::fs::read(&picture).unwrap()), "mask": data_url(&mask_png),
     });
-    let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    let done = wait_job(port, json(&answer)["id"].as_str().unwrap());
-    assert_eq!(done["state"], "done", "{done}");
+    let done = done_job(port, &body);
     let inpainted = &done["images"][0];
     assert_eq!(inpainted["settings"]["strength"], 0.8);
     assert_eq!(inpainted["settings"]["inpaint"], true);
     let mask_file = page._dir.path().join("mask.png");
     std::fs::write(&mask_file, &mask_png).unwrap();
-    let out = page._dir.path().join("inpaint.png");
-    let cli = zimage_in(
-        &page.store,
+    let cli = cli_png(
+        &page,
+        "a red fox in snow",
         &[
-            "generate",
-            "a red fox in snow",
-            "--model",
-            "tiny",
             "--steps",
             "4",
             "--seed",
@@ -276,18 +268,11 @@ fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
             s(&mask_file),
             "--strength",
             "0.8",
-            "-o",
-            s(&out),
         ],
-    );
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
     );
     assert_eq!(
         std::fs::read(page.gallery.join(inpainted["file"].as_str().unwrap())).unwrap(),
-        std::fs::read(&out).unwrap(),
+        cli,
         "the page's inpaint differs from the command line's"
     );
 
@@ -474,26 +459,8 @@ fn the_page_works_in_a_real_browser() {
     // What the page made from seed 7 is the command line's image from seed 7.
     let file = summary["txt2img_file"].as_str().unwrap();
     let made = std::fs::read(page.gallery.join(file)).unwrap();
-    let out = page._dir.path().join("cli.png");
-    let cli = zimage_in(
-        &page.store,
-        &[
-            "generate",
-            "a red fox in snow",
-            "--model",
-            "tiny",
-            "--seed",
-            "7",
-            "-o",
-            s(&out),
-        ],
-    );
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
-    );
-    assert_eq!(made, std::fs::read(&out).unwrap());
+    let cli = cli_png(&page, "a red fox in snow", &["--seed", "7"]);
+    assert_eq!(made, cli);
     for shot in ["desktop.png", "phone.png"] {
         let (w, _) = image::image_dimensions(shots.join(shot)).unwrap();
         assert!(w > 0);
@@ -518,21 +485,14 @@ fn a_page_job_steered_by_a_controlnet_is_the_command_lines() {
         "controlnet": "cn", "control_image": data_url(&std::fs::read(&control).unwrap()),
         "control_scale": 0.6,
     });
-    let (status, answer) = post(server.port, "/ui/api/jobs", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    let done = wait_job(server.port, json(&answer)["id"].as_str().unwrap());
-    assert_eq!(done["state"], "done", "{done}");
+    let done = done_job(server.port, &body);
     let entry = &done["images"][0];
     assert_eq!(entry["settings"]["controlnet"], "cn");
     assert_eq!(entry["settings"]["control_scale"], 0.6);
-    let out = page._dir.path().join("cli.png");
-    let cli = zimage_in(
-        &page.store,
+    let cli = cli_png(
+        &page,
+        "a red fox in snow",
         &[
-            "generate",
-            "a red fox in snow",
-            "--model",
-            "tiny",
             "--steps",
             "2",
             "--seed",
@@ -543,18 +503,11 @@ fn a_page_job_steered_by_a_controlnet_is_the_command_lines() {
             s(&control),
             "--control-scale",
             "0.6",
-            "-o",
-            s(&out),
         ],
-    );
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
     );
     assert_eq!(
         std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
-        std::fs::read(&out).unwrap()
+        cli
     );
 }
 
@@ -655,20 +608,13 @@ fn a_page_inpaint_of_the_masked_area_alone_is_the_command_lines() {
         "picture": data_url(&std::fs::read(&picture).unwrap()),
         "mask": data_url(&std::fs::read(&mask).unwrap()),
     });
-    let (status, answer) = post(server.port, "/ui/api/jobs", &body.to_string());
-    assert_eq!(status, 200, "{answer}");
-    let done = wait_job(server.port, json(&answer)["id"].as_str().unwrap());
-    assert_eq!(done["state"], "done", "{done}");
+    let done = done_job(server.port, &body);
     let entry = &done["images"][0];
     assert_eq!(entry["settings"]["only_masked"], 8);
-    let out = page._dir.path().join("cli.png");
-    let cli = zimage_in(
-        &page.store,
+    let cli = cli_png(
+        &page,
+        "a red fox in snow",
         &[
-            "generate",
-            "a red fox in snow",
-            "--model",
-            "tiny",
             "--steps",
             "2",
             "--seed",
@@ -681,17 +627,10 @@ fn a_page_inpaint_of_the_masked_area_alone_is_the_command_lines() {
             s(&mask),
             "--only-masked",
             "8",
-            "-o",
-            s(&out),
         ],
-    );
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
     );
     assert_eq!(
         std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
-        std::fs::read(&out).unwrap()
+        cli
     );
 }

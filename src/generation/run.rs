@@ -161,8 +161,7 @@ pub fn run(
     let shift = pipeline.configs.scheduler.shift;
 
     let mut out = Vec::with_capacity(job.count as usize);
-    let mut skipped = Vec::new();
-    let mut stopped = false;
+    let mut ends = BatchEnds::default();
     for k in 0..job.count as usize {
         let image = k + 1;
         reporter.image = image;
@@ -178,16 +177,11 @@ pub fn run(
             image,
             &mut |p| reporter.pipeline(p),
         );
-        let generated = match pass_end(generated, cancel, out.len())? {
-            PassEnd::Made(g) => g,
-            PassEnd::Skipped => {
-                skipped.push(seed);
-                continue;
-            }
-            PassEnd::BatchStopped => {
-                stopped = true;
+        let Some(generated) = ends.pass(generated, cancel, seed, out.len())? else {
+            if ends.stopped {
                 break;
             }
+            continue;
         };
         let mut phases = generated.phases;
         let mut steps_run = steps_run_of(&req);
@@ -210,16 +204,11 @@ pub fn run(
                 let refined = run_pass(pipeline, plan, &second, None, cancel, image, &mut |p| {
                     reporter.pipeline(p)
                 });
-                let refined = match pass_end(refined, cancel, out.len())? {
-                    PassEnd::Made(r) => r,
-                    PassEnd::Skipped => {
-                        skipped.push(seed);
-                        continue;
-                    }
-                    PassEnd::BatchStopped => {
-                        stopped = true;
+                let Some(refined) = ends.pass(refined, cancel, seed, out.len())? else {
+                    if ends.stopped {
                         break;
                     }
+                    continue;
                 };
                 phases.extend(refined.phases);
                 steps_run += steps_run_of(&second);
@@ -309,8 +298,8 @@ pub fn run(
     };
     Ok(Outcome {
         images: out,
-        skipped,
-        stopped,
+        skipped: ends.skipped,
+        stopped: ends.stopped,
         plan,
         load,
         model_name,
@@ -319,28 +308,36 @@ pub fn run(
     })
 }
 
-/// How a pass of a batch's image ended.
-enum PassEnd<T> {
-    Made(T),
-    /// Stopped by a skip: the batch goes on with the next image.
-    Skipped,
-    /// Stopped by a stop that keeps the `finished` images made before: the batch ends there.
-    BatchStopped,
+/// How a batch's passes ended short: the seeds of the images skipped, and whether a stop
+/// that keeps the finished images ended it.
+#[derive(Default)]
+struct BatchEnds {
+    skipped: Vec<u64>,
+    stopped: bool,
 }
 
-/// A pass's result read against the job's `cancel`; any other stop or error is the job's.
-fn pass_end<T>(
-    result: Result<T, Error>,
-    cancel: &Cancel,
-    finished: usize,
-) -> Result<PassEnd<T>, Error> {
-    match result {
-        Ok(made) => Ok(PassEnd::Made(made)),
-        Err(Error::Stopped { .. }) if cancel.take_skip() => Ok(PassEnd::Skipped),
-        Err(Error::Stopped { .. }) if cancel.keeps_finished() && finished > 0 => {
-            Ok(PassEnd::BatchStopped)
+impl BatchEnds {
+    /// A pass's output; `None` when a skip dropped the image (seed `seed`) or a stop that keeps
+    /// the `finished` images made before ended the batch. Any other stop or error is the job's.
+    fn pass<T>(
+        &mut self,
+        result: Result<T, Error>,
+        cancel: &Cancel,
+        seed: u64,
+        finished: usize,
+    ) -> Result<Option<T>, Error> {
+        match result {
+            Ok(made) => Ok(Some(made)),
+            Err(Error::Stopped { .. }) if cancel.take_skip() => {
+                self.skipped.push(seed);
+                Ok(None)
+            }
+            Err(Error::Stopped { .. }) if cancel.keeps_finished() && finished > 0 => {
+                self.stopped = true;
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
-        Err(e) => Err(e),
     }
 }
 
