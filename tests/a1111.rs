@@ -62,6 +62,20 @@ fn cli_inpaint(
     cli_generate(store, dir, &args)
 }
 
+/// What a client script run by `command` reports: the JSON of its last line (webuiapi prints
+/// what its model helper does before it). A script that fails shows its errors and the log.
+fn client_report(command: &mut Command, server: &Server) -> serde_json::Value {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{:?}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    json(stdout.lines().last().unwrap_or_default())
+}
+
 /// The demo store with a second name for the demo model, created after `tiny`.
 fn two_model_store(dir: &Path) -> std::path::PathBuf {
     let store = demo_store(dir);
@@ -85,20 +99,16 @@ fn webuiapi_gets_the_pixels_zimage_generate_makes() {
     let picture = inputs.join("picture-96x80.png");
     let mask = inputs.join("mask-96x80.png");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a1111_clients.py");
-    let out = Command::new(python)
-        .arg(script)
-        .args([&server.url(), s(dir.path()), s(&picture), s(&mask), "other"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{:?}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
+    let report = client_report(
+        Command::new(python).arg(script).args([
+            &server.url(),
+            s(dir.path()),
+            s(&picture),
+            s(&mask),
+            "other",
+        ]),
+        &server,
     );
-    // webuiapi prints what its model helper does; the report is the last line.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report = json(stdout.lines().last().unwrap_or_default());
     let hash = report["models"][0]
         .as_str()
         .unwrap()
@@ -411,18 +421,16 @@ for name, u in [("module", webuiapi.ControlNetUnit(image=Image.open(control), mo
         refused[name] = [e.args[0], json.loads(e.args[1])["detail"]]
 print(json.dumps({"models": models, "modules": api.controlnet_module_list(), "refused": refused}))
 "#;
-    let out = Command::new(common::test_python())
-        .args(["-c", script, &server.url(), s(&control), s(&out_png)])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{:?}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
+    let report = client_report(
+        Command::new(common::test_python()).args([
+            "-c",
+            script,
+            &server.url(),
+            s(&control),
+            s(&out_png),
+        ]),
+        &server,
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report = json(stdout.lines().last().unwrap_or_default());
     assert_eq!(report["models"], serde_json::json!(["cn"]));
     assert_eq!(report["modules"], serde_json::json!(["none"]));
     assert_eq!(report["refused"]["module"][0], 400, "{report}");
