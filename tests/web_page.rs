@@ -412,6 +412,17 @@ fn bad_page_requests_get_a_message_and_the_server_keeps_serving() {
         let message = json(&answer)["error"].as_str().unwrap().to_string();
         assert!(message.contains(words), "{body}: {message}");
     }
+    // A page of another site may not queue jobs here; the page's own origin may.
+    let job = r#"{"prompt": "x", "width": 32, "height": 32, "steps": 1}"#;
+    let from = |origin: &str| {
+        let headers = format!("Content-Type: application/json\r\nOrigin: {origin}\r\n");
+        raw(port, &request("POST", "/ui/api/jobs", &headers, job))
+    };
+    let (status, answer) = from("https://evil.example");
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("another site"), "{answer}");
+    // The test client's Host is `localhost`.
+    assert_eq!(from("http://localhost").0, 200);
     for path in [
         "/ui/gallery/..%2Fstore.png",
         "/ui/gallery/nothing.png",

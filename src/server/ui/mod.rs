@@ -49,11 +49,12 @@ pub fn wants_page(headers: &HeaderMap) -> bool {
 }
 
 pub fn routes() -> Router<Arc<AppState>> {
-    Router::new()
+    let page = Router::new()
         .route("/ui", get(index))
         .route("/ui/", get(index))
         .route("/ui/app.css", get(css))
-        .route("/ui/app.js", get(js))
+        .route("/ui/app.js", get(js));
+    let api = Router::new()
         .route("/ui/api/info", get(info))
         .route(
             "/ui/api/jobs",
@@ -69,6 +70,34 @@ pub fn routes() -> Router<Arc<AppState>> {
             axum::routing::delete(gallery_delete),
         )
         .route("/ui/gallery/{file}", get(gallery_file))
+        .layer(axum::middleware::from_fn(same_origin));
+    page.merge(api)
+}
+
+/// Refuses a request to the page's API that a page of another site sent: a browser names
+/// the sending page's origin, and the page's own requests name this server. Without it any
+/// site the user visits could queue jobs on, or delete images from, a server on loopback.
+async fn same_origin(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Result<Response, ApiError> {
+    let headers = req.headers();
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    if let Some(origin) = origin {
+        let from = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+        if Some(from) != host {
+            return Err(ApiError::new(
+                API,
+                StatusCode::FORBIDDEN,
+                format!(
+                    "a page of another site (`{}`) may not use this server's page API; open the page at /ui",
+                    crate::shown::text(origin)
+                ),
+            ));
+        }
+    }
+    Ok(next.run(req).await)
 }
 
 fn asset(content_type: &'static str, text: &'static str) -> Response {
