@@ -289,6 +289,47 @@ fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
             "seed is -5",
         ),
         (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"ControlNet": {{"args": "on"}}}}}}"#
+            ),
+            400,
+            "give a list of units",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"ControlNet": {{"args": [{{"model": "cn", "image": 5}}]}}}}}}"#
+            ),
+            400,
+            "args[0].image` is empty",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"ControlNet": {{"args": [{{"model": "cn", "image": "@@"}}]}}}}}}"#
+            ),
+            400,
+            "is not base64",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"ControlNet": {{"args": [{{"model": "None", "image": "AAAA"}}]}}}}}}"#
+            ),
+            400,
+            "args[0].model` is empty",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"ControlNet": {{"args": [{{"model": "nothere", "image": "{}"}}]}}}}}}"#,
+                b64("picture-96x80.png")
+            ),
+            404,
+            "nothere",
+        ),
+        (
             "/sdapi/v1/img2img",
             format!(r#"{{"prompt": "x", {small}}}"#),
             400,
