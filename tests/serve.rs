@@ -1114,3 +1114,61 @@ fn a_stored_controlnet_steers_served_images_as_the_command_line_flags_do() {
     let (status, _) = get(server.port, "/api/version");
     assert_eq!(status, 200, "the server keeps serving");
 }
+
+/// A server on loopback answers no web page of another site: neither a request for a name that
+/// was made to resolve to it (DNS rebinding) nor a browser's request from a foreign origin.
+/// Pages on loopback, desktop apps and origins listed in ZIMAGE_ORIGINS pass; a key admits
+/// whoever holds it.
+#[test]
+fn web_pages_of_other_sites_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[("ZIMAGE_ORIGINS", "https://*.example.com")]);
+    let port = server.port;
+    let with = |headers: &str| raw(port, &request("GET", "/api/tags", headers, "")).0;
+    assert_eq!(with(""), 200);
+    assert_eq!(with("Origin: http://localhost:3000\r\n"), 200);
+    assert_eq!(with("Origin: app://open-webui\r\n"), 200);
+    assert_eq!(with("Origin: https://ui.example.com\r\n"), 200);
+    assert_eq!(with("Origin: https://evil.example\r\n"), 403);
+    let (status, body) = raw(
+        port,
+        &request(
+            "POST",
+            "/api/generate",
+            "Origin: https://evil.example\r\nContent-Type: text/plain\r\n",
+            r#"{"model":"tiny","prompt":"x"}"#,
+        ),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("ZIMAGE_ORIGINS"),
+        "{body}"
+    );
+    // A name that is not this machine's: the request of a rebound domain.
+    let rebound =
+        format!("GET /api/tags HTTP/1.1\r\nHost: evil.example:{port}\r\nConnection: close\r\n\r\n");
+    let (status, body) = raw(port, rebound.as_bytes());
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("evil.example"), "{body}");
+    // Errors keep each API's shape.
+    let (status, body) = raw(
+        port,
+        &request("GET", "/v1/models", "Origin: https://evil.example\r\n", ""),
+    );
+    assert_eq!(status, 403);
+    assert!(json(&body)["error"]["message"].is_string(), "{body}");
+    drop(server);
+
+    // With a key, the key decides.
+    let server = Server::start(&store, &["--api-key", "k"], &[]);
+    let with = |headers: &str| raw(server.port, &request("GET", "/api/tags", headers, "")).0;
+    assert_eq!(with("Origin: https://evil.example\r\n"), 401);
+    assert_eq!(
+        with("Origin: https://evil.example\r\nAuthorization: Bearer k\r\n"),
+        200
+    );
+}

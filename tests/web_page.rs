@@ -420,6 +420,10 @@ fn bad_page_requests_get_a_message_and_the_server_keeps_serving() {
     };
     let (status, answer) = from("https://evil.example");
     assert_eq!(status, 403, "{answer}");
+    assert!(answer.contains("refused"), "{answer}");
+    // Another page on loopback may use the other APIs, but not the page's own.
+    let (status, answer) = from("http://localhost:3000");
+    assert_eq!(status, 403, "{answer}");
     assert!(answer.contains("another site"), "{answer}");
     // The test client's Host is `localhost`.
     assert_eq!(from("http://localhost").0, 200);

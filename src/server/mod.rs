@@ -12,6 +12,7 @@ pub mod errors;
 pub mod hosted;
 pub mod ollama;
 pub mod openai;
+pub mod origin;
 pub mod ui;
 pub mod worker;
 
@@ -764,6 +765,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             authenticate,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            refuse_other_sites,
+        ))
         .layer(axum::middleware::from_fn(log_request))
         .with_state(state)
 }
@@ -817,6 +822,48 @@ async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Ne
         "this server needs an API key: send `Authorization: Bearer <key>` with the key it was started with (--api-key or ZIMAGE_API_KEY)",
     )
     .into_response()
+}
+
+/// On a server without an API key (one on loopback), refuses what a web page of another site
+/// sends: a request naming a host that is not this machine (DNS rebinding) and a browser's
+/// request from an origin that is not allowed ([`origin`]). A key keeps such pages out already.
+async fn refuse_other_sites(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if state.api_key.is_some() {
+        return next.run(req).await;
+    }
+    if let Some(refusal) = other_site(&req) {
+        return refusal.into_response();
+    }
+    next.run(req).await
+}
+
+/// The refusal of a request from another site ([`refuse_other_sites`]), if it is one.
+fn other_site(req: &Request) -> Option<ApiError> {
+    let api = Api::of_path(req.uri().path());
+    let header = |name: axum::http::header::HeaderName| {
+        (req.headers().get(name)).and_then(|v| v.to_str().ok())
+    };
+    let host = header(axum::http::header::HOST);
+    if let Some(h) = host.filter(|h| !origin::host_allowed(h, origin::machine_name())) {
+        let message = format!(
+            "requests for host `{}` are refused: this server answers requests for this machine (localhost or an address); give it --api-key to serve other names",
+            crate::shown::text(h)
+        );
+        return Some(ApiError::new(api, StatusCode::FORBIDDEN, message));
+    }
+    let o = header(axum::http::header::ORIGIN)?;
+    if origin::origin_allowed(o, host, origin::extra_origins()) {
+        return None;
+    }
+    let message = format!(
+        "requests from web pages of `{}` are refused; list the origin in ZIMAGE_ORIGINS (or OLLAMA_ORIGINS) to allow it",
+        crate::shown::text(o)
+    );
+    Some(ApiError::new(api, StatusCode::FORBIDDEN, message))
 }
 
 /// Compares two secrets in time that depends only on their lengths.
