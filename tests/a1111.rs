@@ -654,3 +654,32 @@ fn interrupt_after_an_image_answers_with_the_images_made() {
         .iter()
         .any(|l| l.contains("interrupted; answered with the 1 image made before")));
 }
+
+/// A body as chat front ends (SillyTavern's `auto` source) send it: every field at its default,
+/// settings that change no pixel, the UI's saving switches. It runs, and gives the CLI's image.
+#[test]
+fn a_chat_front_ends_full_body_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let body = r#"{"prompt": "a red fox in the snow", "negative_prompt": "", "sampler_name": "Euler",
+        "scheduler": "Automatic", "steps": 2, "cfg_scale": 0, "width": 64, "height": 64,
+        "seed": 7, "restore_faces": false, "enable_hr": false, "hr_upscaler": "Latent",
+        "hr_scale": 2, "hr_second_pass_steps": 0, "denoising_strength": 0.7, "batch_size": 1,
+        "n_iter": 1, "clip_skip": 1, "save_images": true, "send_images": true,
+        "do_not_save_grid": false, "do_not_save_samples": false,
+        "override_settings": {"CLIP_stop_at_last_layers": 1, "sd_vae": "", "samples_save": true,
+                              "forge_additional_modules": []},
+        "override_settings_restore_afterwards": true, "alwayson_scripts": {}}"#;
+    let (status, answer) = post(server.port, "/sdapi/v1/txt2img", body);
+    assert_eq!(status, 200, "{answer}");
+    let got = pixels(&common::server::b64(
+        json(&answer)["images"][0].as_str().unwrap(),
+    ));
+    let cli = cli_generate(
+        &store,
+        dir.path(),
+        &["--width", "64", "--height", "64", "--seed", "7"],
+    );
+    assert!(got == cli, "the image differs from the CLI's");
+}

@@ -116,6 +116,35 @@ async fn options_now(state: &AppState) -> Result<Map<String, Value>, ApiError> {
     Ok(options)
 }
 
+/// A1111 settings that clients send with every request and that change no pixel of zimage's
+/// images: where and whether files are saved, what the UI shows.
+const UNSEEN_SETTINGS: [&str; 9] = [
+    "samples_save",
+    "save_images_add_number",
+    "grid_save",
+    "return_grid",
+    "enable_pnginfo",
+    "live_previews_enable",
+    "show_progressbar",
+    "sd_vae_overrides_per_model_preferences",
+    "do_not_show_images",
+];
+
+/// Whether an override changes nothing here: an empty value (clients send `""`, `[]` or null
+/// for "the default"), the checkpoint's own VAE (`None`, `Automatic`), or a setting of
+/// [`UNSEEN_SETTINGS`].
+fn changes_no_pixel(key: &str, value: &Value) -> bool {
+    let empty = match value {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    let own_vae = key == "sd_vae" && matches!(value.as_str(), Some("None" | "Automatic"));
+    empty || own_vae || UNSEEN_SETTINGS.contains(&key)
+}
+
 /// The model a generation runs on: `override_settings.sd_model_checkpoint`, else the current
 /// one. Other overrides must equal what the server reports.
 pub(super) async fn request_model(state: &AppState, b: &Body1111) -> Result<ModelName, ApiError> {
@@ -133,9 +162,10 @@ pub(super) async fn request_model(state: &AppState, b: &Body1111) -> Result<Mode
         if reported.is_none() {
             reported = Some(options_now(state).await?);
         }
-        // Without a VAE file of its own, `None` (the checkpoint's VAE) is `Automatic`.
-        let same_vae = key == "sd_vae" && value.as_str() == Some("None");
-        if !same_vae && reported.as_ref().and_then(|r| r.get(key)) != Some(value) {
+        if changes_no_pixel(key, value) {
+            continue;
+        }
+        if reported.as_ref().and_then(|r| r.get(key)) != Some(value) {
             return Err(bad(format!(
                 "override_settings.{}: zimage has no such setting to change (GET /sdapi/v1/options shows the ones it has)",
                 key.escape_debug()
