@@ -165,6 +165,9 @@ def reuse_settings(page):
           f"reuse should bring back the prompt, #prompt is {page.input_value('#prompt')!r}")
     check(page.input_value("#seed") == SEED, f"reuse should bring back seed {SEED}, #seed is {page.input_value('#seed')}")
     check(not page.is_checked("#random-seed"), "reuse should uncheck #random-seed")
+    # The image had no hires pass and the model's guidance options: so the form says.
+    check(page.input_value("#hires-scale") == "1", "reuse should turn the hires pass off")
+    check(page.input_value("#cfg-truncation") == "1", "reuse should keep guidance throughout")
     check(page.input_value("#count") == "1", "reuse should set #count to 1")
 
 

@@ -649,3 +649,66 @@ fn a_page_inpaint_of_the_masked_area_alone_is_the_command_lines() {
         cli
     );
 }
+
+#[test]
+fn a_page_job_with_guidance_options_and_a_hires_pass_is_the_command_lines() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let body = serde_json::json!({
+        "prompt": "a red fox in snow", "negative_prompt": "blurry", "width": 64, "height": 64,
+        "steps": 3, "guidance": 2.0, "seed": 21, "cfg_normalization": true,
+        "cfg_truncation": 0.5, "hires_scale": 1.5, "hires_strength": 0.5,
+    });
+    let done = done_job(server.port, &body);
+    let entry = &done["images"][0];
+    assert_eq!(
+        (entry["width"].as_u64(), entry["height"].as_u64()),
+        (Some(96), Some(96))
+    );
+    let settings = &entry["settings"];
+    assert_eq!(
+        (settings["width"].as_u64(), settings["seed"].as_u64()),
+        (Some(64), Some(21))
+    );
+    assert_eq!(settings["cfg_normalization"], true);
+    assert_eq!(settings["cfg_truncation"], 0.5);
+    assert_eq!(settings["hires"]["scale"], 1.5);
+    assert_eq!(settings["hires"]["strength"], 0.5);
+    let cli = cli_png(
+        &page,
+        "a red fox in snow",
+        &[
+            "--negative",
+            "blurry",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--steps",
+            "3",
+            "--guidance",
+            "2",
+            "--seed",
+            "21",
+            "--cfg-normalization",
+            "--cfg-truncation",
+            "0.5",
+            "--hires-scale",
+            "1.5",
+            "--hires-strength",
+            "0.5",
+        ],
+    );
+    assert_eq!(
+        std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
+        cli
+    );
+    // The pass's settings need the pass.
+    let (status, answer) = post(
+        server.port,
+        "/ui/api/jobs",
+        r#"{"prompt": "x", "hires_strength": 0.5}"#,
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("hires_scale"), "{answer}");
+}

@@ -239,6 +239,10 @@ struct PageBody {
     controlnet: Option<String>,
     control_image: Option<String>,
     control_scale: Option<f32>,
+    /// A hires pass (`--hires-scale`, `--hires-strength`, `--hires-steps`).
+    hires_scale: Option<f32>,
+    hires_strength: Option<f64>,
+    hires_steps: Option<u64>,
 }
 
 impl super::ControlFields for PageBody {
@@ -326,12 +330,35 @@ async fn submit(
         input,
         control,
         loras: super::request_loras(&state, API, body.loras.as_deref())?,
+        hires: hires(&body)?,
         ..generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };
     super::check_job(API, &job)?;
     super::open_model(&state, API, &name, true).await?;
     let id = jobs::PageJobs::submit(&state, name, job, reservation)?;
     Ok(Json(json!({ "id": id.to_string() })))
+}
+
+/// The form's hires pass: `hires_scale` turns it on; the strength and steps need it.
+fn hires(body: &PageBody) -> Result<Option<generation::Hires>, ApiError> {
+    match body.hires_scale {
+        None if body.hires_strength.is_some() || body.hires_steps.is_some() => {
+            Err(ApiError::bad_request(
+                API,
+                "hires_strength and hires_steps need hires_scale: the pass they set",
+            ))
+        }
+        None => Ok(None),
+        Some(scale) => Ok(Some(generation::Hires {
+            scale,
+            strength: body
+                .hires_strength
+                .unwrap_or(generation::Hires::DEFAULT_STRENGTH),
+            steps: body
+                .hires_steps
+                .map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
+        })),
+    }
 }
 
 fn job_id(text: &str) -> Result<u64, ApiError> {

@@ -227,6 +227,8 @@ function applyModelDefaults() {
   $("steps").value = model.steps;
   $("guidance").value = model.guidance;
   $("negative").value = model.negative_prompt || "";
+  $("cfg-normalization").checked = Boolean(model.cfg_normalization);
+  $("cfg-truncation").value = model.cfg_truncation ?? 1;
   if (page.picture) setSize(page.picture.fitWidth, page.picture.fitHeight);
   else applySizeChoice();
   updateNegativeRow();
@@ -528,12 +530,31 @@ async function buildJob() {
     height: numberOf("height"),
   };
   if (guidance > 1) job.negative_prompt = $("negative").value;
+  addGuidanceOptions(job);
+  addHires(job);
   if (!$("random-seed").checked && $("seed").value !== "") job.seed = $("seed").value;
   const loras = chosenLoras();
   if (loras.length) job.loras = loras;
   if (page.picture) addPicture(job, page.picture);
   if ($("controlnet").value !== "none") await addControl(job);
   return job;
+}
+
+// Sent only where they differ from the model's defaults, so a model's own settings rule.
+function addGuidanceOptions(job) {
+  const model = currentModel() || {};
+  const normalization = $("cfg-normalization").checked;
+  if (normalization !== Boolean(model.cfg_normalization)) job.cfg_normalization = normalization;
+  const truncation = numberOf("cfg-truncation");
+  if (truncation !== (model.cfg_truncation ?? 1)) job.cfg_truncation = truncation;
+}
+
+function addHires(job) {
+  const scale = numberOf("hires-scale");
+  if (!(scale > 1)) return;
+  job.hires_scale = scale;
+  job.hires_strength = numberOf("hires-strength");
+  if ($("hires-steps").value !== "") job.hires_steps = numberOf("hires-steps");
 }
 
 function addPicture(job, picture) {
@@ -871,11 +892,20 @@ function reuseSettings(entry) {
   $("count").value = 1;
   if (s.strength != null) $("strength").value = s.strength;
   $("only-masked").checked = s.only_masked != null;
+  if (s.cfg_normalization != null) $("cfg-normalization").checked = Boolean(s.cfg_normalization);
+  if (s.cfg_truncation != null) $("cfg-truncation").value = s.cfg_truncation;
+  reuseHires(s.hires);
   reuseLoras(s.loras || []);
   reuseControl(s);
   updateNegativeRow();
   showStatus(`The settings of ${entry.file} are in the form.`);
   $("prompt").focus();
+}
+
+function reuseHires(hires) {
+  $("hires-scale").value = hires?.scale ?? 1;
+  if (hires?.strength != null) $("hires-strength").value = hires.strength;
+  $("hires-steps").value = hires?.steps ?? "";
 }
 
 function reuseLoras(loras) {
