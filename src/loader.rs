@@ -529,3 +529,14 @@ pub struct StoreSource {
     pub model: StoredModel,
     pub read_path: ReadPath,
 }
+
+impl StoreSource {
+    /// `model` read through MLX's loader, as generation reads it.
+    pub fn new(store: &Store, model: &StoredModel) -> StoreSource {
+        StoreSource {
+            store: store.clone(),
+            model: model.clone(),
+            read_path: ReadPath::MlxLoader,
+        }
+    }
+}

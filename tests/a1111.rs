@@ -35,6 +35,15 @@ fn cli_generate(store: &Path, dir: &Path, flags: &[&str]) -> (u32, u32, Vec<u8>)
     pixels(&std::fs::read(&png).unwrap())
 }
 
+/// The reference inputs' 96×80 picture and its mask.
+fn picture_and_mask() -> (std::path::PathBuf, std::path::PathBuf) {
+    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
+    (
+        inputs.join("picture-96x80.png"),
+        inputs.join("mask-96x80.png"),
+    )
+}
+
 /// The pixels of the command line's inpaint of `picture` (96×80) under `mask` at strength
 /// 0.8 from seed 7, with `flags`.
 fn cli_inpaint(
@@ -95,9 +104,7 @@ fn webuiapi_gets_the_pixels_zimage_generate_makes() {
     let store = two_model_store(dir.path());
     let server = Server::start(&store, &["--default-model", "tiny"], &[]);
     let python = common::test_python();
-    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
-    let picture = inputs.join("picture-96x80.png");
-    let mask = inputs.join("mask-96x80.png");
+    let (picture, mask) = picture_and_mask();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a1111_clients.py");
     let report = client_report(
         Command::new(python).arg(script).args([
@@ -382,9 +389,7 @@ fn an_inverted_mask_repaints_what_the_mask_keeps() {
     let dir = tempfile::tempdir().unwrap();
     let store = demo_store(dir.path());
     let server = Server::start(&store, &[], &[]);
-    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
-    let picture = inputs.join("picture-96x80.png");
-    let mask = inputs.join("mask-96x80.png");
+    let (picture, mask) = picture_and_mask();
     let mut inverted = image::open(&mask).unwrap().to_luma8();
     image::imageops::invert(&mut inverted);
     let inverted_path = dir.path().join("inverted.png");
@@ -566,9 +571,7 @@ fn only_masked_inpaints_the_cut_out_and_keeps_the_rest_of_the_picture() {
     let dir = tempfile::tempdir().unwrap();
     let store = demo_store(dir.path());
     let server = Server::start(&store, &[], &[]);
-    let inputs = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs");
-    let picture = inputs.join("picture-96x80.png");
-    let mask = inputs.join("mask-96x80.png");
+    let (picture, mask) = picture_and_mask();
     let b64 = |p: &Path| {
         use base64::Engine;
         base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap())

@@ -114,6 +114,11 @@ fn done_job(port: u16, body: &serde_json::Value) -> serde_json::Value {
     done
 }
 
+/// The PNG of a gallery entry, as the page kept it.
+fn gallery_png(page: &Page, entry: &serde_json::Value) -> Vec<u8> {
+    std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap()
+}
+
 /// The PNG `zimage generate PROMPT --model tiny FLAGS` writes.
 fn cli_png(page: &Page, prompt: &str, flags: &[&str]) -> Vec<u8> {
     let out = page._dir.path().join("cli.png");
@@ -271,7 +276,7 @@ fn page_jobs_equal_the_command_line_and_the_gallery_outlives_a_restart() {
         ],
     );
     assert_eq!(
-        std::fs::read(page.gallery.join(inpainted["file"].as_str().unwrap())).unwrap(),
+        gallery_png(&page, inpainted),
         cli,
         "the page's inpaint differs from the command line's"
     );
@@ -520,10 +525,7 @@ fn a_page_job_steered_by_a_controlnet_is_the_command_lines() {
             "0.6",
         ],
     );
-    assert_eq!(
-        std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
-        cli
-    );
+    assert_eq!(gallery_png(&page, entry), cli);
 }
 
 #[test]
@@ -644,10 +646,7 @@ fn a_page_inpaint_of_the_masked_area_alone_is_the_command_lines() {
             "8",
         ],
     );
-    assert_eq!(
-        std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
-        cli
-    );
+    assert_eq!(gallery_png(&page, entry), cli);
 }
 
 #[test]
@@ -699,10 +698,7 @@ fn a_page_job_with_guidance_options_and_a_hires_pass_is_the_command_lines() {
             "0.5",
         ],
     );
-    assert_eq!(
-        std::fs::read(page.gallery.join(entry["file"].as_str().unwrap())).unwrap(),
-        cli
-    );
+    assert_eq!(gallery_png(&page, entry), cli);
     // The pass's settings need the pass.
     let (status, answer) = post(
         server.port,

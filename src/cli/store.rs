@@ -427,11 +427,7 @@ fn lora_note(store: &Store, model: &store::StoredModel) -> Option<String> {
 
 /// `ControlNet 2.1 (…)` for a stored ControlNet; `None` for any other model.
 fn controlnet_note(store: &Store, model: &store::StoredModel) -> Option<String> {
-    let source = zimage::loader::StoreSource {
-        store: store.clone(),
-        model: model.clone(),
-        read_path: zimage::loader::ReadPath::MlxLoader,
-    };
+    let source = zimage::loader::StoreSource::new(store, model);
     Some(match zimage::controlnet_source::stored_config(&source) {
         Ok(Some(c)) => format!(
             "ControlNet {} ({} control layers, {} control channels)",
@@ -456,11 +452,7 @@ struct RuntimeMemory {
 /// no Z-Image pipeline (no configs to size it by).
 fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMemory> {
     let dtype = zimage::platform::default_compute_dtype();
-    let source = zimage::loader::StoreSource {
-        store: store.clone(),
-        model: model.clone(),
-        read_path: zimage::loader::ReadPath::MlxLoader,
-    };
+    let source = zimage::loader::StoreSource::new(store, model);
     let pipeline = zimage::pipeline::Pipeline::new(source, dtype, false).ok()?;
     let side = pipeline.configs.vae.sample_size.unwrap_or(1024);
     let sizes = pipeline.tensor_sizes().ok()?;

@@ -28,11 +28,7 @@ fn image_models_in(store: &Store) -> Result<Vec<StoredModel>, String> {
 
 /// Whether a stored model is a ControlNet.
 pub fn is_controlnet(store: &Store, model: &StoredModel) -> bool {
-    let source = crate::loader::StoreSource {
-        store: store.clone(),
-        model: model.clone(),
-        read_path: crate::loader::ReadPath::MlxLoader,
-    };
+    let source = crate::loader::StoreSource::new(store, model);
     matches!(
         crate::controlnet_source::stored_config(&source),
         Ok(Some(_))

@@ -349,6 +349,16 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// A time as 14 digits, `20261126045012` (UTC), as A1111 stamps its jobs and the gallery
+/// names its files.
+pub fn compact_time(t: SystemTime) -> String {
+    rfc3339(t)
+        .chars()
+        .filter(char::is_ascii_digit)
+        .take(14)
+        .collect()
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_seconds(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -942,5 +952,6 @@ mod tests {
     fn times_are_rfc3339() {
         let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(rfc3339(t), "2023-11-14T22:13:20.000000000Z");
+        assert_eq!(compact_time(t), "20231114221320");
     }
 }

@@ -70,7 +70,7 @@ pub fn origin_allowed(origin: &str, host: Option<&str>, extra: &[String]) -> boo
     if !matches!(scheme, "http" | "https") {
         return false;
     }
-    if Some(authority) == host {
+    if same_origin(origin, host) {
         return true;
     }
     let name = hostname(authority);
@@ -78,6 +78,12 @@ pub fn origin_allowed(origin: &str, host: Option<&str>, extra: &[String]) -> boo
         || name
             .parse::<IpAddr>()
             .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+}
+
+/// Whether a page of `origin` is this server's own, reached as `host`.
+pub fn same_origin(origin: &str, host: Option<&str>) -> bool {
+    let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+    host.is_some_and(|h| h == authority)
 }
 
 /// Whether `text` matches `pattern`, whose `*` matches any run of characters.

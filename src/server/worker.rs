@@ -370,25 +370,21 @@ impl Worker {
 
     /// Stops the running job at its next step boundary; whether one was running.
     pub fn interrupt(&self) -> bool {
-        match lock(&self.running).as_ref() {
-            Some(r) => {
-                r.cancel.interrupt();
-                true
-            }
-            None => false,
-        }
+        self.flip_running(Cancel::interrupt)
     }
 
     /// Drops the running job's current image at its next step boundary; whether one was
     /// running.
     pub fn skip(&self) -> bool {
-        match lock(&self.running).as_ref() {
-            Some(r) => {
-                r.cancel.skip();
-                true
-            }
-            None => false,
-        }
+        self.flip_running(Cancel::skip)
+    }
+
+    /// Flips a switch of the running job's cancel; whether one was running.
+    fn flip_running(&self, flip: fn(&Cancel)) -> bool {
+        lock(&self.running)
+            .as_ref()
+            .map(|r| flip(&r.cancel))
+            .is_some()
     }
 
     /// The model the last job ran on, and when it started.

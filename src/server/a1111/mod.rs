@@ -72,15 +72,6 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<(Value, Body1111),
     Ok((raw, parsed))
 }
 
-/// `20261126045012`, as A1111 stamps its jobs.
-fn job_timestamp(t: SystemTime) -> String {
-    super::rfc3339(t)
-        .chars()
-        .filter(char::is_ascii_digit)
-        .take(14)
-        .collect()
-}
-
 /// The `info` JSON A1111 writes beside the images.
 fn info(
     b: &Body1111,
@@ -139,7 +130,7 @@ fn info(
         "index_of_first_image": 0,
         "infotexts": images.iter().map(|i| i.infotext.clone()).collect::<Vec<_>>(),
         "styles": [],
-        "job_timestamp": job_timestamp(started),
+        "job_timestamp": super::compact_time(started),
         "clip_skip": 1,
         "is_using_inpainting_conditioning": false,
         "version": format!("zimage {}", env!("CARGO_PKG_VERSION")),
@@ -212,15 +203,4 @@ pub async fn img2img(
     body: Body,
 ) -> Result<Response, ApiError> {
     generate(state, headers, body, Kind::Img2Img).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_are_digits() {
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
-        assert_eq!(job_timestamp(t), "20231114221320");
-    }
 }

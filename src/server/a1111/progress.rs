@@ -1,6 +1,5 @@
 //! Progress, interrupt and skip over the worker's running job, whichever API sent it.
 
-use super::job_timestamp;
 use crate::generation;
 use crate::server::AppState;
 use axum::extract::State;
@@ -43,7 +42,7 @@ pub async fn progress(State(state): State<Arc<AppState>>) -> Json<Value> {
             "stopping_generation": false,
             "job": r.label,
             "job_count": job_count,
-            "job_timestamp": job_timestamp(r.started),
+            "job_timestamp": crate::server::compact_time(r.started),
             "job_no": p.map_or(0, |p| p.image.saturating_sub(1)),
             "sampling_step": p.map_or(0, |p| p.step),
             "sampling_steps": p.map_or(0, |p| p.steps),

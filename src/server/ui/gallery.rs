@@ -41,11 +41,7 @@ impl Gallery {
                 self.dir.display()
             )
         })?;
-        let stamp: String = crate::server::rfc3339(SystemTime::now())
-            .chars()
-            .filter(char::is_ascii_digit)
-            .take(14)
-            .collect();
+        let stamp = crate::server::compact_time(SystemTime::now());
         images
             .iter()
             .enumerate()

@@ -161,8 +161,12 @@ impl PageJobs {
 
     fn update(&self, id: u64, change: impl FnOnce(&mut PageJob)) {
         let mut jobs = self.lock();
-        if let Some(job) = jobs.get_mut(&id) {
-            change(job);
+        let Some(job) = jobs.get_mut(&id) else {
+            return;
+        };
+        change(job);
+        if !job.state.ended() {
+            return;
         }
         // Forget the oldest ended jobs beyond what pages may still poll.
         let ended: Vec<u64> = jobs

@@ -85,8 +85,7 @@ async fn same_origin(
     let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     if let Some(origin) = origin {
-        let from = origin.split_once("://").map_or(origin, |(_, rest)| rest);
-        if Some(from) != host {
+        if !super::origin::same_origin(origin, host) {
             return Err(ApiError::new(
                 API,
                 StatusCode::FORBIDDEN,
@@ -158,11 +157,7 @@ async fn info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiErro
 
 /// A model as the form offers it: its name, default size and recorded settings.
 fn model_entry(store: &Store, model: &StoredModel) -> Value {
-    let source = crate::loader::StoreSource {
-        store: store.clone(),
-        model: model.clone(),
-        read_path: crate::loader::ReadPath::MlxLoader,
-    };
+    let source = crate::loader::StoreSource::new(store, model);
     let defaults = crate::generation_defaults::GenerationDefaults::of(&source).unwrap_or_default();
     let side = store
         .config_file(model, "vae/config.json")
