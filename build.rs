@@ -18,12 +18,21 @@
 //!
 //! On Linux's CPU backend the wheel's bundled reference BLAS is replaced by OpenBLAS (the
 //! `scipy-openblas32` wheel, installed the same way) unless `ZIMAGE_BLAS=reference`.
+//!
+//! `ZIMAGE_CHECK_ONLY=1` is for checking a target this machine cannot link for (macOS from
+//! Linux, with `cargo clippy --target aarch64-apple-darwin`): nothing is installed or linked,
+//! MLX's headers come from an MLX already here, and the shim is compiled with clang for the
+//! target's processor, warnings as errors, as Apple's compiler (a clang) would see it.
 
+#[path = "build/mlx_install.rs"]
+mod mlx_install;
+
+use mlx_install::{backend_package, cache_dir, header_version, pip_install, pip_install_once};
+use mlx_install::{python, Os, MLX_VERSION};
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const MLX_VERSION: &str = "0.32.4";
 const OPENBLAS_WHEEL: &str = "scipy-openblas32==0.3.34.481.3";
 /// The shim's sources; every one is compiled, the headers are watched.
 const SHIM_SOURCES: &[&str] = &[
@@ -50,6 +59,7 @@ fn main() {
         "ZIMAGE_BLAS",
         "PYTHON",
         "CI",
+        "ZIMAGE_CHECK_ONLY",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -97,33 +107,20 @@ fn embed_demo_model() -> Result<(), String> {
     std::fs::write(&dest, out).map_err(|e| format!("{}: {e}", dest.display()))
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum Os {
-    Linux,
-    MacOs,
-}
-
 fn run() -> Result<(), String> {
-    let os = match env::var("CARGO_CFG_TARGET_OS").as_deref() {
-        Ok("linux") => Os::Linux,
-        Ok("macos") => Os::MacOs,
-        Ok(other) => {
-            return Err(format!(
-                "unsupported target OS `{other}`: zimage builds on Linux and macOS"
-            ))
-        }
+    let os = match env::var("CARGO_CFG_TARGET_OS") {
+        Ok(name) => Os::from_target(&name)?,
         Err(_) => return Err("CARGO_CFG_TARGET_OS is not set; run the build through cargo".into()),
     };
+    println!("cargo:rustc-check-cfg=cfg(zimage_dlopen)");
+    if env::var("ZIMAGE_CHECK_ONLY").is_ok_and(|v| !v.is_empty() && v != "0") {
+        return check_only(os);
+    }
     let variant = variant(os)?;
-    let (root, source) = find_mlx(os, &variant)?;
+    let (root, source) = find_mlx(&variant)?;
+    mlx_install::check_layout(&root, os, &variant).map_err(|e| format!("{e} ({source})"))?;
     let include = root.join("include");
     let lib = root.join("lib");
-    if !include.join("mlx/mlx.h").is_file() {
-        return Err(format!(
-            "{} has no include/mlx/mlx.h ({source}); point MLX_DIR at an MLX install",
-            root.display()
-        ));
-    }
 
     let openblas = if os == Os::Linux
         && variant == "cpu"
@@ -136,7 +133,40 @@ fn run() -> Result<(), String> {
 
     // CI builds treat the shim's warnings as errors; local builds only show them.
     let strict = env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    let (shim, mut blas) = shim_builds(&include, strict);
+    if openblas.is_some() {
+        blas.define("ZIMAGE_OPENBLAS", None);
+    }
 
+    if variant.starts_with("cuda") {
+        // libmlx needs the driver's libcuda.so.1 to load at all: the program opens it (with the
+        // shim) at start instead of linking it, and says so when the driver is missing.
+        let mut objects = shim.compile_intermediates();
+        objects.extend(blas.compile_intermediates());
+        let runtime = link_runtime_library(&objects, &lib)?;
+        println!("cargo:rustc-cfg=zimage_dlopen");
+        println!("cargo:rustc-env=ZIMAGE_RUNTIME_LIB={}", runtime.display());
+    } else {
+        shim.compile("mlxs_shim");
+        link_blas(&blas, openblas.as_deref(), os);
+        for line in mlx_install::link_lines(os, &lib) {
+            println!("{line}");
+        }
+        if let Some(dir) = &openblas {
+            println!("cargo:rustc-link-search=native={}", dir.display());
+            println!("cargo:rustc-link-lib=dylib=scipy_openblas");
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+            for sym in ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"] {
+                println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol={sym}");
+            }
+        }
+    }
+    describe_mlx(&lib, &variant, &include, &source)
+}
+
+/// The shim's two builds (its C++, and the C of its BLAS forwarders), configured alike for the
+/// program and for [`check_only`].
+fn shim_builds(include: &Path, strict: bool) -> (cc::Build, cc::Build) {
     let mut shim = cc::Build::new();
     shim.cpp(true)
         .std("c++20")
@@ -152,70 +182,87 @@ fn run() -> Result<(), String> {
         .warnings(true)
         .extra_warnings(true)
         .warnings_into_errors(strict);
-
     let mut blas = cc::Build::new();
     blas.file("mlx-sys-shim/blas.c")
         .include("mlx-sys-shim")
         .warnings(true)
         .extra_warnings(true)
         .warnings_into_errors(strict);
-    if openblas.is_some() {
-        blas.define("ZIMAGE_OPENBLAS", None);
-    }
+    (shim, blas)
+}
 
-    println!("cargo:rustc-check-cfg=cfg(zimage_dlopen)");
-    if variant.starts_with("cuda") {
-        // libmlx needs the driver's libcuda.so.1 to load at all: the program opens it (with the
-        // shim) at start instead of linking it, and says so when the driver is missing.
-        let mut objects = shim.compile_intermediates();
-        objects.extend(blas.compile_intermediates());
-        let runtime = link_runtime_library(&objects, &lib)?;
-        println!("cargo:rustc-cfg=zimage_dlopen");
-        println!("cargo:rustc-env=ZIMAGE_RUNTIME_LIB={}", runtime.display());
-    } else {
-        shim.compile("mlxs_shim");
-        link_blas(&blas, openblas.as_deref(), os);
-        println!("cargo:rustc-link-search=native={}", lib.display());
-        println!("cargo:rustc-link-lib=dylib=mlx");
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-        if os == Os::Linux {
-            println!("cargo:rustc-link-lib=dylib=dl");
-        }
-        if let Some(dir) = &openblas {
-            println!("cargo:rustc-link-search=native={}", dir.display());
-            println!("cargo:rustc-link-lib=dylib=scipy_openblas");
-            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
-            for sym in ["cblas_sgemm", "cblas_dgemm", "cblas_cgemm"] {
-                println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol={sym}");
-            }
-        }
-    }
+/// What the program says of the MLX it was built with (`zimage version`).
+fn describe_mlx(lib: &Path, variant: &str, include: &Path, source: &str) -> Result<(), String> {
     println!("cargo:rustc-env=ZIMAGE_MLX_LIB_DIR={}", lib.display());
     println!("cargo:rustc-env=ZIMAGE_MLX_VARIANT={variant}");
     println!(
         "cargo:rustc-env=ZIMAGE_MLX_HEADER_VERSION={}",
-        header_version(&include)?
+        header_version(include)?
     );
     println!("cargo:rustc-env=ZIMAGE_MLX_SOURCE={source}");
     Ok(())
 }
 
-/// MLX's version as its headers state it (`include/mlx/version.h`).
-fn header_version(include: &Path) -> Result<String, String> {
-    let path = include.join("mlx/version.h");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let part = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("#define MLX_VERSION_{name} ")))
-            .map(|v| v.trim().to_string())
-            .ok_or_else(|| format!("{} has no MLX_VERSION_{name}", path.display()))
-    };
-    Ok(format!(
-        "{}.{}.{}",
-        part("MAJOR")?,
-        part("MINOR")?,
-        part("PATCH")?
-    ))
+/// `ZIMAGE_CHECK_ONLY`: the Rust code is only type-checked, so nothing is installed or linked.
+/// The shim is compiled, not linked, by clang for the target's processor with the Linux
+/// headers of that processor (Debian's cross packages): the same compiler family and
+/// architecture as a Mac's build, warnings as errors.
+fn check_only(os: Os) -> Result<(), String> {
+    let variant = variant(os)?;
+    let root = installed_headers().ok_or(
+        "ZIMAGE_CHECK_ONLY: no MLX headers here; build once for this machine first (`cargo \
+         build`, which installs MLX), or set MLX_DIR",
+    )?;
+    let include = root.join("include");
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").map_err(|e| e.to_string())?;
+    let host = env::var("HOST").map_err(|e| e.to_string())?;
+    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?).join("shim-check");
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    // A Linux triple for the target's processor: clang then takes the C and C++ headers of
+    // Debian's cross packages, where an Apple triple would want Apple's SDK.
+    let triple = format!("{arch}-unknown-linux-gnu");
+    let (mut shim, mut blas) = shim_builds(&include, true);
+    for (build, compiler) in [(&mut shim, "clang++"), (&mut blas, "clang")] {
+        build
+            .compiler(compiler)
+            .target(&triple)
+            .host(&host)
+            .debug(false)
+            .cargo_metadata(false)
+            .out_dir(&out);
+        build.try_compile_intermediates().map_err(|e| {
+            format!(
+                "ZIMAGE_CHECK_ONLY: compiling the shim with {compiler} for {triple} failed: {e}\n\
+                 (it needs clang and the {arch} cross headers: on Debian `apt-get install clang \
+                 libstdc++-12-dev-arm64-cross libc6-dev-arm64-cross`)"
+            )
+        })?;
+    }
+    describe_mlx(
+        &root.join("lib"),
+        &variant,
+        &include,
+        "headers only (ZIMAGE_CHECK_ONLY: type-checked, not linked)",
+    )
+}
+
+/// An MLX whose headers are already on this machine, without installing one: `MLX_DIR`, else a
+/// tree of the pinned version that an earlier build installed into the cache, any variant.
+fn installed_headers() -> Option<PathBuf> {
+    if let Ok(dir) = env::var("MLX_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let cache = cache_dir().ok()?;
+    let prefix = format!("mlx-{MLX_VERSION}-");
+    let mut trees: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path().join("mlx"))
+        .filter(|root| root.join("include/mlx/mlx.h").is_file())
+        .collect();
+    trees.sort();
+    trees.into_iter().next()
 }
 
 /// Links the BLAS forwarders as a plain object, so the linker always keeps them even though
@@ -274,17 +321,7 @@ fn variant(os: Os) -> Result<String, String> {
     }
 }
 
-/// The PyPI package that carries libmlx for `variant`.
-fn backend_package(variant: &str) -> &'static str {
-    match variant {
-        "metal" => "mlx-metal",
-        "cuda12" => "mlx-cuda-12",
-        "cuda13" => "mlx-cuda-13",
-        _ => "mlx-cpu",
-    }
-}
-
-fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
+fn find_mlx(variant: &str) -> Result<(PathBuf, String), String> {
     if let Ok(dir) = env::var("MLX_DIR") {
         let dir = PathBuf::from(dir);
         if !dir.join("lib").is_dir() || !dir.join("include").is_dir() {
@@ -300,23 +337,19 @@ fn find_mlx(os: Os, variant: &str) -> Result<(PathBuf, String), String> {
     }
     let target = cache_dir()?.join(format!("mlx-{MLX_VERSION}-{variant}"));
     let backend = backend_package(variant);
-    let wheels = [
-        format!("mlx=={MLX_VERSION}"),
-        format!("{backend}=={MLX_VERSION}"),
-    ];
+    let wheels = mlx_install::wheels(variant);
     if variant.starts_with("cuda") {
         // A cache from before the CUDA libraries were installed beside libmlx is incomplete.
         if !target.join("nvidia").is_dir() {
             let _ = std::fs::remove_file(target.join(".complete"));
         }
-        pip_install_once(&target, &wheels, |tmp| {
+        pip_install_once(&target, &wheels, None, |tmp| {
             let requires = requirements(tmp, backend)?;
-            pip_install(tmp, &requires, true)
+            pip_install(tmp, &requires, true, None)
         })?;
     } else {
-        pip_install_once(&target, &wheels, |_| Ok(()))?;
+        pip_install_once(&target, &wheels, None, |_| Ok(()))?;
     }
-    let _ = os;
     Ok((
         target.join("mlx"),
         format!("mlx {MLX_VERSION} wheels in {}", target.display()),
@@ -371,7 +404,7 @@ fn python_mlx(variant: &str) -> Option<PathBuf> {
 fn find_openblas() -> Result<PathBuf, String> {
     let version = OPENBLAS_WHEEL.split("==").nth(1).unwrap_or("latest");
     let target = cache_dir()?.join(format!("scipy-openblas32-{version}"));
-    pip_install_once(&target, &[OPENBLAS_WHEEL.to_string()], |_| Ok(()))?;
+    pip_install_once(&target, &[OPENBLAS_WHEEL.to_string()], None, |_| Ok(()))?;
     let lib = target.join("scipy_openblas32/lib");
     if !lib.join("libscipy_openblas.so").is_file() {
         return Err(format!(
@@ -381,101 +414,4 @@ fn find_openblas() -> Result<PathBuf, String> {
         ));
     }
     Ok(lib)
-}
-
-fn python() -> String {
-    env::var("PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn cache_dir() -> Result<PathBuf, String> {
-    if let Ok(dir) = env::var("ZIMAGE_CACHE_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Ok(dir) = env::var("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("zimage"));
-    }
-    match env::var("HOME") {
-        Ok(home) => Ok(PathBuf::from(home).join(".cache/zimage")),
-        Err(_) => {
-            Err("cannot place the MLX cache: set ZIMAGE_CACHE_DIR (or HOME), or MLX_DIR".into())
-        }
-    }
-}
-
-/// Installs `packages` with pip into `target` unless it is already there, then lets `more` add
-/// to the same tree. The install goes to a temporary sibling first and is renamed into place, so
-/// an interrupted build never leaves a half-installed tree that a later build would trust.
-fn pip_install_once(
-    target: &Path,
-    packages: &[String],
-    more: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<(), String> {
-    if target.join(".complete").is_file() {
-        return Ok(());
-    }
-    let parent = target.parent().ok_or("cache directory has no parent")?;
-    std::fs::create_dir_all(parent)
-        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    let tmp = parent.join(format!(
-        ".{}.tmp-{}",
-        target
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("install"),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let installed = pip_install(&tmp, packages, false).and_then(|()| more(&tmp));
-    if let Err(e) = installed {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    std::fs::write(tmp.join(".complete"), packages.join("\n")).map_err(|e| e.to_string())?;
-    if target.exists() && !target.join(".complete").is_file() {
-        // An incomplete tree from an older build.
-        let _ = std::fs::remove_dir_all(target);
-    }
-    match std::fs::rename(&tmp, target) {
-        Ok(()) => Ok(()),
-        // Another build finished the same install first: use theirs.
-        Err(_) if target.join(".complete").is_file() => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Ok(())
-        }
-        Err(e) => Err(format!("cannot move {} into place: {e}", tmp.display())),
-    }
-}
-
-/// One `pip install --target`: `packages` alone, or with what they depend on.
-fn pip_install(target: &Path, packages: &[String], with_deps: bool) -> Result<(), String> {
-    let mut cmd = Command::new(python());
-    cmd.args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-compile",
-    ]);
-    if !with_deps {
-        cmd.arg("--no-deps");
-    }
-    let status = cmd
-        .arg("--target")
-        .arg(target)
-        .args(packages)
-        .status()
-        .map_err(|e| {
-            format!(
-                "cannot run `{} -m pip` ({e}); install Python 3 with pip, or set MLX_DIR",
-                python()
-            )
-        })?;
-    if !status.success() {
-        return Err(format!(
-            "`pip install {}` failed; check network access to PyPI, or set MLX_DIR to an MLX install",
-            packages.join(" ")
-        ));
-    }
-    Ok(())
 }

@@ -316,7 +316,7 @@ class CpuNarrowLinear : public CpuOnlyPrimitive {
     // One scratch buffer holds x as bf16 pairs (none for float32), then the tile's panels.
     const size_t a_words = bf16 ? m * words : 0;
     auto scratch = patch_scratch(stream(), a_words + tile_panels * panel_len);
-    encoder.dispatch([inputs, form = form_, bf16, has_bias = has_bias_, m, k, n, words, panel_len, tile_panels,
+    encoder.dispatch([inputs, form = form_, bf16, has_bias = has_bias_, m, k, n, words, tile_panels,
                       a_words, scratch, dst = out.data<float>()]() {
       const mx::array& x = inputs[0];
       const mx::array& w = inputs[1];

@@ -20,15 +20,25 @@
 // GCC's AVX-512 unpack intrinsics start from _mm512_undefined_epi32(), which its own
 // -Wuninitialized then reports at every call; the value is never read.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #define MLXS_PANEL_KERNELS 1
 #define MLXS_AVX512_TARGET __attribute__((target("avx512f,f16c")))
+// GCC would fuse a product and a sum of intrinsics into one FMA; clang contracts only within one
+// source expression, never across intrinsics, and has no `optimize` attribute.
+#if defined(__clang__)
+#define MLXS_UNFUSED_AVX512_TARGET MLXS_AVX512_TARGET
+#else
+#define MLXS_UNFUSED_AVX512_TARGET __attribute__((target("avx512f,f16c"), optimize("fp-contract=off")))
+#endif
 #define MLXS_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
 
 namespace mlxs::detail {
 
+#ifdef MLXS_PANEL_KERNELS
 namespace {
 
 constexpr size_t kWordsPerBlock = 512;
@@ -36,10 +46,16 @@ constexpr size_t kRowsPerBlock = 96;
 constexpr int kRowsPerStep = 12;
 
 }  // namespace
+#endif
 
 bool panel_products_available() {
 #ifdef MLXS_PANEL_KERNELS
+  // Every AVX-512 processor has F16C; GCC can ask for it by name, clang (before 16) cannot.
+#if defined(__clang__)
+  static const bool available = __builtin_cpu_supports("avx512f");
+#else
   static const bool available = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c");
+#endif
   return available;
 #else
   return false;
@@ -216,9 +232,9 @@ MLXS_AVX512_TARGET inline float scale_at(const QuantRows& q, size_t i) {
 }
 
 // Values [u, u + 16) of row `r`, exactly as the scalar dequantizers of cpu_linear.cpp compute
-// them (MLX's own arithmetic for affine weights, the exact product for symmetric ones). GCC
-// would fuse the product and the sum into one FMA, rounding once where MLX rounds twice.
-__attribute__((target("avx512f,f16c"), optimize("fp-contract=off"))) inline __m512 dequantize16(const QuantRows& q, size_t r, size_t u) {
+// them (MLX's own arithmetic for affine weights, the exact product for symmetric ones): never
+// fused into one FMA, which would round once where MLX rounds twice.
+MLXS_UNFUSED_AVX512_TARGET inline __m512 dequantize16(const QuantRows& q, size_t r, size_t u) {
   const uint8_t* row = q.packed + r * q.row_bytes;
   __m512i v;
   if (q.bits == 4) {

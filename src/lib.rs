@@ -13,6 +13,30 @@
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
+//!
+//! # Making an image
+//!
+//! A [`generation::Job`] says what to make, an [`generation::Engine`] keeps the model loaded
+//! between jobs, and [`generation::run`] makes the images, each a PNG with its settings:
+//!
+//! ```no_run
+//! use zimage::generation::{self, Cancel, Engine, Job, ModelChoice};
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! zimage::start()?;
+//! let store = zimage::store::Store::locate(None)?; // ZIMAGE_MODELS, else ~/.ollama/models
+//! let model = ModelChoice::Stored { store, name: "z-image-turbo".into() };
+//! let mut job = Job::new(model, "a red fox in the snow");
+//! job.seed = 7;
+//! let mut engine = Engine::new(None, false);
+//! let outcome = generation::run(&job, &mut engine, &mut |p| eprintln!("{p:?}"), &Cancel::new())?;
+//! std::fs::write("fox.png", &outcome.images[0].png)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `examples/generate.rs` is the same program with arguments, and `examples/load_weights.rs`
+//! loads one component's tensors from the store as MLX arrays.
 
 pub mod component;
 pub mod controlnet_source;
@@ -44,3 +68,14 @@ pub mod shown;
 pub mod store;
 pub mod text;
 pub mod torch_rng;
+
+/// Prepares MLX for this process: opens MLX where the build opens it at start (the CUDA
+/// variants; its kernel cache under zimage's cache folder), hands freed memory back to the
+/// system between phases, and makes the device zimage runs on (the GPU where there is one)
+/// MLX's default. Call once, first, before any thread starts.
+pub fn start() -> Result<(), mlx::runtime::StartError> {
+    let kernel_cache = platform::cache_dir().map(|d| d.join("mlx-kernels"));
+    mlx::runtime::start(kernel_cache.as_deref())?;
+    platform::return_freed_memory_to_the_system();
+    platform::use_default_device().map_err(|e| mlx::runtime::StartError::Device(e.to_string()))
+}

@@ -225,17 +225,45 @@ pub fn raise_open_file_limit(wanted: u64) -> std::io::Result<u64> {
     if current >= wanted {
         return Ok(current);
     }
-    // macOS rejects values above OPEN_MAX even when the hard limit says "unlimited".
-    #[cfg(target_os = "macos")]
-    let hard = (lim.rlim_max as u64).min(libc::OPEN_MAX as u64);
-    #[cfg(not(target_os = "macos"))]
-    let hard = lim.rlim_max as u64;
-    lim.rlim_cur = wanted.min(hard) as libc::rlim_t;
+    lim.rlim_cur = wanted
+        .min(lim.rlim_max as u64)
+        .min(open_file_ceiling().unwrap_or(u64::MAX)) as libc::rlim_t;
     // SAFETY: `lim` is a live rlimit; setrlimit only reads it.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(lim.rlim_cur as u64)
+}
+
+/// The most open files the system lets one process have, where that is below what
+/// `RLIMIT_NOFILE`'s hard limit says: macOS's `setrlimit` refuses a soft limit above
+/// `kern.maxfilesperproc` even when the hard limit is "unlimited". `None` elsewhere.
+#[cfg(target_os = "macos")]
+fn open_file_ceiling() -> Option<u64> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>();
+    // SAFETY: the name is a NUL-terminated C string; `value` and `len` are live and writable,
+    // and `len` holds `value`'s size, which is all sysctlbyname writes; no new value is set.
+    let status = unsafe {
+        libc::sysctlbyname(
+            c"kern.maxfilesperproc".as_ptr(),
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    // Darwin's <sys/syslimits.h> OPEN_MAX (10240), the documented ceiling, should the sysctl fail.
+    Some(if status == 0 && value > 0 {
+        value as u64
+    } else {
+        10240
+    })
+}
+
+#[cfg(not(target_os = "macos"))]
+fn open_file_ceiling() -> Option<u64> {
+    None
 }
 
 /// Bytes an unprivileged process may still write on the file system holding `path`.
@@ -323,6 +351,7 @@ const DEFAULT_TRIM_THRESHOLD: i32 = 128 << 10;
 /// glibc's largest mmap threshold on 64-bit targets.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MAX_MMAP_THRESHOLD: i32 = 32 << 20;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 static RETURNS_FREED_MEMORY: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 

@@ -18,6 +18,9 @@ pub enum StartError {
     NoDriver(String),
     #[error("cannot open {path}: {reason}; rebuild zimage, or set ZIMAGE_MLX_RUNTIME to its libzimage_mlx.so")]
     Library { path: PathBuf, reason: String },
+    /// MLX opened, but the device could not be chosen (a bad `ZIMAGE_GRAPH`, say).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// The environment variable MLX reads for its on-disk cache of compiled GPU kernels.
