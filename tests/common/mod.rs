@@ -159,4 +159,5 @@ pub fn write_safetensors_with_metadata(
     std::fs::write(path, bytes).unwrap();
 }
 pub mod controlnet;
+pub mod hub;
 pub mod server;
