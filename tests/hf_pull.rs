@@ -277,3 +277,78 @@ fn an_unknown_repository_revision_or_an_unreachable_hub_is_one_line() {
     assert!(err.contains("cannot reach"), "{err}");
     assert!(!stored_models(&t.store()).contains("hf.co"));
 }
+
+/// A server on an empty store that reaches the test Hub.
+fn serve(t: &Setup) -> common::server::Server {
+    let store = t.store();
+    std::fs::create_dir_all(&store).unwrap();
+    let hf_home = t.hf_home();
+    common::server::Server::start(
+        &store,
+        &["--keep-alive", "-1"],
+        &[("HF_ENDPOINT", &t.hub.url), ("HF_HOME", s(&hf_home))],
+    )
+}
+
+#[test]
+fn the_ollama_client_pulls_through_the_server() {
+    let t = Setup::new(None);
+    let server = serve(&t);
+    let script = r#"
+import json, sys, ollama
+client = ollama.Client(host=sys.argv[1])
+lines = [p.model_dump() for p in client.pull(sys.argv[2], stream=True)]
+final = client.pull(sys.argv[2], stream=False).status
+try:
+    client.pull("hf.co/tiny-org/nope")
+    refused = None
+except ollama.ResponseError as e:
+    refused = [e.status_code, e.error]
+print(json.dumps({"lines": lines, "final": final, "refused": refused}))
+"#;
+    let out = Command::new(common::test_python())
+        .args(["-c", script, &server.url(), NAME])
+        .output()
+        .unwrap();
+    let report = common::server::json(&ok(&out));
+    let lines = report["lines"].as_array().unwrap();
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    let transformer = t.hub.file(TRANSFORMER);
+    let digest = format!("sha256:{}", transformer.sha256);
+    let size = transformer.bytes.len();
+    assert!(
+        lines.iter().any(|l| l["digest"] == digest.as_str()
+            && l["completed"] == size
+            && l["total"] == size),
+        "{lines:?}"
+    );
+    assert_eq!(report["final"], "success");
+    let refused = &report["refused"];
+    assert_eq!(refused[0], 500, "{refused}");
+    assert!(refused[1].as_str().unwrap().contains("404"), "{refused}");
+    let (_, tags) = common::server::get(server.port, "/api/tags");
+    assert!(tags.contains(NAME), "{tags}");
+}
+
+#[test]
+fn the_page_pulls_a_model_into_an_empty_store_and_generates_with_it() {
+    common::browser::ensure_chromium();
+    let python = common::browser::playwright_python();
+    let t = Setup::new(None);
+    let server = serve(&t);
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page-pull");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web_page_pull.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .args([&server.url(), NAME, s(&shots)])
+        .env("CHROMIUM", common::browser::CHROMIUM)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\nserver log: {:?}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    assert!(stored_models(&t.store()).contains(NAME));
+}
