@@ -68,15 +68,24 @@ fn client(host: &str, a: &RemoteArgs) -> anyhow::Result<Client> {
     )?)
 }
 
-/// A progress bar in bytes, with the blob count.
-struct Bar {
-    bar: ProgressBar,
+/// A progress bar in bytes, with the count of blobs (or files).
+pub struct Bar {
+    pub bar: ProgressBar,
     blobs: AtomicUsize,
     done: AtomicUsize,
     verb: &'static str,
+    unit: &'static str,
 }
 
 impl Bar {
+    /// Counting files, as a Hugging Face pull moves them.
+    pub fn files(verb: &'static str) -> Bar {
+        Bar {
+            unit: "files",
+            ..Bar::new(verb)
+        }
+    }
+
     fn new(verb: &'static str) -> Bar {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -91,14 +100,16 @@ impl Bar {
             blobs: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             verb,
+            unit: "blobs",
         }
     }
     fn message(&self) {
         self.bar.set_message(format!(
-            "{} {}/{} blobs",
+            "{} {}/{} {}",
             self.verb,
             self.done.load(Ordering::Relaxed),
-            self.blobs.load(Ordering::Relaxed)
+            self.blobs.load(Ordering::Relaxed),
+            self.unit
         ));
     }
 }
@@ -199,7 +210,7 @@ fn hub_pull(
     import: &ImportOptions,
 ) -> anyhow::Result<ExitCode> {
     let env = HubEnv::from_env();
-    let bar = Bar::new("pulling");
+    let bar = Bar::files("pulling");
     let summary = zimage::hub::pull(
         store,
         repo,

@@ -7,7 +7,7 @@ use zimage::controlnet_source::{recognise_file, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::generation_defaults::{GenerationDefaults, WithDefaults};
-use zimage::hub::{FetchOptions, HubEnv, HubFile, HubRepo, PullProgress};
+use zimage::hub::{FetchOptions, HubEnv, HubRepo};
 use zimage::loader::{self, ReadPath};
 use zimage::memory_plan;
 use zimage::models::Residency;
@@ -286,39 +286,11 @@ fn from_hub(from: PathBuf) -> anyhow::Result<PathBuf> {
         return Ok(from);
     };
     let repo = repo?;
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} downloading [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    let progress = DownloadBar(bar);
-    let fetched = zimage::hub::fetch(
-        &repo,
-        &HubEnv::from_env(),
-        &FetchOptions::default(),
-        &progress,
-    );
-    progress.0.finish_and_clear();
+    let bar = super::registry::Bar::files("downloading");
+    let fetched = zimage::hub::fetch(&repo, &HubEnv::from_env(), &FetchOptions::default(), &bar);
+    bar.bar.finish_and_clear();
     let fetched = fetched.with_context(|| format!("downloading `{}`", repo.store_name))?;
     Ok(fetched.snapshot)
-}
-
-/// Download progress in bytes.
-struct DownloadBar(ProgressBar);
-
-impl PullProgress for DownloadBar {
-    fn status(&self, _: &str) {}
-    fn downloads(&self, files: &[&HubFile]) {
-        self.0.inc_length(files.iter().map(|f| f.size).sum());
-    }
-    fn advance(&self, _: &HubFile, bytes: u64) {
-        self.0.inc(bytes);
-    }
-    fn file_done(&self, _: &HubFile) {}
-    fn importing(&self, _: u64, _: u64) {}
 }
 
 /// How a GGUF import stored each tensor type, and the largest error any re-quantization made.
