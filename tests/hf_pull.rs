@@ -195,17 +195,14 @@ fn a_pull_with_every_file_in_the_cache_downloads_nothing() {
     ok(&t.pull(&[]));
     let sent = t.hub.bytes_sent();
     let requests = t.hub.seen().len();
-    // Another store, the same cache: only the file list is asked for.
+    // Another store, the same cache: only the file list is asked for; `--quantize` applies.
     let other = t.dir.path().join("other");
-    let out = ok(&t.run(&other, &["pull", NAME], &[]));
+    let out = ok(&t.run(&other, &["pull", NAME, "--quantize", "int8"], &[]));
     assert!(out.contains("0 files downloaded"), "{out}");
-    assert!(stored_models(&other).contains(NAME));
-    // `create --from hf.co/…` takes them from the cache too, with its own options.
-    let out = ok(&t.run(
-        &other,
-        &["create", "mine", "--from", NAME, "--quantize", "int8"],
-        &[],
-    ));
+    let shown = ok(&zimage_in(&other, &["show", NAME]));
+    assert!(shown.contains("MLX affine"), "{shown}");
+    // `create --from hf.co/…` takes them from the cache too.
+    let out = ok(&t.run(&other, &["create", "mine", "--from", NAME], &[]));
     assert!(out.contains("created mine"), "{out}");
     assert_eq!(t.hub.bytes_sent(), sent);
     let later = &t.hub.seen()[requests..];
