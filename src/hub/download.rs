@@ -56,9 +56,11 @@ impl Partial {
 }
 
 /// Downloads `f` from `url` into the cache. Returns the bytes an earlier run had left.
+#[allow(clippy::too_many_arguments)]
 pub fn download(
     hub: &Hub,
     repo: &HubRepo,
+    commit: &str,
     url: &str,
     cache: &RepoCache,
     f: &HubFile,
@@ -80,7 +82,8 @@ pub fn download(
     progress.advance(f, had);
     let mut tries = 0;
     loop {
-        match fetch_rest(hub, repo, url, &path, &mut part, f, progress, stop) {
+        let at = Target { repo, commit, url };
+        match fetch_rest(hub, &at, &path, &mut part, f, progress, stop) {
             Ok(()) => break,
             Err(e) if e.is_transient() && tries + 1 < ATTEMPTS && !stop.load(Ordering::Relaxed) => {
                 tries += 1;
@@ -110,23 +113,29 @@ pub fn download(
     Ok(had)
 }
 
+/// Where a file comes from: its repository, the commit the list named, its `resolve` URL.
+struct Target<'a> {
+    repo: &'a HubRepo,
+    commit: &'a str,
+    url: &'a str,
+}
+
 /// Appends the rest of the file (from `part.len`) to the partial file.
-#[allow(clippy::too_many_arguments)]
 fn fetch_rest(
     hub: &Hub,
-    repo: &HubRepo,
-    url: &str,
+    at: &Target,
     path: &Path,
     part: &mut Partial,
     f: &HubFile,
     progress: &dyn PullProgress,
     stop: &AtomicBool,
 ) -> Result<(), HubError> {
+    let Target { repo, commit, url } = *at;
     let start = part.len;
     if start == f.size && start > 0 {
         return Ok(());
     }
-    let response = hub.get(url, &|r| {
+    let (response, resolved) = hub.resolve(url, &|r| {
         if start > 0 {
             r.header(RANGE, format!("bytes={start}-"))
         } else {
@@ -137,6 +146,25 @@ fn fetch_rest(
         url: url.to_string(),
         reason,
     };
+    // The Hub's own word on the file, where it gives it, must be the list's: otherwise the
+    // bytes would be of another commit or another file, and are not fetched at all.
+    if let Some(served) = resolved.commit.filter(|c| c != commit) {
+        return Err(protocol(format!(
+            "the Hub serves `{}` from commit {} for a pull of commit {commit}",
+            f.path,
+            printable(&served, 80)
+        )));
+    }
+    if let Some((etag, sha)) =
+        (resolved.linked_etag.zip(f.sha256.as_ref())).filter(|(e, s)| e != *s)
+    {
+        return Err(protocol(format!(
+            "the Hub's ETag for `{}` is {}, but its file list states sha256 {sha}; nothing was \
+             stored",
+            f.path,
+            printable(&etag, 80)
+        )));
+    }
     match response.status() {
         StatusCode::PARTIAL_CONTENT => {
             let range = response

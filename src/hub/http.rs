@@ -11,6 +11,34 @@ use std::time::Duration;
 /// Redirects followed per request (the Hub sends one, to its CDN; a renamed repository two).
 const MAX_REDIRECTS: usize = 5;
 
+/// What the Hub's own answer to a `resolve` URL says of the file, before any redirect.
+#[derive(Debug, Clone, Default)]
+pub struct Resolved {
+    /// `X-Repo-Commit`: the commit the file is served from.
+    pub commit: Option<String>,
+    /// `X-Linked-Etag`, unquoted: an LFS file's sha256. (Its plain `ETag` may be the
+    /// pointer's git id, so it says nothing of the bytes.)
+    pub linked_etag: Option<String>,
+}
+
+impl Resolved {
+    fn of(response: &Response) -> Resolved {
+        let header = |name: &str| {
+            let value = response.headers().get(name)?.to_str().ok()?;
+            Some(
+                value
+                    .trim_start_matches("W/")
+                    .trim_matches('"')
+                    .to_ascii_lowercase(),
+            )
+        };
+        Resolved {
+            commit: header("x-repo-commit"),
+            linked_etag: header("x-linked-etag"),
+        }
+    }
+}
+
 pub struct Hub {
     http: Client,
     endpoint: Url,
@@ -68,19 +96,30 @@ impl Hub {
         url: &str,
         build: &dyn Fn(RequestBuilder) -> RequestBuilder,
     ) -> Result<Response, HubError> {
+        self.resolve(url, build).map(|(response, _)| response)
+    }
+
+    /// [`Hub::get`], with what the first answer (the Hub's own) says of the file.
+    pub fn resolve(
+        &self,
+        url: &str,
+        build: &dyn Fn(RequestBuilder) -> RequestBuilder,
+    ) -> Result<(Response, Resolved), HubError> {
         let mut at = Url::parse(url).map_err(|e| HubError::Network {
             url: printable(url, 200),
             reason: e.to_string(),
         })?;
+        let mut first = None;
         for _ in 0..=MAX_REDIRECTS {
             let mut request = build(self.http.get(at.clone()));
             if let Some(token) = self.token.as_ref().filter(|_| self.is_hub(&at)) {
                 request = request.header(AUTHORIZATION, format!("Bearer {token}"));
             }
             let response = request.send().map_err(|e| self.network(at.as_str(), &e))?;
+            let first = first.get_or_insert_with(|| Resolved::of(&response));
             if !response.status().is_redirection() || response.status() == StatusCode::NOT_MODIFIED
             {
-                return Ok(response);
+                return Ok((response, first.clone()));
             }
             let location = response
                 .headers()

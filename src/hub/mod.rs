@@ -317,6 +317,7 @@ impl Fetcher<'_> {
         let had = download::download(
             self.hub,
             self.repo,
+            self.commit,
             &url,
             self.cache,
             f,
