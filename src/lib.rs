@@ -6,6 +6,7 @@
 //! - [`ggml`]: ggml's tensor types and their exact or nearest MLX quantization;
 //! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs), import and gc;
 //! - [`registry`]: models pulled from and pushed to a Docker-v2 registry, as Ollama moves them;
+//! - [`hub`]: diffusers models pulled from a Hugging Face Hub through its cache;
 //! - [`loader`]: stored models to MLX arrays, with load profiling;
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
 //! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
@@ -48,6 +49,7 @@ pub mod formats;
 pub mod generation;
 pub mod generation_defaults;
 pub mod ggml;
+pub mod hub;
 pub mod image_in;
 pub mod image_out;
 pub mod import_check;

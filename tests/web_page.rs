@@ -5,44 +5,12 @@
 
 mod common;
 
+use common::browser::{ensure_chromium, playwright_python, CHROMIUM};
 use common::server::{demo_store, get, json, post, raw, request, Server};
 use common::{s, zimage_in};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-const CHROMIUM: &str = "/usr/bin/chromium";
-
-/// Installs Debian's Chromium with apt when it is missing; fails, never skips.
-fn ensure_chromium() {
-    common::apt_install(&["chromium"], &[CHROMIUM], "the page's browser test");
-}
-
-/// A Python with Playwright (which drives the system Chromium; it downloads no browser), in a
-/// venv made once under the test cache and reused.
-fn playwright_python() -> PathBuf {
-    let venv = common::test_cache().join("venv-browser");
-    let python = venv.join("bin/python");
-    let ready = Command::new(&python)
-        .args(["-c", "import playwright.sync_api"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ready {
-        std::fs::create_dir_all(common::test_cache()).unwrap();
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 is needed to run the browser test");
-        assert!(made.success(), "cannot create a venv at {}", venv.display());
-        let installed = Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "playwright==1.65.*"])
-            .status()
-            .unwrap();
-        assert!(installed.success(), "pip could not install playwright");
-    }
-    python
-}
 
 /// A 256×256 picture (the demo model's size) to start img2img from.
 fn write_picture(path: &Path) {

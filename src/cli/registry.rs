@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use zimage::hub::{FetchOptions, HubEnv, HubFile, HubRepo, PullProgress};
 use zimage::registry::{self, Client, ClientOptions, Credentials};
-use zimage::store::{ModelName, Store};
+use zimage::store::{ImportOptions, ModelName, Store};
 
 /// How to reach and log in to a registry, as pull and push take it.
 #[derive(clap::Args, Debug)]
@@ -30,8 +31,12 @@ pub struct RemoteArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct PullArgs {
-    /// Model name: `z-image`, `x/z-image-turbo:latest`, `localhost:5000/me/tiny:v1`.
+    /// Model name: `z-image`, `x/z-image-turbo:latest`, `localhost:5000/me/tiny:v1`, or a
+    /// diffusers repository on Hugging Face: `hf.co/OWNER/REPO[:REVISION]`.
     pub name: String,
+    /// For `hf.co/…`: quantize linear weights as the import stores them.
+    #[arg(long, value_enum)]
+    pub quantize: Option<super::store::QuantizeArg>,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }
@@ -63,15 +68,24 @@ fn client(host: &str, a: &RemoteArgs) -> anyhow::Result<Client> {
     )?)
 }
 
-/// A progress bar in bytes, with the blob count.
-struct Bar {
-    bar: ProgressBar,
+/// A progress bar in bytes, with the count of blobs (or files).
+pub struct Bar {
+    pub bar: ProgressBar,
     blobs: AtomicUsize,
     done: AtomicUsize,
     verb: &'static str,
+    unit: &'static str,
 }
 
 impl Bar {
+    /// Counting files, as a Hugging Face pull moves them.
+    pub fn files(verb: &'static str) -> Bar {
+        Bar {
+            unit: "files",
+            ..Bar::new(verb)
+        }
+    }
+
     fn new(verb: &'static str) -> Bar {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -86,14 +100,16 @@ impl Bar {
             blobs: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             verb,
+            unit: "blobs",
         }
     }
     fn message(&self) {
         self.bar.set_message(format!(
-            "{} {}/{} blobs",
+            "{} {}/{} {}",
             self.verb,
             self.done.load(Ordering::Relaxed),
-            self.blobs.load(Ordering::Relaxed)
+            self.blobs.load(Ordering::Relaxed),
+            self.unit
         ));
     }
 }
@@ -115,6 +131,17 @@ impl registry::Progress for Bar {
 
 pub fn pull(s: Option<PathBuf>, a: PullArgs) -> anyhow::Result<ExitCode> {
     let store = Store::locate(s.as_deref())?;
+    if let Some(repo) = HubRepo::parse(&a.name) {
+        let import = ImportOptions {
+            quantize: a.quantize.map(Into::into),
+            ..ImportOptions::default()
+        };
+        return hub_pull(&store, &repo?, &a.remote, &import);
+    }
+    anyhow::ensure!(
+        a.quantize.is_none(),
+        "--quantize applies to `hf.co/…` pulls; a registry's model comes as it was pushed"
+    );
     let name = ModelName::parse(&a.name)?;
     let client = client(&name.host, &a.remote)?;
     let bar = Bar::new("pulling");
@@ -136,6 +163,82 @@ pub fn pull(s: Option<PathBuf>, a: PullArgs) -> anyhow::Result<ExitCode> {
         },
         summary.blobs_present,
         super::store::human(summary.bytes_present)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+impl PullProgress for Bar {
+    fn status(&self, status: &str) {
+        self.bar.set_message(status.to_string());
+    }
+    fn downloads(&self, files: &[&HubFile]) {
+        let bytes: u64 = files.iter().map(|f| f.size).sum();
+        self.bar.inc_length(bytes);
+        self.blobs.fetch_add(files.len(), Ordering::Relaxed);
+        self.message();
+    }
+    fn advance(&self, _: &HubFile, bytes: u64) {
+        self.bar.inc(bytes);
+    }
+    fn file_done(&self, _: &HubFile) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.message();
+    }
+    fn importing(&self, done: u64, total: u64) {
+        if self.bar.length() != Some(total) {
+            self.bar.set_message("importing");
+            self.bar.set_length(total);
+            self.bar.reset_eta();
+        }
+        self.bar.set_position(done);
+    }
+}
+
+/// The files of a diffusers repository on a Hugging Face Hub, through its cache, into the
+/// store; `--insecure` and the login options are the Hub's own (HF_ENDPOINT, HF_TOKEN).
+pub fn fetch_options(a: &RemoteArgs) -> FetchOptions {
+    FetchOptions {
+        parallel: a.parallel.into(),
+        stall_timeout: Duration::from_secs(a.stall_timeout),
+    }
+}
+
+fn hub_pull(
+    store: &Store,
+    repo: &HubRepo,
+    remote: &RemoteArgs,
+    import: &ImportOptions,
+) -> anyhow::Result<ExitCode> {
+    let env = HubEnv::from_env();
+    let bar = Bar::files("pulling");
+    let summary = zimage::hub::pull(
+        store,
+        repo,
+        None,
+        &env,
+        &fetch_options(remote),
+        import,
+        &bar,
+    );
+    bar.bar.finish_and_clear();
+    let s = summary.with_context(|| format!("pulling `{}`", repo.store_name))?;
+    println!(
+        "pulled {} ({} at {}): {} files downloaded ({}{}), {} already in the Hugging Face cache ({}); {} tensors, {} blobs written ({})",
+        s.name,
+        repo.id(),
+        &s.fetch.commit[..12.min(s.fetch.commit.len())],
+        s.fetch.files_downloaded,
+        super::store::human(s.fetch.bytes_downloaded),
+        if s.fetch.bytes_resumed > 0 {
+            format!(", {} resumed", super::store::human(s.fetch.bytes_resumed))
+        } else {
+            String::new()
+        },
+        s.fetch.files_cached,
+        super::store::human(s.fetch.bytes_cached),
+        s.import.tensors,
+        s.import.blobs_written,
+        super::store::human(s.import.bytes_written),
     );
     Ok(ExitCode::SUCCESS)
 }

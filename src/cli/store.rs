@@ -7,6 +7,7 @@ use zimage::controlnet_source::{recognise_file, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::generation_defaults::{GenerationDefaults, WithDefaults};
+use zimage::hub::{FetchOptions, HubEnv, HubRepo};
 use zimage::loader::{self, ReadPath};
 use zimage::memory_plan;
 use zimage::models::Residency;
@@ -18,7 +19,8 @@ use zimage::store::{self, ImportOptions, Quantization, SafetensorsFile, Store};
 pub struct CreateArgs {
     /// Model name, e.g. `z-image` or `me/z-image:tiny`.
     pub name: String,
-    /// Source: a diffusers directory, or one model file (.safetensors, .zt or .dfsn); with
+    /// Source: a diffusers directory (or `hf.co/OWNER/REPO[:REVISION]`, one on Hugging Face,
+    /// downloaded through its cache), or one model file (.safetensors, .zt or .dfsn); with
     /// `--lora`, the stored model the new one derives from. With component files, the
     /// directory whose components they replace.
     #[arg(long, required_unless_present_any = ["transformer", "text_encoder", "vae"])]
@@ -205,12 +207,15 @@ fn open(store: Option<PathBuf>) -> anyhow::Result<Store> {
     Ok(Store::locate(store.as_deref())?)
 }
 
-pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
+pub fn create(s: Option<PathBuf>, mut a: CreateArgs) -> anyhow::Result<ExitCode> {
     let store = open(s)?;
     if !a.loras.is_empty() {
         return create_derived(&store, &a);
     }
     let defaults = a.defaults()?;
+    if let Some(from) = a.from.take() {
+        a.from = Some(from_hub(from)?);
+    }
     let composed = !(a.transformer.is_empty() && a.text_encoder.is_empty() && a.vae.is_empty())
         || a.tokenizer.is_some();
     let (source, from): (Box<dyn TensorSourceSync>, String) = if composed {
@@ -268,6 +273,24 @@ pub fn create(s: Option<PathBuf>, a: CreateArgs) -> anyhow::Result<ExitCode> {
     );
     print_ggml_report(&summary.ggml);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--from hf.co/OWNER/REPO[:REVISION]` (when no such path exists): the repository's pipeline
+/// files in the Hugging Face cache, and the snapshot folder that holds them.
+fn from_hub(from: PathBuf) -> anyhow::Result<PathBuf> {
+    let Some(repo) = from
+        .to_str()
+        .filter(|_| !from.exists())
+        .and_then(HubRepo::parse)
+    else {
+        return Ok(from);
+    };
+    let repo = repo?;
+    let bar = super::registry::Bar::files("downloading");
+    let fetched = zimage::hub::fetch(&repo, &HubEnv::from_env(), &FetchOptions::default(), &bar);
+    bar.bar.finish_and_clear();
+    let fetched = fetched.with_context(|| format!("downloading `{}`", repo.store_name))?;
+    Ok(fetched.snapshot)
 }
 
 /// How a GGUF import stored each tensor type, and the largest error any re-quantization made.

@@ -13,6 +13,7 @@ pub mod hosted;
 pub mod ollama;
 pub mod openai;
 pub mod origin;
+pub mod pull;
 pub mod ui;
 pub mod worker;
 
@@ -733,6 +734,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/delete", delete(ollama::delete))
         .route("/api/generate", post(ollama::generate))
+        .route("/api/pull", post(pull::pull))
         .route("/v1/models", get(openai::models))
         .route("/v1/images/generations", post(openai::generate))
         .route("/v1/images/files/{file}", get(openai::hosted_file))

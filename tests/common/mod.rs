@@ -158,5 +158,7 @@ pub fn write_safetensors_with_metadata(
     }
     std::fs::write(path, bytes).unwrap();
 }
+pub mod browser;
 pub mod controlnet;
+pub mod hub;
 pub mod server;

@@ -970,6 +970,14 @@ function wireUp() {
   $("mask-clear").addEventListener("click", clearMask);
 
   $("gallery-more").addEventListener("click", showMoreGallery);
+
+  document.querySelectorAll(".pull-choice").forEach((button) => {
+    button.addEventListener("click", () => pullModel(button.dataset.model));
+  });
+  $("pull-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    pullModel($("pull-name").value);
+  });
 }
 
 async function loadInfo() {
@@ -981,9 +989,86 @@ async function loadInfo() {
   $("count").max = info.max_count;
   setSizeStep(sizeMultiple());
   applyModelDefaults();
+  $("generate").disabled = info.models.length === 0;
   if (info.models.length === 0) {
-    $("generate").disabled = true;
-    throw new Error("No models are stored yet: pull or import one with zimage, then reload this page.");
+    $("pull-card").hidden = false;
+    throw new Error("No model is stored yet: pull one above, or import one with zimage.");
+  }
+}
+
+// Pulling a model (offered when the store has none), with /api/pull's progress
+
+// Reads /api/pull's NDJSON lines as they come, handing each to `onLine`.
+async function streamPull(name, onLine) {
+  let response;
+  try {
+    response = await fetch("/api/pull", {
+      method: "POST",
+      headers: { ...authHeaders(), "Content-Type": "application/json" },
+      body: JSON.stringify({ model: name }),
+    });
+  } catch {
+    throw new Error("The server cannot be reached; is `zimage serve` still running?");
+  }
+  if (!response.ok) {
+    const data = await response.json().catch(() => null);
+    throw new Error(data?.error || `The server answered ${response.status} ${response.statusText}.`);
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffered = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffered += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffered.indexOf("\n")) >= 0) {
+      const line = buffered.slice(0, end).trim();
+      buffered = buffered.slice(end + 1);
+      if (line) onLine(JSON.parse(line));
+    }
+  }
+}
+
+async function pullModel(name) {
+  // The store names `huggingface.co/…` pulls `hf.co/…`.
+  name = name.trim().replace(/^huggingface\.co\//, "hf.co/");
+  const card = $("pull-card");
+  const buttons = card.querySelectorAll("button");
+  const bar = $("pull-progress");
+  const say = (text) => { $("pull-status").textContent = text; };
+  buttons.forEach((b) => { b.disabled = true; });
+  bar.hidden = false;
+  bar.removeAttribute("value");
+  say(`Pulling ${name}…`);
+  const files = new Map();
+  let ended = false;
+  try {
+    await streamPull(name, (line) => {
+      if (line.error) throw new Error(line.error);
+      if (line.status === "success") ended = true;
+      if (line.status === "importing" && line.total) {
+        bar.value = line.completed / line.total;
+        say(`Importing ${name} into the store…`);
+      } else if (line.digest && line.total) {
+        files.set(line.digest, line);
+        const [done, total] = [...files.values()].reduce(
+          ([d, t], f) => [d + f.completed, t + f.total], [0, 0]);
+        bar.value = total ? done / total : 0;
+        say(`Downloading ${name}: ${files.size} files, ${Math.round(100 * bar.value)}%`);
+      }
+    });
+    if (!ended) throw new Error(`The pull of ${name} ended early; pull it again to resume.`);
+    await loadInfo();
+    $("model").value = name;
+    applyModelDefaults();
+    card.hidden = true;
+    showStatus(`Pulled ${name}. Ready.`);
+  } catch (error) {
+    bar.hidden = true;
+    say(error.message);
+  } finally {
+    buttons.forEach((b) => { b.disabled = false; });
   }
 }
 

@@ -1,0 +1,356 @@
+//! `zimage pull hf.co/OWNER/REPO` against a Hub-like server on 127.0.0.1 serving the demo
+//! model (`tests/common/hub.rs`): a fresh pull, a resumed one, one from a full Hugging Face
+//! cache, a file whose sha256 is not the Hub's, a gated model, and the one-line failures.
+
+mod common;
+
+use common::hub::{HubServer, COMMIT};
+use common::{s, zimage_in};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const REPO: &str = "tiny-org/z-image-tiny";
+const NAME: &str = "hf.co/tiny-org/z-image-tiny";
+const TRANSFORMER: &str = "transformer/diffusion_pytorch_model.safetensors";
+const VAE: &str = "vae/diffusion_pytorch_model.safetensors";
+
+struct Setup {
+    dir: tempfile::TempDir,
+    hub: HubServer,
+}
+
+impl Setup {
+    /// The demo model as a repository, with files a pipeline does not take beside it.
+    fn new(token: Option<&str>) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+        common::copy_model(&demo, &repo);
+        std::fs::write(repo.join("README.md"), "# tiny\n").unwrap();
+        std::fs::write(
+            repo.join("transformer/diffusion_pytorch_model.fp16.safetensors"),
+            b"a variant the pull leaves on the Hub",
+        )
+        .unwrap();
+        let hub = HubServer::start(&repo, REPO, token);
+        Setup { dir, hub }
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    fn hf_home(&self) -> PathBuf {
+        self.dir.path().join("hf")
+    }
+
+    fn cached_repo(&self) -> PathBuf {
+        self.hf_home().join("hub/models--tiny-org--z-image-tiny")
+    }
+
+    /// `zimage ARGS` with this Hub and cache, and no token unless `env` gives one.
+    fn run(&self, store: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_zimage"));
+        cmd.arg("--store")
+            .arg(store)
+            .args(args)
+            .env("HF_ENDPOINT", &self.hub.url)
+            .env("HF_HOME", self.hf_home())
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HF_TOKEN_PATH");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+
+    fn pull(&self, env: &[(&str, &str)]) -> Output {
+        self.run(&self.store(), &["pull", NAME], env)
+    }
+
+    /// The bytes of the files a pipeline takes (all but the README and the variant).
+    fn pipeline_bytes(&self) -> u64 {
+        (self.hub.state.files.iter())
+            .filter(|f| !f.path.ends_with(".md") && !f.path.contains(".fp16."))
+            .map(|f| f.bytes.len() as u64)
+            .sum()
+    }
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Exit 2 with one line on stderr; that line.
+fn one_line_error(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+fn stored_models(store: &Path) -> String {
+    ok(&zimage_in(store, &["list"]))
+}
+
+#[test]
+fn a_fresh_pull_takes_the_pipeline_into_the_cache_and_stores_what_create_would() {
+    let t = Setup::new(None);
+    let out = ok(&t.pull(&[]));
+    assert!(out.contains(&format!("pulled {NAME}")), "{out}");
+    assert_eq!(t.hub.bytes_sent(), t.pipeline_bytes());
+    let seen = t.hub.seen();
+    assert!(
+        seen.iter()
+            .all(|r| !r.path.contains("README") && !r.path.contains(".fp16.")),
+        "{seen:?}"
+    );
+    // LFS files came from the CDN origin, the others from the Hub's.
+    let transformer = t.hub.file(TRANSFORMER);
+    assert!(seen
+        .iter()
+        .any(|r| r.origin == "cdn" && r.path.ends_with(&transformer.sha256)));
+    // The Hugging Face cache holds them as huggingface_hub lays them out.
+    let cached = t.cached_repo();
+    assert_eq!(
+        std::fs::read_to_string(cached.join("refs/main")).unwrap(),
+        COMMIT
+    );
+    let link = cached.join("snapshots").join(COMMIT).join(TRANSFORMER);
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        Path::new("../../../blobs").join(&transformer.sha256)
+    );
+    assert_eq!(std::fs::read(&link).unwrap(), transformer.bytes.as_ref());
+    // The store holds what `create --from` the same folder makes: every blob already there.
+    assert!(stored_models(&t.store()).contains(NAME));
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    let created = ok(&zimage_in(
+        &t.store(),
+        &["create", "local", "--from", s(&demo)],
+    ));
+    assert!(created.contains(" 0 blobs written"), "{created}");
+}
+
+#[test]
+fn an_interrupted_download_resumes_where_it_broke_off() {
+    let t = Setup::new(None);
+    // The transformer (from the CDN) and the vocabulary (from the Hub) break off halfway once;
+    // an earlier run left the VAE's first kilobyte.
+    t.hub
+        .state
+        .cut_once
+        .lock()
+        .unwrap()
+        .extend([TRANSFORMER.to_string(), "tokenizer/vocab.json".to_string()]);
+    let vae = t.hub.file(VAE);
+    let blobs = t.cached_repo().join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(
+        blobs.join(format!("{}.incomplete", vae.sha256)),
+        &vae.bytes[..1000],
+    )
+    .unwrap();
+    let out = ok(&t.pull(&[]));
+    assert!(out.contains("resumed"), "{out}");
+    // No byte came twice.
+    assert_eq!(t.hub.bytes_sent(), t.pipeline_bytes() - 1000);
+    let ranges: Vec<(String, String)> = (t.hub.seen().into_iter())
+        .filter_map(|r| Some((r.path, r.range?)))
+        .collect();
+    let transformer = t.hub.file(TRANSFORMER);
+    let half = transformer.bytes.len() / 2;
+    assert!(
+        ranges.contains(&(
+            format!("/lfs/{}", transformer.sha256),
+            format!("bytes={half}-")
+        )),
+        "{ranges:?}"
+    );
+    assert!(
+        ranges.contains(&(format!("/lfs/{}", vae.sha256), "bytes=1000-".to_string())),
+        "{ranges:?}"
+    );
+    assert!(ranges
+        .iter()
+        .any(|(p, _)| p.ends_with("tokenizer/vocab.json")));
+    assert!(std::fs::read_dir(&blobs).unwrap().all(|e| !e
+        .unwrap()
+        .path()
+        .to_string_lossy()
+        .ends_with(".incomplete")));
+    ok(&zimage_in(&t.store(), &["verify", NAME]));
+}
+
+#[test]
+fn a_pull_with_every_file_in_the_cache_downloads_nothing() {
+    let t = Setup::new(None);
+    ok(&t.pull(&[]));
+    let sent = t.hub.bytes_sent();
+    let requests = t.hub.seen().len();
+    // Another store, the same cache: only the file list is asked for; `--quantize` applies.
+    let other = t.dir.path().join("other");
+    let out = ok(&t.run(&other, &["pull", NAME, "--quantize", "int8"], &[]));
+    assert!(out.contains("0 files downloaded"), "{out}");
+    let shown = ok(&zimage_in(&other, &["show", NAME]));
+    assert!(shown.contains("MLX affine"), "{shown}");
+    // `create --from hf.co/…` takes them from the cache too.
+    let out = ok(&t.run(&other, &["create", "mine", "--from", NAME], &[]));
+    assert!(out.contains("created mine"), "{out}");
+    assert_eq!(t.hub.bytes_sent(), sent);
+    let later = &t.hub.seen()[requests..];
+    assert_eq!(later.len(), 2, "{later:?}");
+    assert!(later.iter().all(|r| r.path.starts_with("/api/models/")));
+}
+
+#[test]
+fn a_file_whose_sha256_is_not_the_hubs_is_refused_and_nothing_is_stored() {
+    let t = Setup::new(None);
+    *t.hub.state.wrong_sha256.lock().unwrap() = Some(VAE.to_string());
+    let err = one_line_error(&t.pull(&[]));
+    // The Hub's record (list and `X-Linked-Etag`) agrees with itself: the bytes, hashed as
+    // they came, are what tells.
+    assert!(
+        err.contains(VAE) && err.contains("hashing to sha256"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was stored"), "{err}");
+    assert!(!stored_models(&t.store()).contains("hf.co"));
+    let blobs = t.cached_repo().join("blobs");
+    let names: Vec<String> = std::fs::read_dir(&blobs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    let vae = &t.hub.file(VAE).sha256;
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with(vae) && !n.starts_with("0000")),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn a_gated_model_needs_the_token_which_never_reaches_the_cdn() {
+    let t = Setup::new(Some("hf_secret"));
+    let err = one_line_error(&t.pull(&[]));
+    assert!(err.contains("401") && err.contains("HF_TOKEN"), "{err}");
+    let err = one_line_error(&t.pull(&[("HF_TOKEN", "hf_wrong")]));
+    assert!(err.contains("refused the token"), "{err}");
+    ok(&t.pull(&[("HF_TOKEN", "hf_secret")]));
+    let seen = t.hub.seen();
+    assert!(seen.iter().any(|r| r.origin == "cdn"));
+    for r in seen.iter().filter(|r| r.origin == "cdn") {
+        assert_eq!(r.authorization, None, "{r:?}");
+    }
+    // The file `hf auth login` writes serves as well.
+    std::fs::write(t.hf_home().join("token"), "hf_secret\n").unwrap();
+    let other = t.dir.path().join("other");
+    ok(&t.run(&other, &["pull", NAME], &[]));
+    assert_eq!(
+        t.hub.seen().last().unwrap().authorization.as_deref(),
+        Some("Bearer hf_secret")
+    );
+}
+
+#[test]
+fn an_unknown_repository_revision_or_an_unreachable_hub_is_one_line() {
+    let t = Setup::new(None);
+    let err = one_line_error(&t.run(&t.store(), &["pull", "hf.co/tiny-org/nope"], &[]));
+    assert!(
+        err.contains("404") && err.contains("tiny-org/nope"),
+        "{err}"
+    );
+    let err = one_line_error(&t.run(&t.store(), &["pull", &format!("{NAME}:v9")], &[]));
+    assert!(err.contains("`v9`"), "{err}");
+    let port = common::server::free_port();
+    let err = one_line_error(&t.run(
+        &t.store(),
+        &["pull", NAME],
+        &[("HF_ENDPOINT", &format!("http://127.0.0.1:{port}"))],
+    ));
+    assert!(err.contains("cannot reach"), "{err}");
+    assert!(!stored_models(&t.store()).contains("hf.co"));
+}
+
+/// A server on an empty store that reaches the test Hub.
+fn serve(t: &Setup) -> common::server::Server {
+    let store = t.store();
+    std::fs::create_dir_all(&store).unwrap();
+    let hf_home = t.hf_home();
+    common::server::Server::start(
+        &store,
+        &["--keep-alive", "-1"],
+        &[("HF_ENDPOINT", &t.hub.url), ("HF_HOME", s(&hf_home))],
+    )
+}
+
+#[test]
+fn the_ollama_client_pulls_through_the_server() {
+    let t = Setup::new(None);
+    let server = serve(&t);
+    let script = r#"
+import json, sys, ollama
+client = ollama.Client(host=sys.argv[1])
+lines = [p.model_dump() for p in client.pull(sys.argv[2], stream=True)]
+final = client.pull(sys.argv[2], stream=False).status
+try:
+    client.pull("hf.co/tiny-org/nope")
+    refused = None
+except ollama.ResponseError as e:
+    refused = [e.status_code, e.error]
+print(json.dumps({"lines": lines, "final": final, "refused": refused}))
+"#;
+    let out = Command::new(common::test_python())
+        .args(["-c", script, &server.url(), NAME])
+        .output()
+        .unwrap();
+    let report = common::server::json(&ok(&out));
+    let lines = report["lines"].as_array().unwrap();
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    let transformer = t.hub.file(TRANSFORMER);
+    let digest = format!("sha256:{}", transformer.sha256);
+    let size = transformer.bytes.len();
+    assert!(
+        lines.iter().any(|l| l["digest"] == digest.as_str()
+            && l["completed"] == size
+            && l["total"] == size),
+        "{lines:?}"
+    );
+    assert_eq!(report["final"], "success");
+    let refused = &report["refused"];
+    assert_eq!(refused[0], 500, "{refused}");
+    assert!(refused[1].as_str().unwrap().contains("404"), "{refused}");
+    let (_, tags) = common::server::get(server.port, "/api/tags");
+    assert!(tags.contains(NAME), "{tags}");
+}
+
+#[test]
+fn the_page_pulls_a_model_into_an_empty_store_and_generates_with_it() {
+    common::browser::ensure_chromium();
+    let python = common::browser::playwright_python();
+    let t = Setup::new(None);
+    let server = serve(&t);
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page-pull");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web_page_pull.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .args([&server.url(), NAME, s(&shots)])
+        .env("CHROMIUM", common::browser::CHROMIUM)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\nserver log: {:?}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    assert!(stored_models(&t.store()).contains(NAME));
+}
