@@ -251,26 +251,32 @@ mod tests {
 
     #[test]
     fn a_pipeline_takes_configs_tokenizer_and_weights_but_no_variant() {
+        let taken = [
+            "model_index.json",
+            "scheduler/scheduler_config.json",
+            "tokenizer/vocab.json",
+            "tokenizer/merges.txt",
+            "text_encoder/config.json",
+            "text_encoder/model-00001-of-00002.safetensors",
+            "text_encoder/model.safetensors.index.json",
+            "transformer/diffusion_pytorch_model.safetensors",
+            "vae/config.json",
+        ];
+        let left = [
+            "README.md",
+            "transformer/diffusion_pytorch_model.fp16.safetensors",
+            "transformer/diffusion_pytorch_model.bin",
+            "unlisted/config.json",
+            "assets/a.png",
+        ];
+        // The listing mixes them, as the Hub's order is not the pipeline's.
+        let mut files: Vec<&str> = taken.to_vec();
+        for (i, extra) in left.iter().enumerate() {
+            files.insert(1 + 2 * i, extra);
+        }
         let listing = Listing {
             commit: "0".repeat(40),
-            files: [
-                "model_index.json",
-                "README.md",
-                "scheduler/scheduler_config.json",
-                "tokenizer/vocab.json",
-                "tokenizer/merges.txt",
-                "text_encoder/config.json",
-                "text_encoder/model-00001-of-00002.safetensors",
-                "text_encoder/model.safetensors.index.json",
-                "transformer/diffusion_pytorch_model.safetensors",
-                "transformer/diffusion_pytorch_model.fp16.safetensors",
-                "transformer/diffusion_pytorch_model.bin",
-                "vae/config.json",
-                "unlisted/config.json",
-                "assets/a.png",
-            ]
-            .map(file)
-            .to_vec(),
+            files: files.into_iter().map(file).collect(),
         };
         let comps: Vec<String> = [
             "scheduler",
@@ -285,20 +291,7 @@ mod tests {
             .iter()
             .map(|f| f.path.as_str())
             .collect();
-        assert_eq!(
-            got,
-            [
-                "model_index.json",
-                "scheduler/scheduler_config.json",
-                "tokenizer/vocab.json",
-                "tokenizer/merges.txt",
-                "text_encoder/config.json",
-                "text_encoder/model-00001-of-00002.safetensors",
-                "text_encoder/model.safetensors.index.json",
-                "transformer/diffusion_pytorch_model.safetensors",
-                "vae/config.json",
-            ]
-        );
+        assert_eq!(got, taken);
     }
 
     #[test]
