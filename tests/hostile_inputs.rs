@@ -245,8 +245,11 @@ fn a_newline_in_a_path_is_printed_escaped_on_one_line() {
 fn a_strength_that_leaves_no_step_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let picture = reference_input("picture-128x128.png");
-    let (out, _) = generate_on(dir.path(), &["--image", s(&picture), "--strength", "1e-40"]);
+    let (out, _) = generate_on(dir.path(), &["--image", s(&picture), "--strength", "1e-20"]);
     assert_refused(&out, &["--strength", "no denoising step"]);
+    // A subnormal strength is no strength at all: refused by the one number check.
+    let (out, _) = generate_on(dir.path(), &["--image", s(&picture), "--strength", "1e-40"]);
+    assert_refused(&out, &["--strength", "(0, 1]"]);
     assert!(!dir.path().join("out.png").exists());
 }
 

@@ -122,12 +122,17 @@ pub fn admit_inputs(
     Ok(Some(reservation))
 }
 
-/// Runs `work` (decoding pictures, reading files) on the blocking pool, off the async threads
-/// that answer every other request.
-pub async fn blocking<T: Send + 'static>(
+/// Runs `work`, which decodes a request's pictures when it has any, on the blocking pool, off
+/// the async threads that answer every other request; a request without pictures runs it where
+/// it is, for no hop to another thread.
+pub async fn decoding<T: Send + 'static>(
     api: Api,
+    has_pictures: bool,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    if !has_pictures {
+        return work();
+    }
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
@@ -415,7 +420,7 @@ pub async fn decode_control(
 ) -> Result<Option<crate::generation::ControlJob>, ApiError> {
     let (net, scale) = (body.controlnet().map(str::to_string), body.control_scale());
     let store = state.store.clone();
-    blocking(api, move || {
+    decoding(api, control_image.is_some(), move || {
         control_job(&store, api, net.as_deref(), control_image.as_deref(), scale)
     })
     .await

@@ -385,7 +385,7 @@ pub async fn generate(
     ]);
     // Held until the answer is done: the pictures live that long.
     let reservation = super::admit_inputs(&state, API, &pictures, 1)?;
-    job.input = super::blocking(API, move || {
+    job.input = super::decoding(API, image.is_some(), move || {
         image
             .as_deref()
             .map(|b| decode_input(b, strength))

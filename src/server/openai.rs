@@ -315,8 +315,10 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let strength = body.strength;
-    let input =
-        super::blocking(API, move || decode_edit(&image, mask.as_deref(), strength)).await?;
+    let input = super::decoding(API, true, move || {
+        decode_edit(&image, mask.as_deref(), strength)
+    })
+    .await?;
     let control = super::decode_control(&state, API, &body, control_image).await?;
     run(
         state,

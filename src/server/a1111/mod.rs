@@ -150,7 +150,8 @@ async fn generate(
     // Held until the answer is done: the pictures live that long.
     let _reservation = super::admit_inputs(&state, API, &pictures.inputs(), 1)?;
     let store = state.store.clone();
-    let job = super::blocking(API, move || pictures.decode_into(&store, job)).await?;
+    let has_pictures = !pictures.inputs().is_empty();
+    let job = super::decoding(API, has_pictures, move || pictures.decode_into(&store, job)).await?;
     super::open_model(&state, API, &model, true).await?;
     let started = SystemTime::now();
     let label = format!("POST {} {}", kind.path(), model.short().escape_debug());

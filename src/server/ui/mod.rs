@@ -319,7 +319,8 @@ async fn submit(
     ]);
     let reservation = super::admit_inputs(&state, API, &inputs, 1)?;
     let store = state.store.clone();
-    let job = super::blocking(API, move || {
+    let has_pictures = !inputs.is_empty();
+    let job = super::decoding(API, has_pictures, move || {
         let input = picture
             .map(|p| {
                 super::picture_input(
