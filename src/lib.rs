@@ -12,6 +12,7 @@
 //! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
 //! - [`layouts`]: ComfyUI / original-layout checkpoints mapped to diffusers names, and back;
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
+//! - [`number`]: the one check of the numbers a request gives;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
 //!
@@ -60,6 +61,7 @@ pub mod lora;
 pub mod memory_plan;
 pub mod mlx;
 pub mod models;
+pub mod number;
 pub mod pipeline;
 pub mod platform;
 pub mod registry;

@@ -164,14 +164,59 @@ pub fn device_memory() -> Option<u64> {
     mlx::memory::device_memory().filter(|&b| b > 0)
 }
 
-/// What the budget's memory already holds before a model loads: the process's resident memory
-/// where the models compute in the machine's memory (the CPU, and a Mac's unified memory);
-/// nothing on a discrete GPU, whose memory the process has not touched yet.
+/// What the budget's memory holds now, before a job's model loads: where the models compute in
+/// the machine's memory (the CPU, and a Mac's unified memory), the process's resident memory or
+/// MLX's live arrays, whichever is more (Metal's buffers need not count as resident); nothing
+/// on a discrete GPU, whose memory the process has not touched yet. What it holds now, not its
+/// peak: a server's earlier large job has given its memory back.
 pub fn held_before_loading() -> u64 {
     if device_memory().is_some() && !cfg!(target_os = "macos") {
         return 0;
     }
-    peak_resident_bytes().unwrap_or(0)
+    let mlx = mlx::memory::active_memory() as u64;
+    resident_bytes().unwrap_or(0).max(mlx)
+}
+
+/// The memory this process holds resident now, in bytes.
+#[cfg(target_os = "linux")]
+pub fn resident_bytes() -> Option<u64> {
+    // statm: total and resident sizes in pages.
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf reads a process-independent system value and has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    (page > 0).then(|| pages * page as u64)
+}
+
+/// The memory this process holds resident now, in bytes.
+#[cfg(target_os = "macos")]
+pub fn resident_bytes() -> Option<u64> {
+    let mut info = std::mem::MaybeUninit::<libc::mach_task_basic_info>::zeroed();
+    let mut count = libc::MACH_TASK_BASIC_INFO_COUNT;
+    // SAFETY: `info` is writable memory of the struct's size, and `count` says how many
+    // natural_t words it holds; task_info writes at most that many into it.
+    #[allow(deprecated)]
+    // libc points to the mach2 crate for mach_task_self, a dependency for one call
+    let rc = unsafe {
+        libc::task_info(
+            libc::mach_task_self(),
+            libc::MACH_TASK_BASIC_INFO,
+            info.as_mut_ptr().cast(),
+            &mut count,
+        )
+    };
+    if rc != libc::KERN_SUCCESS {
+        return None;
+    }
+    // SAFETY: task_info succeeded, so it filled the struct.
+    let info = unsafe { info.assume_init() };
+    Some(info.resident_size)
+}
+
+/// The memory this process holds resident now, in bytes; unknown on this platform.
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+pub fn resident_bytes() -> Option<u64> {
+    None
 }
 
 /// Prepares MLX's allocator for a run of the GPU graph: on Metal, wires up to the recommended

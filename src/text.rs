@@ -135,11 +135,42 @@ impl PromptTokenizer {
     }
 
     /// Ids of the templated prompt, truncated to [`MAX_SEQUENCE_LENGTH`] as the pipeline does.
+    /// Only as much of a long prompt is tokenized as gives that many: a start of it that ends
+    /// where the pre-tokenizer splits, read further only if it gave too few.
     pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>, Error> {
-        let mut ids = self.encode_raw(&chat_template(prompt))?;
-        ids.truncate(MAX_SEQUENCE_LENGTH);
-        Ok(ids)
+        // The template's own tokens come on top of a cut prompt's.
+        let template = self.encode_raw(&chat_template(""))?.len();
+        let mut read = FIRST_READ_BYTES;
+        loop {
+            let head = split_prefix(prompt, read);
+            let mut ids = self.encode_raw(&chat_template(head))?;
+            if head.len() == prompt.len() || ids.len() >= MAX_SEQUENCE_LENGTH + template {
+                ids.truncate(MAX_SEQUENCE_LENGTH);
+                return Ok(ids);
+            }
+            read = read.saturating_mul(4);
+        }
     }
+}
+
+/// Bytes of a prompt tokenized first: 512 tokens of ordinary text take 2–3 KB.
+const FIRST_READ_BYTES: usize = MAX_SEQUENCE_LENGTH * 16;
+
+/// The longest start of `text` of at most `max` bytes that ends where Qwen's pre-tokenizer
+/// splits the whole text, so that its tokens are the first tokens of the whole: before a space
+/// that follows a character other than whitespace (a space is a starter for NFC as well). The
+/// whole text when it is no longer, or has no such place.
+fn split_prefix(text: &str, max: usize) -> &str {
+    let bytes = text.as_bytes();
+    if bytes.len() <= max {
+        return text;
+    }
+    (1..=max)
+        .rev()
+        .find(|&i| {
+            bytes[i] == b' ' && (text[..i].chars().next_back()).is_some_and(|c| !c.is_whitespace())
+        })
+        .map_or(text, |i| &text[..i])
 }
 
 /// The most bytes a tokenizer file may hold, and its name for errors: `tokenizer.json` holds
@@ -222,6 +253,23 @@ mod tests {
             ]
         );
         assert_eq!(t.encode_prompt("").unwrap().len(), 8);
+    }
+
+    #[test]
+    fn long_prompts_are_tokenized_in_part_as_if_whole() {
+        let t = tiny();
+        let whole = |p: &str| {
+            let mut ids = t.encode_raw(&chat_template(p)).unwrap();
+            ids.truncate(MAX_SEQUENCE_LENGTH);
+            ids
+        };
+        let words = "a red fox, 12 jumps!  Über den   Schnee\n\tthen ".repeat(2000);
+        let spaceless = "x".repeat(3 * FIRST_READ_BYTES);
+        let long_words = format!("{} tail", "wolf".repeat(5000)).repeat(3);
+        for prompt in [words.as_str(), &spaceless, &long_words] {
+            assert_eq!(t.encode_prompt(prompt).unwrap(), whole(prompt));
+        }
+        assert!(split_prefix(&words, FIRST_READ_BYTES).len() <= FIRST_READ_BYTES);
     }
 
     #[test]

@@ -309,7 +309,47 @@ fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
                 r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"ControlNet": {{"args": [{{"model": "cn", "image": 5}}]}}}}}}"#
             ),
             400,
-            "args[0].image` is empty",
+            "args[0].image` is a number",
+        ),
+        // A subnormal blur would reach the blur, which asserts a normal sigma.
+        (
+            "/sdapi/v1/img2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "init_images": ["{}"], "mask": "{}", "mask_blur": 1e-40}}"#,
+                b64("picture-96x80.png"),
+                b64("mask-96x80.png")
+            ),
+            400,
+            "mask_blur is 0.0000",
+        ),
+        // Values of the wrong JSON type are refused, not taken as unset.
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"controlnet": {{"args": [{{"model": "cn", "weight": "5", "image": "AAAA"}}]}}}}}}"#
+            ),
+            400,
+            "args[0].weight` is a string; give a number",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(
+                r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"controlnet": {{"args": [{{"model": "cn", "guidance_start": "0.5", "image": "AAAA"}}]}}}}}}"#
+            ),
+            400,
+            "args[0].guidance_start` is a string",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "x", {small}, "alwayson_scripts": {{"controlnet": "canny"}}}}"#),
+            400,
+            "field `alwayson_scripts.controlnet` is a string",
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{"prompt": "{}", {small}}}"#, "fox ".repeat(20_000)),
+            400,
+            "bytes; a prompt may have at most 65536",
         ),
         (
             "/sdapi/v1/txt2img",

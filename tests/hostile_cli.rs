@@ -287,6 +287,8 @@ fn numeric_flags_out_of_range_are_refused_before_any_model_loads() {
             &["--memory-limit", "12 parsecs"],
             &["--memory-limit", "unit"],
         ),
+        // A subnormal f32: no setting anyone means.
+        (&["--guidance", "1e-40"], &["--guidance", "finite"]),
     ];
     for (flags, needles) in cases {
         let mut args = vec!["x", "--model", "absent-model"];
@@ -297,6 +299,10 @@ fn numeric_flags_out_of_range_are_refused_before_any_model_loads() {
         assert!(!line.contains("absent-model"), "{flags:?}: {line}");
         assert!(start.elapsed() < Duration::from_secs(10), "{flags:?}");
     }
+    // A prompt past the bound is refused by its length, naming the bound.
+    let long = "fox ".repeat(20_000);
+    let out = generate(dir.path(), &[&long, "--model", "absent-model"]);
+    assert_refused(&out, &["--prompt is 80000 bytes", "65536"]);
 }
 
 #[test]
@@ -639,6 +645,11 @@ fn a_mask_or_a_strength_without_a_picture_is_refused() {
     assert_refused(&out, &["--mask", "mask-128x128.png", "needs --image"]);
     let out = generate_on(dir.path(), &demo(), &["--strength", "0.5"]);
     assert_refused(&out, &["--strength", "needs --image"]);
+    // Not dropped to run text → image instead.
+    for flags in [&["--only-masked"][..], &["--only-masked", "8"]] {
+        let out = generate_on(dir.path(), &demo(), flags);
+        assert_refused(&out, &["--only-masked", "needs --image and --mask"]);
+    }
     assert_no_png(dir.path());
 }
 
@@ -646,7 +657,7 @@ fn a_mask_or_a_strength_without_a_picture_is_refused() {
 fn a_strength_outside_zero_to_one_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let picture = reference_input("picture-128x128.png");
-    for s in ["0", "1.5", "-0.2", "NaN"] {
+    for s in ["0", "1.5", "-0.2", "NaN", "1e-320"] {
         let out = generate_on(dir.path(), &demo(), &["--image", &picture, "--strength", s]);
         assert_refused(&out, &["--strength", "(0, 1]"]);
     }

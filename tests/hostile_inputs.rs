@@ -245,8 +245,11 @@ fn a_newline_in_a_path_is_printed_escaped_on_one_line() {
 fn a_strength_that_leaves_no_step_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let picture = reference_input("picture-128x128.png");
-    let (out, _) = generate_on(dir.path(), &["--image", s(&picture), "--strength", "1e-40"]);
+    let (out, _) = generate_on(dir.path(), &["--image", s(&picture), "--strength", "1e-20"]);
     assert_refused(&out, &["--strength", "no denoising step"]);
+    // A subnormal strength is no strength at all: refused by the one number check.
+    let (out, _) = generate_on(dir.path(), &["--image", s(&picture), "--strength", "1e-40"]);
+    assert_refused(&out, &["--strength", "(0, 1]"]);
     assert!(!dir.path().join("out.png").exists());
 }
 
@@ -776,4 +779,101 @@ fn ollama_echoes_a_few_hundred_bytes_of_a_bad_value_not_five_megabytes() {
     assert_eq!(status, 400, "{}", &text[..text.len().min(500)]);
     assert!(answer.len() < 2000, "{} bytes", answer.len());
     assert!(text.contains("images"), "{text}");
+}
+
+/// A1111's routes admit their pictures through the server's input budget, from their headers,
+/// before any is decoded, as every other API does: a bomb as the picture, as picture and mask,
+/// or in a ControlNet unit is refused at once, the server stays small, and a subnormal
+/// `mask_blur` is refused rather than reaching the blur. The next normal request of the same
+/// kind is answered.
+#[test]
+fn a1111_pictures_pass_the_input_budget_before_they_are_decoded() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::server::demo_store(dir.path());
+    let server = Server::start(&store, &["--memory-limit", "2GB"]);
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let bomb = b64(bomb_8192());
+    let picture = b64(&std::fs::read(reference_input("picture-96x80.png")).unwrap());
+    let mask = b64(&std::fs::read(reference_input("mask-96x80.png")).unwrap());
+    let small = r#""prompt": "a fox", "steps": 1, "width": 64, "height": 64, "cfg_scale": 0"#;
+    let unit = |image: &str| {
+        format!(
+            r#""alwayson_scripts": {{"controlnet": {{"args": [{{"model": "cn", "image": "{image}"}}]}}}}"#
+        )
+    };
+    let post = |path: &str, body: String| {
+        let head = format!("POST {path} HTTP/1.1\r\nContent-Type: application/json");
+        let (status, _, answer) = send(server.port, &head, body.as_bytes());
+        (status, String::from_utf8_lossy(&answer).into_owned())
+    };
+    let refused = [
+        (
+            "/sdapi/v1/img2img",
+            format!(r#"{{{small}, "init_images": ["{bomb}"]}}"#),
+        ),
+        (
+            "/sdapi/v1/img2img",
+            format!(r#"{{{small}, "init_images": ["{bomb}"], "mask": "{bomb}"}}"#),
+        ),
+        (
+            "/sdapi/v1/txt2img",
+            format!(r#"{{{small}, {}}}"#, unit(&bomb)),
+        ),
+    ];
+    for (path, body) in refused {
+        let (status, answer) = post(path, body);
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert!(answer.contains("decoded"), "{answer}");
+    }
+    let inpaint = |blur: &str| {
+        format!(
+            r#"{{{small}, "init_images": ["{picture}"], "mask": "{mask}", "mask_blur": {blur}}}"#
+        )
+    };
+    let (status, answer) = post("/sdapi/v1/img2img", inpaint("1e-40"));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("mask_blur"), "{answer}");
+    let peak = server.peak_rss();
+    assert!(peak < 700_000_000, "peak RSS {peak} bytes");
+    let (status, answer) = post("/sdapi/v1/img2img", inpaint("4"));
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// A budget that holds a 64² request of the demo model with the server's idle memory (about
+/// 230 MB), but not with the peak a 63 MiB body leaves behind (about 400 MB).
+const MEMORY_PLAN_LIMIT: &str = "250MB";
+
+/// A server's memory plan starts from what the process holds now, not from its lifetime peak:
+/// after a request whose body alone raised the peak well past the budget's room, the next
+/// small requests are planned from the memory given back and run.
+#[test]
+fn a_past_peak_does_not_refuse_the_next_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::server::demo_store(dir.path());
+    let server = Server::start(&store, &["--memory-limit", MEMORY_PLAN_LIMIT]);
+    let small = r#"{"prompt": "a fox", "steps": 1, "width": 64, "height": 64, "cfg_scale": 0}"#;
+    let txt2img = |body: &[u8]| {
+        let head = "POST /sdapi/v1/txt2img HTTP/1.1\r\nContent-Type: application/json";
+        let (status, _, answer) = send(server.port, head, body);
+        (status, String::from_utf8_lossy(&answer).into_owned())
+    };
+    let (status, answer) = txt2img(small.as_bytes());
+    assert_eq!(status, 200, "{answer}");
+    // 63 MiB of text in a field txt2img refuses: read, parsed and copied, then given back.
+    let junk = format!(
+        r#"{{"prompt": "a fox", "init_images": ["{}"]}}"#,
+        "A".repeat(63 << 20)
+    );
+    let (status, answer) = txt2img(junk.as_bytes());
+    assert_eq!(status, 400, "{}", &answer[..answer.len().min(300)]);
+    let peak = server.peak_rss();
+    assert!(
+        peak > 250_000_000,
+        "the body raised the peak to {peak} bytes only"
+    );
+    for _ in 0..2 {
+        let (status, answer) = txt2img(small.as_bytes());
+        assert_eq!(status, 200, "{answer}");
+    }
 }

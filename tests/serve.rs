@@ -1154,6 +1154,20 @@ fn web_pages_of_other_sites_are_refused() {
     let (status, body) = raw(port, rebound.as_bytes());
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("evil.example"), "{body}");
+    // A name or an origin in raw UTF-8 cannot be checked: refused, not taken as absent.
+    let utf8_host =
+        format!("GET /api/tags HTTP/1.1\r\nHost: évil.example:{port}\r\nConnection: close\r\n\r\n");
+    let (status, body) = raw(port, utf8_host.as_bytes());
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("`host` header is not ASCII"), "{body}");
+    for (method, path) in [("GET", "/api/tags"), ("DELETE", "/ui/api/gallery/a.png")] {
+        let (status, body) = raw(
+            port,
+            &request(method, path, "Origin: https://évil.example\r\n", ""),
+        );
+        assert_eq!(status, 400, "{method} {path}: {body}");
+        assert!(body.contains("`origin` header is not ASCII"), "{body}");
+    }
     // Errors keep each API's shape.
     let (status, body) = raw(
         port,

@@ -378,6 +378,17 @@ fn bad_page_requests_get_a_message_and_the_server_keeps_serving() {
             400,
             "16",
         ),
+        // Not dropped to run text → image instead.
+        (
+            serde_json::json!({"prompt": "x", "only_masked": 8}),
+            400,
+            "field `only_masked` needs `picture` and `mask`",
+        ),
+        (
+            serde_json::json!({"prompt": "fox ".repeat(20_000)}),
+            400,
+            "prompt is 80000 bytes; a prompt may have at most 65536",
+        ),
     ];
     for (body, want, words) in cases {
         let (status, answer) = post(port, "/ui/api/jobs", &body.to_string());
@@ -409,6 +420,75 @@ fn bad_page_requests_get_a_message_and_the_server_keeps_serving() {
         assert_eq!(get(port, path).0, 404, "{path}");
     }
     still_serves(port);
+}
+
+/// The gallery serves and deletes its own regular files only, to its own page only: a link,
+/// a FIFO or a folder under a gallery name is not found (and not followed, opened or removed),
+/// and another site's `<img>` gets nothing.
+#[test]
+fn the_gallery_serves_its_regular_files_to_its_own_page_alone() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    std::fs::create_dir_all(&page.gallery).unwrap();
+    let mut png = Vec::new();
+    image::RgbImage::new(8, 8)
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    std::fs::write(page.gallery.join("kept.png"), &png).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", page.gallery.join("link.png")).unwrap();
+    let fifo = page.gallery.join("fifo.png");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::create_dir(page.gallery.join("folder.png")).unwrap();
+    for name in ["link.png", "fifo.png", "folder.png"] {
+        let (status, body) = get(port, &format!("/ui/gallery/{name}"));
+        assert_eq!(status, 404, "{name}: {body}");
+        let delete = request("DELETE", &format!("/ui/api/gallery/{name}"), "", "");
+        let (status, body) = raw(port, &delete);
+        assert_eq!(status, 404, "{name}: {body}");
+    }
+    assert!(std::fs::symlink_metadata(page.gallery.join("link.png")).is_ok());
+    assert!(page.gallery.join("folder.png").is_dir());
+    let fetch = |site: &str| {
+        let headers = format!("Sec-Fetch-Site: {site}\r\n");
+        raw(port, &request("GET", "/ui/gallery/kept.png", &headers, ""))
+    };
+    let (status, body) = fetch("cross-site");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("another site"), "{body}");
+    assert_eq!(fetch("same-origin").0, 200);
+    assert_eq!(get(port, "/ui/gallery/kept.png").0, 200);
+    still_serves(port);
+}
+
+/// A gallery folder that can never be made stops `serve` before it listens.
+#[test]
+fn a_gallery_folder_under_a_file_stops_serve_at_start() {
+    let page = page_setup();
+    let file = page._dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let port = common::server::free_port().to_string();
+    let out = zimage_in(
+        &page.store,
+        &[
+            "serve",
+            "--host",
+            &format!("127.0.0.1:{port}"),
+            "--gallery-dir",
+            s(&file.join("gallery")),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("is a file") && stderr.contains("--gallery-dir"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -271,6 +271,9 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
                 "--strength needs --image: it says how far the picture is taken back toward noise"
             );
         }
+        if a.only_masked.is_some() {
+            bail!("--only-masked needs --image and --mask: it inpaints the area the mask marks");
+        }
     }
     match (&a.control, &a.controlnet) {
         (Some(c), None) => bail!(

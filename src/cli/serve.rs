@@ -148,10 +148,17 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .map(PathBuf::from)
         })
         .unwrap_or_else(|| store.root.join("gallery"));
-    if gallery.exists() && !gallery.is_dir() {
+    // The folder is made when the first image is kept; whatever of its path exists must be
+    // folders for that to work.
+    if let Some(file) = gallery
+        .ancestors()
+        .find(|p| p.exists())
+        .filter(|p| !p.is_dir())
+    {
         bail!(
-            "the gallery folder `{}` is a file; give another with --gallery-dir DIR (or ZIMAGE_GALLERY)",
-            gallery.display()
+            "the gallery folder `{}` cannot be made: `{}` is a file; give another with --gallery-dir DIR (or ZIMAGE_GALLERY)",
+            gallery.display(),
+            file.display()
         );
     }
     let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| {

@@ -487,7 +487,7 @@ fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMe
         encodes: false,
         graph: zimage::platform::graph(),
     };
-    let base = zimage::platform::peak_resident_bytes().unwrap_or(0);
+    let base = zimage::platform::held_before_loading();
     let m = pipeline.model_sizes(&sizes);
     Some(RuntimeMemory {
         side,

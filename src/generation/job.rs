@@ -8,6 +8,10 @@ use crate::models::Residency;
 use crate::pipeline;
 use std::path::PathBuf;
 
+/// The most bytes a prompt (or negative prompt) may have. The model reads a prompt's first
+/// 512 tokens, a few kilobytes of text; a longer one is refused rather than read, held by the
+/// worker and recorded in every image's metadata.
+pub const MAX_PROMPT_BYTES: usize = 64 << 10;
 /// The most images one job makes.
 pub const MAX_COUNT: u32 = 100;
 /// The most pixels of padding around an only-masked area (A1111's slider stops at 256).
@@ -142,6 +146,18 @@ impl Job {
     /// setting left to the model is checked once the model is read.
     pub fn check(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Request(m));
+        let prompts = [
+            ("--prompt", Some(&self.prompt)),
+            ("--negative", self.negative_prompt.as_ref()),
+        ];
+        for (flag, text) in prompts {
+            if let Some(len) = text.map(String::len).filter(|&n| n > MAX_PROMPT_BYTES) {
+                return bad(format!(
+                    "{flag} is {len} bytes; a prompt may have at most {MAX_PROMPT_BYTES} (the model reads its first {} tokens)",
+                    crate::text::MAX_SEQUENCE_LENGTH
+                ));
+            }
+        }
         let side = |v: Option<u32>| v.unwrap_or(16);
         if let Some(e) = pipeline::request_range_error(
             self.steps.unwrap_or(1) as u64,
@@ -166,7 +182,7 @@ impl Job {
         }
         if let Some(input) = &self.input {
             if let Some(s) = input.strength {
-                if !(s > 0.0 && s <= 1.0) {
+                if !crate::number::within(s, crate::number::above(0.0, 1.0)) {
                     return bad(format!("--strength is {s}; it must be within (0, 1]"));
                 }
             }
@@ -212,13 +228,14 @@ impl Job {
             }
         }
         if let Some(h) = &self.hires {
-            if !(h.scale > MIN_HIRES_SCALE && h.scale <= MAX_HIRES_SCALE) {
+            let scales = crate::number::above(MIN_HIRES_SCALE.into(), MAX_HIRES_SCALE.into());
+            if !crate::number::within(h.scale, scales) {
                 return bad(format!(
                     "--hires-scale is {}; it must be within ({MIN_HIRES_SCALE}, {MAX_HIRES_SCALE}]",
                     h.scale
                 ));
             }
-            if !(h.strength > 0.0 && h.strength <= 1.0) {
+            if !crate::number::within(h.strength, crate::number::above(0.0, 1.0)) {
                 return bad(format!(
                     "--hires-strength is {}; it must be within (0, 1]",
                     h.strength

@@ -18,7 +18,7 @@ pub use engine::{ControlNetChoice, Engine};
 pub use error::{Error, ErrorClass};
 pub use job::{
     ControlJob, Hires, Job, Picture, PictureInput, DEFAULT_MASKED_PADDING, MAX_COUNT,
-    MAX_MASKED_PADDING,
+    MAX_MASKED_PADDING, MAX_PROMPT_BYTES,
 };
 pub use metadata::{png_text, png_text_full, ControlProvenance, HiresProvenance, Provenance};
 pub use progress::{Cancel, Progress};

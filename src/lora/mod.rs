@@ -79,6 +79,13 @@ pub struct LoraSpec {
 /// The largest scale magnitude accepted: LoRAs are used at −2…2; past this an image is noise.
 pub const MAX_SCALE: f32 = 100.0;
 
+/// What is wrong with a LoRA's scale, if anything.
+pub fn scale_error(scale: f32) -> Option<String> {
+    let max = f64::from(MAX_SCALE);
+    (!crate::number::within(scale, -max..=max))
+        .then(|| format!("scale {scale} must be a finite number within -{MAX_SCALE}..={MAX_SCALE}"))
+}
+
 impl LoraSpec {
     /// `FILE` or `FILE:SCALE`; a suffix after the last `:` that is not a number is part of the
     /// file name.
@@ -93,10 +100,8 @@ impl LoraSpec {
         if path.is_empty() {
             return Err(spec("no file before the scale; give FILE[:SCALE]".into()));
         }
-        if !scale.is_finite() || scale.abs() > MAX_SCALE {
-            return Err(spec(format!(
-                "scale {scale} must be a finite number within -{MAX_SCALE}..={MAX_SCALE}"
-            )));
+        if let Some(e) = scale_error(scale) {
+            return Err(spec(e));
         }
         Ok(LoraSpec {
             path: PathBuf::from(path),

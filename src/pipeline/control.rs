@@ -58,7 +58,7 @@ impl ControlSpec {
 
 /// What is wrong with a conditioning scale, if anything (named as the command line's flag).
 pub fn scale_error(scale: f32) -> Option<String> {
-    (!(0.0..=MAX_SCALE).contains(&scale))
+    (!crate::number::within(scale, 0.0..=f64::from(MAX_SCALE)))
         .then(|| format!("--control-scale is {scale}; it must be a number within [0, {MAX_SCALE}]"))
 }
 

@@ -862,7 +862,7 @@ pub fn check_request_ranges(req: &Request) -> Result<(), Error> {
 
 /// What is wrong with this `cfg_truncation`, if anything (named as the command line's flag).
 pub fn cfg_truncation_error(truncation: f64) -> Option<String> {
-    (!(0.0..=1.0).contains(&truncation)).then(|| {
+    (!crate::number::within(truncation, 0.0..=1.0)).then(|| {
         format!(
             "--cfg-truncation is {truncation}; it must be within [0, 1] (the model time past which guidance stops; 1 keeps it throughout)"
         )
@@ -878,7 +878,7 @@ pub fn request_range_error(steps: u64, guidance: f32, width: u32, height: u32) -
             "--steps is {steps}; it must be within 1..={max_steps}"
         ));
     }
-    if !guidance.is_finite() || guidance < 0.0 {
+    if !crate::number::within(guidance, 0.0..) {
         return Some(format!(
             "--guidance is {guidance}; it must be a finite number ≥ 0 (0 turns guidance off)"
         ));

@@ -123,6 +123,22 @@ pub fn admit_inputs(
     Ok(Some(reservation))
 }
 
+/// Runs `work`, which decodes a request's pictures when it has any, on the blocking pool, off
+/// the async threads that answer every other request; a request without pictures runs it where
+/// it is, for no hop to another thread.
+pub async fn decoding<T: Send + 'static>(
+    api: Api,
+    has_pictures: bool,
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    if !has_pictures {
+        return work();
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
 /// The most LoRAs one request may apply.
 pub const MAX_LORAS_PER_REQUEST: usize = 16;
 
@@ -163,11 +179,8 @@ pub fn request_loras(
         .map(|l| {
             let shown = crate::lora::shown(&l.path);
             let scale = l.scale.unwrap_or(1.0);
-            if !scale.is_finite() || scale.abs() > crate::lora::MAX_SCALE {
-                return Err(bad(format!(
-                    "LoRA `{shown}`: scale {scale} must be a finite number within -{0}..={0}",
-                    crate::lora::MAX_SCALE
-                )));
+            if let Some(e) = crate::lora::scale_error(scale) {
+                return Err(bad(format!("LoRA `{shown}`: {e}")));
             }
             let relative = std::path::Path::new(&l.path);
             let inside = !l.path.is_empty()
@@ -399,6 +412,21 @@ pub fn request_control(
     control_job(store, api, net, control_image, scale)
 }
 
+/// [`request_control`] off the async threads (it decodes the control image).
+pub async fn decode_control(
+    state: &AppState,
+    api: Api,
+    body: &impl ControlFields,
+    control_image: Option<Vec<u8>>,
+) -> Result<Option<crate::generation::ControlJob>, ApiError> {
+    let (net, scale) = (body.controlnet().map(str::to_string), body.control_scale());
+    let store = state.store.clone();
+    decoding(api, control_image.is_some(), move || {
+        control_job(&store, api, net.as_deref(), control_image.as_deref(), scale)
+    })
+    .await
+}
+
 /// A request's ControlNet fields: `controlnet` (a stored name), `control_image` (its bytes) and
 /// `control_scale`, checked as `--controlnet/--control/--control-scale` are and the image decoded.
 pub fn control_job(
@@ -505,7 +533,7 @@ pub fn check_strength(api: Api, strength: Option<f64>, has_picture: bool) -> Res
             api,
             "strength needs a picture to start from: it says how far the picture is taken back toward noise",
         )),
-        Some(s) if !(s > 0.0 && s <= 1.0) => Err(ApiError::bad_request(
+        Some(s) if !crate::number::within(s, crate::number::above(0.0, 1.0)) => Err(ApiError::bad_request(
             api,
             format!("strength is {s}; it must be within (0, 1]"),
         )),
@@ -856,10 +884,10 @@ async fn refuse_other_sites(
 /// The refusal of a request from another site ([`refuse_other_sites`]), if it is one.
 fn other_site(req: &Request) -> Option<ApiError> {
     let api = Api::of_path(req.uri().path());
-    let header = |name: axum::http::header::HeaderName| {
-        (req.headers().get(name)).and_then(|v| v.to_str().ok())
+    let (host, o) = match origin::host_and_origin(req.headers()) {
+        Ok(headers) => headers,
+        Err(e) => return Some(ApiError::bad_request(api, e)),
     };
-    let host = header(axum::http::header::HOST);
     if let Some(h) = host.filter(|h| !origin::host_allowed(h, origin::machine_name())) {
         let message = format!(
             "requests for host `{}` are refused: this server answers requests for this machine (localhost or an address); give it --api-key to serve other names",
@@ -867,7 +895,7 @@ fn other_site(req: &Request) -> Option<ApiError> {
         );
         return Some(ApiError::new(api, StatusCode::FORBIDDEN, message));
     }
-    let o = header(axum::http::header::ORIGIN)?;
+    let o = o?;
     if origin::origin_allowed(o, host, origin::extra_origins()) {
         return None;
     }

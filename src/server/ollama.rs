@@ -385,11 +385,14 @@ pub async fn generate(
     ]);
     // Held until the answer is done: the pictures live that long.
     let reservation = super::admit_inputs(&state, API, &pictures, 1)?;
-    job.input = image
-        .as_deref()
-        .map(|b| decode_input(b, strength))
-        .transpose()?;
-    job.control = super::request_control(&state.store, API, &body, control_image.as_deref())?;
+    job.input = super::decoding(API, image.is_some(), move || {
+        image
+            .as_deref()
+            .map(|b| decode_input(b, strength))
+            .transpose()
+    })
+    .await?;
+    job.control = super::decode_control(&state, API, &body, control_image).await?;
     super::check_job(API, &job)?;
     open_model(&state, API, &name, true).await?;
     // No prompt: the model is only loaded (or unloaded).

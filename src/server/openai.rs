@@ -108,7 +108,7 @@ pub async fn generate(
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     // Held until the answer is done: the control image lives that long.
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
-    let control = super::request_control(&state.store, API, &body, control_image.as_deref())?;
+    let control = super::decode_control(&state, API, &body, control_image).await?;
     run(
         state,
         name,
@@ -315,21 +315,11 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let strength = body.strength;
-    let (controlnet, scale) = (body.controlnet.clone(), body.control_scale);
-    let store = state.store.clone();
-    let (input, control) = tokio::task::spawn_blocking(move || {
-        let input = decode_edit(&image, mask.as_deref(), strength)?;
-        let control = super::control_job(
-            &store,
-            API,
-            controlnet.as_deref(),
-            control_image.as_deref(),
-            scale,
-        )?;
-        Ok::<_, ApiError>((input, control))
+    let input = super::decoding(API, true, move || {
+        decode_edit(&image, mask.as_deref(), strength)
     })
-    .await
-    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    .await?;
+    let control = super::decode_control(&state, API, &body, control_image).await?;
     run(
         state,
         name,

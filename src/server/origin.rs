@@ -33,6 +33,36 @@ fn read_extra_origins() -> Vec<String> {
         .collect()
 }
 
+/// A request's `Host` and `Origin` headers as text, each `None` when absent. A header whose
+/// bytes are not ASCII text cannot be checked, so it is an error naming it, never taken as
+/// absent: a raw UTF-8 `Host: évil.example` is no name of this machine.
+pub fn host_and_origin(
+    headers: &axum::http::HeaderMap,
+) -> Result<(Option<&str>, Option<&str>), String> {
+    let read = |name: axum::http::header::HeaderName| {
+        match headers.get(&name) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| {
+            format!(
+                "the request's `{name}` header is not ASCII text, so this server cannot check it; send names as ASCII (punycode for international ones)"
+            )
+        }),
+    }
+    };
+    Ok((
+        read(axum::http::header::HOST)?,
+        read(axum::http::header::ORIGIN)?,
+    ))
+}
+
+/// Whether a browser says the request comes from a page of another site (`Sec-Fetch-Site:
+/// cross-site`): an `<img>` or a form of that page, which sends no `Origin` for a GET.
+pub fn from_another_site(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site"))
+}
+
 /// The name in a `Host` header or an origin's authority, without its port.
 fn hostname(authority: &str) -> &str {
     if let Some(v6) = authority.strip_prefix('[') {

@@ -146,7 +146,12 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let (raw, b) = read_body(&headers, body).await?;
     let model = request_model(&state, &b).await?;
-    let job = job_of(&state, &b, kind, &model)?;
+    let (job, pictures) = job_of(&state, &b, kind, &model)?;
+    // Held until the answer is done: the pictures live that long.
+    let _reservation = super::admit_inputs(&state, API, &pictures.inputs(), 1)?;
+    let store = state.store.clone();
+    let has_pictures = !pictures.inputs().is_empty();
+    let job = super::decoding(API, has_pictures, move || pictures.decode_into(&store, job)).await?;
     super::open_model(&state, API, &model, true).await?;
     let started = SystemTime::now();
     let label = format!("POST {} {}", kind.path(), model.short().escape_debug());

@@ -147,6 +147,15 @@ fn check_neutral(b: &Body1111) -> Result<(), ApiError> {
             "zimage runs no A1111 scripts; leave it empty",
         );
     }
+    if let Some((name, script)) =
+        (b.alwayson_scripts.iter().flatten()).find(|(_, s)| !s.is_object())
+    {
+        return Err(bad(format!(
+            "field `alwayson_scripts.{}` is {}; give an object with the script's `args`",
+            name.escape_debug(),
+            super::controlnet::kind(script)
+        )));
+    }
     if let Some((name, _)) = b.alwayson_scripts.iter().flatten().find(|(name, s)| {
         // ControlNet's units are read by `controlnet::unit`.
         !name.eq_ignore_ascii_case("controlnet")
@@ -231,9 +240,8 @@ fn hires(b: &Body1111) -> Result<Option<Hires>, ApiError> {
 }
 
 /// A base64 picture field, decoded.
-fn decode_picture(field: &str, text: &str) -> Result<Picture, ApiError> {
-    let bytes = crate::server::base64_field(API, field, text)?;
-    let image = crate::image_in::decode(&bytes, "field", field).map_err(|e| bad(e.to_string()))?;
+fn decode_picture(field: &str, bytes: &[u8]) -> Result<Picture, ApiError> {
+    let image = crate::image_in::decode(bytes, "field", field).map_err(|e| bad(e.to_string()))?;
     Ok(Picture {
         image,
         label: format!("field `{field}`"),
@@ -256,8 +264,69 @@ fn prepare_mask(mut mask: Picture, invert: bool, blur: f32) -> Picture {
     mask
 }
 
-/// img2img's picture, mask and strength.
-fn img2img_input(b: &Body1111) -> Result<PictureInput, ApiError> {
+/// How an img2img body reads its picture and mask, every field checked.
+struct Img2Img {
+    strength: f64,
+    only_masked: Option<u32>,
+    invert: bool,
+    blur: f32,
+}
+
+/// A body's pictures, base64 undone but not decoded (the server admits them to its input
+/// budget by their headers first), with how they are read.
+#[derive(Default)]
+pub(super) struct Pictures {
+    init: Option<(Vec<u8>, Img2Img)>,
+    mask: Option<Vec<u8>>,
+    control: Option<super::controlnet::UnitRequest>,
+}
+
+impl Pictures {
+    /// The pictures as the input budget weighs them.
+    pub(super) fn inputs(&self) -> Vec<crate::input_budget::Input<'_>> {
+        crate::input_budget::Input::given(&[
+            (
+                "field",
+                "init_images[0]",
+                self.init.as_ref().map(|(b, _)| b.as_slice()),
+            ),
+            ("field", "mask", self.mask.as_deref()),
+            (
+                "field",
+                self.control.as_ref().map_or("", |c| c.field.as_str()),
+                self.control.as_ref().map(|c| c.bytes.as_slice()),
+            ),
+        ])
+    }
+
+    /// `job` with its pictures decoded (slow work: call it off the async threads), checked
+    /// again with them.
+    pub(super) fn decode_into(
+        self,
+        store: &crate::store::Store,
+        mut job: generation::Job,
+    ) -> Result<generation::Job, ApiError> {
+        if let Some((bytes, how)) = self.init {
+            let mask = (self.mask.as_deref())
+                .map(|m| decode_picture("mask", m))
+                .transpose()?;
+            job.input = Some(PictureInput {
+                picture: decode_picture("init_images[0]", &bytes)?,
+                mask: mask.map(|m| prepare_mask(m, how.invert, how.blur)),
+                strength: Some(how.strength),
+                only_masked: how.only_masked,
+            });
+        }
+        if let Some(unit) = &self.control {
+            job.control = Some(unit.decode(store, (job.width, job.height))?);
+        }
+        crate::server::check_job(API, &job)?;
+        Ok(job)
+    }
+}
+
+/// img2img's picture and mask as bytes, with its settings, checked.
+fn img2img_pictures(b: &Body1111) -> Result<Pictures, ApiError> {
     let first = match b.init_images.as_deref() {
         Some([first, ..]) => first,
         _ => {
@@ -266,7 +335,7 @@ fn img2img_input(b: &Body1111) -> Result<PictureInput, ApiError> {
             ))
         }
     };
-    let picture = decode_picture("init_images[0]", first)?;
+    let picture = crate::server::base64_field(API, "init_images[0]", first)?;
     if b.resize_mode.is_some_and(|m| m != 0) {
         return Err(bad(format!(
             "resize_mode {}: zimage resizes the picture to width×height (resize_mode 0, `Just resize`); send 0",
@@ -274,52 +343,57 @@ fn img2img_input(b: &Body1111) -> Result<PictureInput, ApiError> {
         )));
     }
     let strength = b.denoising_strength.unwrap_or(DEFAULT_DENOISING);
-    if !(strength > 0.0 && strength <= 1.0) {
+    if !crate::number::within(strength, crate::number::above(0.0, 1.0)) {
         return Err(bad(format!(
             "denoising_strength is {strength}; it must be within (0, 1]"
         )));
     }
-    let mut only_masked = None;
-    let mask = match b.mask.as_deref().filter(|m| !m.is_empty()) {
-        None => None,
-        Some(text) => {
-            if flag("inpaint_full_res", &b.inpaint_full_res)? {
-                let padding = b
-                    .inpaint_full_res_padding
-                    .unwrap_or(generation::DEFAULT_MASKED_PADDING as i64);
-                if !(0..=generation::MAX_MASKED_PADDING as i64).contains(&padding) {
-                    return Err(bad(format!(
-                        "inpaint_full_res_padding is {padding}; it must be within 0..={} pixels",
-                        generation::MAX_MASKED_PADDING
-                    )));
-                }
-                only_masked = Some(padding as u32);
-            }
-            // With the whole picture taken back to noise, every fill starts the same.
-            match b.inpainting_fill {
-                None | Some(1) => {}
-                Some(0 | 2 | 3) if strength == 1.0 => {}
-                Some(f) => {
-                    return Err(bad(format!(
-                        "inpainting_fill {f}: zimage starts the masked part from the picture itself (1, `original`); send 1, or denoising_strength 1 (then every fill is the same)"
-                    )))
-                }
-            }
-            let blur = b.mask_blur.unwrap_or(0.0);
-            if !(0.0..=MAX_MASK_BLUR).contains(&blur) {
-                return Err(bad(format!(
-                    "mask_blur is {blur}; it must be within 0..={MAX_MASK_BLUR} pixels"
-                )));
-            }
-            let invert = flag("inpainting_mask_invert", &b.inpainting_mask_invert)?;
-            Some(prepare_mask(decode_picture("mask", text)?, invert, blur))
-        }
+    let mut how = Img2Img {
+        strength,
+        only_masked: None,
+        invert: false,
+        blur: 0.0,
     };
-    Ok(PictureInput {
-        picture,
-        mask,
-        strength: Some(strength),
-        only_masked,
+    let Some(text) = b.mask.as_deref().filter(|m| !m.is_empty()) else {
+        return Ok(Pictures {
+            init: Some((picture, how)),
+            ..Pictures::default()
+        });
+    };
+    if flag("inpaint_full_res", &b.inpaint_full_res)? {
+        let padding = b
+            .inpaint_full_res_padding
+            .unwrap_or(generation::DEFAULT_MASKED_PADDING as i64);
+        if !(0..=generation::MAX_MASKED_PADDING as i64).contains(&padding) {
+            return Err(bad(format!(
+                "inpaint_full_res_padding is {padding}; it must be within 0..={} pixels",
+                generation::MAX_MASKED_PADDING
+            )));
+        }
+        how.only_masked = Some(padding as u32);
+    }
+    // With the whole picture taken back to noise, every fill starts the same.
+    match b.inpainting_fill {
+        None | Some(1) => {}
+        Some(0 | 2 | 3) if strength == 1.0 => {}
+        Some(f) => {
+            return Err(bad(format!(
+                "inpainting_fill {f}: zimage starts the masked part from the picture itself (1, `original`); send 1, or denoising_strength 1 (then every fill is the same)"
+            )))
+        }
+    }
+    how.blur = b.mask_blur.unwrap_or(0.0);
+    if !crate::number::within(how.blur, 0.0..=f64::from(MAX_MASK_BLUR)) {
+        return Err(bad(format!(
+            "mask_blur is {}; it must be 0 or a number of pixels within 1e-38..={MAX_MASK_BLUR}",
+            how.blur
+        )));
+    }
+    how.invert = flag("inpainting_mask_invert", &b.inpainting_mask_invert)?;
+    Ok(Pictures {
+        init: Some((picture, how)),
+        mask: Some(crate::server::base64_field(API, "mask", text)?),
+        control: None,
     })
 }
 
@@ -339,13 +413,14 @@ impl Kind {
     }
 }
 
-/// A body as a generation job, everything checked that needs no model.
+/// A body as a generation job, everything checked that needs no model and no decoded
+/// picture; its pictures as bytes, to be admitted and decoded into the job.
 pub(super) fn job_of(
     state: &AppState,
     b: &Body1111,
     kind: Kind,
     model: &ModelName,
-) -> Result<generation::Job, ApiError> {
+) -> Result<(generation::Job, Pictures), ApiError> {
     check_neutral(b)?;
     let seed = match b.seed {
         None | Some(-1) => crate::server::random_seed() % (1 << 32),
@@ -376,7 +451,7 @@ pub(super) fn job_of(
         loras,
         ..generation::Job::new(crate::server::stored(state, model), prompt)
     };
-    match kind {
+    let mut pictures = match kind {
         Kind::Txt2Img => {
             if b.init_images.as_ref().is_some_and(|i| !i.is_empty()) || !unset(&b.mask) {
                 return Err(bad(
@@ -384,12 +459,13 @@ pub(super) fn job_of(
                 ));
             }
             job.hires = hires(b)?;
+            Pictures::default()
         }
-        Kind::Img2Img => job.input = Some(img2img_input(b)?),
-    }
-    job.control = super::controlnet::unit(state, b.alwayson_scripts.as_ref(), (b.width, b.height))?;
+        Kind::Img2Img => img2img_pictures(b)?,
+    };
     crate::server::check_job(API, &job)?;
-    Ok(job)
+    pictures.control = super::controlnet::unit(b.alwayson_scripts.as_ref())?;
+    Ok((job, pictures))
 }
 
 /// A1111's LoRA syntax, `<lora:NAME:SCALE>` in the prompt: each tag taken out of the prompt

@@ -102,9 +102,36 @@ impl Gallery {
         }))
     }
 
-    /// Removes one image; whether it was there.
+    /// One image's bytes; `None` unless `name` is a regular file of the folder. A link is not
+    /// followed (it could lead anywhere), and a FIFO or device is not opened (a read could
+    /// block a thread for good).
+    pub fn read(&self, name: &str) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(
+            &mut options,
+            libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        );
+        let mut file = options.open(self.dir.join(name)).ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut bytes).ok()?;
+        Some(bytes)
+    }
+
+    /// Removes one image; whether it was there (a regular file: a link, a folder or anything
+    /// else of that name is not the gallery's and is left alone).
     pub fn delete(&self, name: &str) -> std::io::Result<bool> {
-        match std::fs::remove_file(self.dir.join(name)) {
+        let path = self.dir.join(name);
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            return Ok(false);
+        }
+        match std::fs::remove_file(path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),

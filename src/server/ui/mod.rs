@@ -76,14 +76,22 @@ pub fn routes() -> Router<Arc<AppState>> {
 
 /// Refuses a request to the page's API that a page of another site sent: a browser names
 /// the sending page's origin, and the page's own requests name this server. Without it any
-/// site the user visits could queue jobs on, or delete images from, a server on loopback.
+/// site the user visits could queue jobs on, or delete images from, a server on loopback; and
+/// embed its gallery's images (an `<img>` sends no `Origin`, but says it is cross-site).
 async fn same_origin(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Result<Response, ApiError> {
     let headers = req.headers();
-    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let (host, origin) =
+        super::origin::host_and_origin(headers).map_err(|e| ApiError::bad_request(API, e))?;
+    if super::origin::from_another_site(headers) {
+        return Err(ApiError::new(
+            API,
+            StatusCode::FORBIDDEN,
+            "a page of another site may not use this server's page or its images; open the page at /ui",
+        ));
+    }
     if let Some(origin) = origin {
         if !super::origin::same_origin(origin, host) {
             return Err(ApiError::new(
@@ -269,45 +277,22 @@ async fn submit(
     let picture = decode("picture", &body.picture)?;
     let mask = decode("mask", &body.mask)?;
     let control_image = decode("control_image", &body.control_image)?;
-    if mask.is_some() && picture.is_none() {
-        return Err(ApiError::bad_request(
-            API,
-            "field `mask` needs `picture`: a mask says which part of the picture to paint again",
-        ));
+    if picture.is_none() {
+        if mask.is_some() {
+            return Err(ApiError::bad_request(
+                API,
+                "field `mask` needs `picture`: a mask says which part of the picture to paint again",
+            ));
+        }
+        if body.only_masked.is_some() {
+            return Err(ApiError::bad_request(
+                API,
+                "field `only_masked` needs `picture` and `mask`: it inpaints the area the mask marks",
+            ));
+        }
     }
     super::check_strength(API, body.strength, picture.is_some())?;
-    let count = body.count.unwrap_or(1);
-    let inputs = crate::input_budget::Input::given(&[
-        ("field", "picture", picture.as_deref()),
-        ("field", "mask", mask.as_deref()),
-        ("field", "control_image", control_image.as_deref()),
-    ]);
-    let reservation = super::admit_inputs(&state, API, &inputs, 1)?;
-    let store = state.store.clone();
-    let body = Arc::new(body);
-    let read = body.clone();
-    let (input, control) = tokio::task::spawn_blocking(move || {
-        let input = picture
-            .map(|p| {
-                super::picture_input(
-                    API,
-                    ["picture", "mask"],
-                    &p,
-                    mask.as_deref(),
-                    read.strength,
-                    image::DynamicImage::clone,
-                )
-            })
-            .transpose()?
-            .map(|input| generation::PictureInput {
-                only_masked: read.only_masked,
-                ..input
-            });
-        let control = super::request_control(&store, API, read.as_ref(), control_image.as_deref())?;
-        Ok::<_, ApiError>((input, control))
-    })
-    .await
-    .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    // The numbers and prompts are checked before any picture is admitted or decoded.
     let job = generation::Job {
         negative_prompt: body.negative_prompt.clone().filter(|n| !n.is_empty()),
         width: body.width,
@@ -321,14 +306,47 @@ async fn submit(
         seed: body
             .seed
             .unwrap_or_else(|| super::random_seed() % (1 << 32)),
-        count,
-        input,
-        control,
+        count: body.count.unwrap_or(1),
         loras: super::request_loras(&state, API, body.loras.as_deref())?,
         hires: hires(&body)?,
         ..generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };
     super::check_job(API, &job)?;
+    let inputs = crate::input_budget::Input::given(&[
+        ("field", "picture", picture.as_deref()),
+        ("field", "mask", mask.as_deref()),
+        ("field", "control_image", control_image.as_deref()),
+    ]);
+    let reservation = super::admit_inputs(&state, API, &inputs, 1)?;
+    let store = state.store.clone();
+    let has_pictures = !inputs.is_empty();
+    let job = super::decoding(API, has_pictures, move || {
+        let input = picture
+            .map(|p| {
+                super::picture_input(
+                    API,
+                    ["picture", "mask"],
+                    &p,
+                    mask.as_deref(),
+                    body.strength,
+                    image::DynamicImage::clone,
+                )
+            })
+            .transpose()?
+            .map(|input| generation::PictureInput {
+                only_masked: body.only_masked,
+                ..input
+            });
+        let control = super::request_control(&store, API, &body, control_image.as_deref())?;
+        let job = generation::Job {
+            input,
+            control,
+            ..job
+        };
+        super::check_job(API, &job)?;
+        Ok(job)
+    })
+    .await?;
     super::open_model(&state, API, &name, true).await?;
     let id = jobs::PageJobs::submit(&state, name, job, reservation)?;
     Ok(Json(json!({ "id": id.to_string() })))
@@ -422,11 +440,12 @@ async fn gallery_file(
     if !gallery::valid_name(&file) {
         return Err(no_file(&file));
     }
-    let path = state.gallery.dir.join(&file);
-    let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+    let gallery = state.gallery.clone();
+    let name = file.clone();
+    let bytes = tokio::task::spawn_blocking(move || gallery.read(&name))
         .await
         .ok()
-        .and_then(Result::ok)
+        .flatten()
         .ok_or_else(|| no_file(&file))?;
     Ok((
         [
