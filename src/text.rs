@@ -39,6 +39,12 @@ pub fn chat_template(prompt: &str) -> String {
     format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
 }
 
+/// The prompt as FLUX.2 [klein] feeds it: thinking disabled, so Qwen3's template closes an
+/// empty think block after the generation prompt (klein-spec §2.1).
+pub fn chat_template_no_thinking(prompt: &str) -> String {
+    format!("{}<think>\n\n</think>\n\n", chat_template(prompt))
+}
+
 /// Tokenizer of a Z-Image model.
 pub struct PromptTokenizer {
     inner: Tokenizer,
@@ -125,6 +131,11 @@ impl PromptTokenizer {
             .map(|&id| id as u64)
     }
 
+    /// The id of one token of the vocabulary (a special token such as `<|endoftext|>`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// Ids of `text` as is (no template), without special-token additions.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>, Error> {
         let enc = self
@@ -136,8 +147,13 @@ impl PromptTokenizer {
 
     /// Ids of the templated prompt, truncated to [`MAX_SEQUENCE_LENGTH`] as the pipeline does.
     pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>, Error> {
-        let mut ids = self.encode_raw(&chat_template(prompt))?;
-        ids.truncate(MAX_SEQUENCE_LENGTH);
+        self.encode_templated(&chat_template(prompt), MAX_SEQUENCE_LENGTH)
+    }
+
+    /// Ids of an already templated prompt, cut to `max_len` as the tokenizer's truncation does.
+    pub fn encode_templated(&self, text: &str, max_len: usize) -> Result<Vec<u32>, Error> {
+        let mut ids = self.encode_raw(text)?;
+        ids.truncate(max_len);
         Ok(ids)
     }
 }

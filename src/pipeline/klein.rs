@@ -1,0 +1,382 @@
+//! Text → image with FLUX.2 [klein]: Qwen3's hidden states after layers 9, 18 and 27 over the
+//! padded prompt, the flow-match Euler schedule shifted by the empirical μ, denoising in
+//! BatchNorm-normalised token space (with classifier-free guidance on base models), then the
+//! BatchNorm un-normalise, unpatchify and the shared VAE decoder.
+//!
+//! Mirrors diffusers 0.42.1 `Flux2KleinPipeline.__call__` (klein-spec §2–8). The phases, their
+//! reports and the stop points are the Z-Image pipeline's; only the steps inside differ.
+
+use super::{
+    check_finite, measure, parse_config, read_config, release_freed_memory, Error, Generated,
+    ModelSource, Progress, Request,
+};
+use crate::mlx::{self, ops, Array, Dtype};
+use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
+use crate::models::{self, Checkpoint, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder};
+use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
+use crate::text::PromptTokenizer;
+use std::ops::ControlFlow;
+
+/// The text length the transformer reads: every prompt is padded (or cut) to it.
+pub const MAX_SEQUENCE_LENGTH: usize = 512;
+/// The token the tokenizer pads with.
+const PAD_TOKEN: &str = "<|endoftext|>";
+
+/// A klein model's configuration, read once from its json files.
+pub struct KleinConfigs {
+    pub text_encoder: Qwen3Config,
+    pub transformer: Flux2Config,
+    pub vae: VaeConfig,
+    pub scheduler: SchedulerConfig,
+    /// Step-wise distilled: guidance is ignored (`model_index.json` `is_distilled`).
+    pub is_distilled: bool,
+}
+
+/// A klein pipeline; the components load per phase.
+pub struct KleinPipeline<S: ModelSource> {
+    source: S,
+    pub configs: KleinConfigs,
+    tokenizer: PromptTokenizer,
+    pad_id: u32,
+    dtype: Dtype,
+}
+
+impl<S: ModelSource> KleinPipeline<S> {
+    /// Reads the configs and the tokenizer and checks that the components fit each other.
+    pub fn new(source: S, dtype: Dtype) -> Result<KleinPipeline<S>, Error> {
+        let index: serde_json::Value =
+            parse_config(&source, "model_index.json", |_: &serde_json::Value| Ok(()))?;
+        let configs = KleinConfigs {
+            text_encoder: parse_config(&source, "text_encoder/config.json", Qwen3Config::validate)?,
+            transformer: parse_config(&source, "transformer/config.json", Flux2Config::validate)?,
+            vae: parse_config(&source, "vae/config.json", VaeConfig::validate)?,
+            scheduler: parse_config(&source, "scheduler/scheduler_config.json", |s| {
+                SchedulerConfig::validate_dynamic(s)
+            })?,
+            is_distilled: index["is_distilled"].as_bool().unwrap_or(false),
+        };
+        let bad = |path: &str, reason: String| Error::BadConfig {
+            model: source.name(),
+            path: path.into(),
+            reason,
+        };
+        let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
+        let (t, e, v) = (&configs.transformer, &configs.text_encoder, &configs.vae);
+        for (key, ours, theirs, value) in [
+            (
+                "joint_attention_dim",
+                t.joint_attention_dim,
+                "3 × the text encoder's `hidden_size`",
+                3 * e.hidden_size,
+            ),
+            (
+                "in_channels",
+                t.in_channels,
+                "4 × the VAE's `latent_channels`",
+                4 * v.latent_channels,
+            ),
+        ] {
+            if ours != value {
+                return Err(bad(
+                    "transformer/config.json",
+                    format!("`{key}` {ours} differs from {theirs} {value}"),
+                ));
+            }
+        }
+        if e.num_hidden_layers < layers {
+            return Err(bad(
+                "text_encoder/config.json",
+                format!(
+                    "`num_hidden_layers` is {}; FLUX.2 [klein] reads the hidden state after layer {layers}",
+                    e.num_hidden_layers
+                ),
+            ));
+        }
+        if v.batch_norm_eps.is_none() {
+            return Err(bad(
+                "vae/config.json",
+                "has no `batch_norm_eps`: not a FLUX.2 VAE (AutoencoderKLFlux2)".into(),
+            ));
+        }
+        let tokenizer = PromptTokenizer::from_files(|name| {
+            read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
+        })?;
+        let pad_id = tokenizer.token_id(PAD_TOKEN).ok_or_else(|| {
+            bad(
+                "tokenizer",
+                format!("has no `{PAD_TOKEN}` token to pad prompts with"),
+            )
+        })?;
+        Ok(KleinPipeline {
+            source,
+            configs,
+            tokenizer,
+            pad_id,
+            dtype,
+        })
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
+        let weights = self
+            .source
+            .component(component)
+            .map_err(|e| Error::Source {
+                model: self.source.name(),
+                cause: e,
+            })?;
+        Ok(Checkpoint::new(component, weights.tensors, self.dtype)
+            .with_quantized(weights.quantized))
+    }
+
+    /// Qwen3 bound up to the deepest layer klein reads.
+    pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
+        let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
+        Ok(Qwen3Encoder::with_layers(
+            &self.configs.text_encoder,
+            self.checkpoint("text_encoder")?,
+            layers,
+        )?)
+    }
+
+    pub fn load_transformer(&self) -> Result<Flux2Transformer, Error> {
+        Ok(Flux2Transformer::new(
+            &self.configs.transformer,
+            self.checkpoint("transformer")?,
+        )?)
+    }
+
+    pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
+        Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the
+    /// compute dtype (the square root taken there, as the reference does with its buffers).
+    pub fn latent_statistics(&self) -> Result<(Array, Array), Error> {
+        let vae = self.source.component("vae").map_err(|e| Error::Source {
+            model: self.source.name(),
+            cause: e,
+        })?;
+        let c = self.configs.transformer.in_channels;
+        let get = |name: &str| -> Result<Array, Error> {
+            let t = vae.tensors.get(name).ok_or_else(|| Error::BadConfig {
+                model: self.source.name(),
+                path: "vae".into(),
+                reason: format!("has no `{name}`: not a FLUX.2 VAE"),
+            })?;
+            if t.shape() != [c] {
+                return Err(Error::BadConfig {
+                    model: self.source.name(),
+                    path: "vae".into(),
+                    reason: format!("`{name}` has shape {:?}; expected [{c}]", t.shape()),
+                });
+            }
+            Ok(t.astype(self.dtype)?)
+        };
+        let eps = self.configs.vae.batch_norm_eps.expect("checked when read");
+        let std = (get("bn.running_var")? + eps)?.sqrt()?;
+        Ok((get("bn.running_mean")?, std))
+    }
+
+    /// Token ids of the templated prompt, cut to the text length.
+    pub fn token_ids(&self, prompt: &str) -> Result<Vec<u32>, Error> {
+        Ok(self.tokenizer.encode_templated(
+            &crate::text::chat_template_no_thinking(prompt),
+            MAX_SEQUENCE_LENGTH,
+        )?)
+    }
+
+    /// `[h9 | h18 | h27]` per row of the padded prompt: `[512, 3·hidden]`.
+    pub fn prompt_embeds(&self, encoder: &Qwen3Encoder, prompt: &str) -> Result<Array, Error> {
+        let ids = self.token_ids(prompt)?;
+        let states =
+            encoder.encode_padded(&ids, self.pad_id, MAX_SEQUENCE_LENGTH, &flux2::TEXT_LAYERS)?;
+        Ok(ops::concatenate(&states.iter().collect::<Vec<_>>(), 1)?)
+    }
+
+    /// Pixels per token along each side: the VAE's scale times the 2×2 packing.
+    pub fn cell(&self) -> u32 {
+        2 * self.configs.vae.scale_factor() as u32
+    }
+
+    /// The token grid `(h, w)` of an output size.
+    pub fn grid(&self, req: &Request) -> (i32, i32) {
+        let cell = self.cell();
+        ((req.height / cell) as i32, (req.width / cell) as i32)
+    }
+
+    /// Whether classifier-free guidance runs: above 1, on a base model.
+    pub fn guided(&self, req: &Request) -> bool {
+        req.guidance > 1.0 && !self.configs.is_distilled
+    }
+
+    /// Checks a request against the model, before any weights load.
+    pub fn validate(&self, req: &Request) -> Result<(), Error> {
+        let cell = self.cell();
+        let size = (req.width, req.height);
+        if let Some(e) = super::request_range_error_in(req.steps as u64, req.guidance, size, cell) {
+            return Err(Error::Request(e));
+        }
+        let mut used = Vec::new();
+        if req.cfg_truncation != super::NO_TRUNCATION {
+            used.push(crate::family::Feature::CfgTruncation);
+        }
+        if req.cfg_normalization {
+            used.push(crate::family::Feature::CfgNormalization);
+        }
+        crate::family::Family::Flux2Klein
+            .refuse(&used)
+            .map_err(Error::Request)?;
+        if req.input.is_some() {
+            return Err(Error::Request(
+                "--image is not available for FLUX.2 [klein] models yet".into(),
+            ));
+        }
+        if let Some(noise) = &req.noise {
+            let (h, w) = self.grid(req);
+            let expected = (self.configs.transformer.in_channels * h * w) as usize;
+            if noise.len() != expected {
+                return Err(Error::Request(format!(
+                    "noise has {} values, {}×{} needs {expected}",
+                    noise.len(),
+                    req.width,
+                    req.height
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the whole pipeline for one image, stopping at the next phase or step boundary when
+    /// `progress` answers `Break`.
+    pub fn generate(
+        &mut self,
+        req: &Request,
+        progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    ) -> Result<Generated, Error> {
+        self.validate(req)?;
+        let mut phases = Vec::new();
+        let stopped = |step: usize| Error::Stopped {
+            step,
+            total: req.steps,
+        };
+        let guided = self.guided(req);
+
+        // 1. Text: the prompt (and the negative one) over all padded rows.
+        if progress(Progress::Phase("text")).is_break() {
+            return Err(stopped(0));
+        }
+        let (prompt, negative) = measure(&mut phases, "text", || {
+            let encoder = self.load_text_encoder()?;
+            let pos = self.prompt_embeds(&encoder, &req.prompt)?;
+            let neg = match guided {
+                true => {
+                    let text = req.negative_prompt.as_deref().unwrap_or("");
+                    Some(self.prompt_embeds(&encoder, text)?)
+                }
+                false => None,
+            };
+            let mut outs = vec![&pos];
+            outs.extend(neg.as_ref());
+            mlx::eval(&outs)?;
+            Ok::<_, Error>((pos, neg))
+        })?;
+        release_freed_memory();
+
+        // 2. Denoise in normalised token space.
+        if progress(Progress::Phase("denoise")).is_break() {
+            return Err(stopped(0));
+        }
+        let (h, w) = self.grid(req);
+        let c = self.configs.transformer.in_channels;
+        let latents = measure(&mut phases, "denoise", || {
+            let transformer = self.load_transformer()?;
+            let noise = match &req.noise {
+                Some(n) => n.clone(),
+                None => crate::torch_rng::Generator::new(req.seed)
+                    .randn((c * h * w) as usize)
+                    .map_err(Error::Request)?,
+            };
+            let mut x = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
+            let schedule =
+                Schedule::exponential(req.steps, empirical_mu((h * w) as usize, req.steps));
+            let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &[]);
+            let cfg = &self.configs.transformer;
+            let rope = flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
+            for i in 0..schedule.steps() {
+                let t = schedule.timesteps[i];
+                let mut v = transformer.forward(&x, t, &prompt, &rope)?;
+                if let Some(neg) = &negative {
+                    let v_neg = transformer.forward(&x, t, neg, &rope)?;
+                    v = (&v_neg + ((&v - &v_neg)? * req.guidance)?)?;
+                }
+                x = euler_step(&x, &v, schedule.dt(i))?;
+                x.eval()?;
+                if progress(Progress::Step {
+                    index: i,
+                    total: schedule.steps(),
+                })
+                .is_break()
+                {
+                    return Err(stopped(i + 1));
+                }
+            }
+            Ok::<_, Error>(x)
+        })?;
+        check_finite(&latents, "denoise", "latents")?;
+        drop(prompt);
+        drop(negative);
+        release_freed_memory();
+
+        // 3. Un-normalise, unpatchify, decode and quantise.
+        if progress(Progress::Phase("decode")).is_break() {
+            return Err(stopped(req.steps));
+        }
+        let rgb = measure(&mut phases, "decode", || {
+            let vae = self.load_vae()?;
+            let z = self.vae_latents(&latents, (h, w))?;
+            let image = vae.decode(&z)?;
+            check_finite(&image, "decode", "pixels")?;
+            Ok::<_, Error>(models::vae::to_rgb8(&image)?)
+        })?;
+        release_freed_memory();
+        Ok(Generated {
+            rgb,
+            width: req.width,
+            height: req.height,
+            phases,
+            latents,
+            control_seconds: None,
+        })
+    }
+
+    /// Packed normalised latents `[N, 4C]` → the VAE's `[C, 2h, 2w]` (f32): the BatchNorm
+    /// statistics undone in the latents' dtype, then the 2×2 patches unpacked (klein-spec §8.1).
+    pub fn vae_latents(&self, latents: &Array, (h, w): (i32, i32)) -> Result<Array, Error> {
+        let (mean, std) = self.latent_statistics()?;
+        let c4 = latents.dim(1);
+        let p = ((latents * std.astype(latents.dtype())?)? + mean.astype(latents.dtype())?)?;
+        let c = c4 / 4;
+        // Row n = i·w + j, feature c·4 + 2·dy + dx → [c, 2i + dy, 2j + dx].
+        let z = p
+            .reshape(&[h, w, c, 2, 2])?
+            .transpose(&[2, 0, 3, 1, 4])?
+            .reshape(&[c, 2 * h, 2 * w])?;
+        Ok(z.astype(Dtype::F32)?)
+    }
+}
+
+/// `[C, h, w]` → `[h·w, C]`, token `n = i·w + j`.
+pub fn pack(x: &Array) -> mlx::Result<Array> {
+    let s = x.shape();
+    x.reshape(&[s[0], s[1] * s[2]])?.transpose(&[1, 0])
+}
+
+/// `x + dt·v` as the scheduler computes it: `dt·v` in v's dtype, the sum in f32, the result in
+/// v's dtype (klein-spec §6.5; in f32 simply the Euler step).
+pub fn euler_step(x: &Array, v: &Array, dt: f32) -> mlx::Result<Array> {
+    (x.astype(Dtype::F32)? + (v * dt)?.astype(Dtype::F32)?)?.astype(v.dtype())
+}

@@ -1,0 +1,189 @@
+//! FLUX.2 [klein] against diffusers 0.42.1 dumps of the tiny klein model (f32), stage by stage:
+//! prompt features, noise and schedule, each step's transformer output, the VAE's input and
+//! output, and the final picture from the seed alone.
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use zimage::diffusers_dir::DiffusersDir;
+use zimage::mlx::{io, Array, Dtype};
+use zimage::pipeline::klein::{self, KleinPipeline};
+use zimage::pipeline::Request;
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
+}
+
+/// One reference run: its tensors and the call's arguments.
+struct Case {
+    tensors: HashMap<String, Array>,
+    call: serde_json::Value,
+}
+
+impl Case {
+    fn load(name: &str) -> Case {
+        let path = models().join(format!("reference/klein-{name}.safetensors"));
+        let st = io::load_safetensors(&path).unwrap();
+        Case {
+            call: serde_json::from_str(&st.metadata["case"]).unwrap(),
+            tensors: st.tensors,
+        }
+    }
+
+    fn array(&self, name: &str) -> Array {
+        let a = self.tensors.get(name);
+        a.unwrap_or_else(|| panic!("no `{name}` in the reference"))
+            .clone()
+    }
+
+    /// A tensor without its batch axis, f32.
+    fn unbatched(&self, name: &str) -> Array {
+        let a = self.array(name);
+        a.squeeze(0).unwrap().astype(Dtype::F32).unwrap()
+    }
+
+    fn request(&self) -> Request {
+        let c = &self.call;
+        Request {
+            prompt: c["prompt"].as_str().unwrap().into(),
+            negative_prompt: None,
+            width: c["width"].as_u64().unwrap() as u32,
+            height: c["height"].as_u64().unwrap() as u32,
+            steps: c["num_inference_steps"].as_u64().unwrap() as usize,
+            guidance: c["guidance_scale"].as_f64().unwrap() as f32,
+            cfg_normalization: false,
+            cfg_truncation: 1.0,
+            seed: c["seed"].as_u64().unwrap(),
+            noise: None,
+            input: None,
+        }
+    }
+}
+
+fn values(a: &Array) -> Vec<f32> {
+    a.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap()
+}
+
+/// The largest difference, after checking the shapes agree.
+fn max_abs(ours: &Array, theirs: &Array) -> f32 {
+    assert_eq!(ours.shape(), theirs.shape(), "shapes differ");
+    let (a, b) = (values(ours), values(theirs));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn pipeline(model: &str) -> KleinPipeline<DiffusersDir> {
+    let dir = DiffusersDir::open(&models().join(model)).unwrap();
+    KleinPipeline::new(dir, Dtype::F32).unwrap()
+}
+
+/// The share of equal bytes and the largest difference between two pictures.
+fn compare_pixels(ours: &[u8], theirs: &[u8]) -> (f64, u8) {
+    assert_eq!(ours.len(), theirs.len());
+    let same = ours.iter().zip(theirs).filter(|(a, b)| a == b).count();
+    let worst = ours.iter().zip(theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    (same as f64 / ours.len() as f64, worst.unwrap_or(0))
+}
+
+#[test]
+fn text_to_image_matches_diffusers_stage_by_stage() {
+    let case = Case::load("t2i");
+    let mut p = pipeline("flux2-klein-tiny");
+    let req = case.request();
+
+    // Tokens: the chat template with its empty think block.
+    let ids = p.token_ids(&req.prompt).unwrap();
+    let want: Vec<u32> = case.call["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(ids, want);
+
+    // Prompt features over all 512 rows, padding rows included.
+    let encoder = p.load_text_encoder().unwrap();
+    let embeds = p.prompt_embeds(&encoder, &req.prompt).unwrap();
+    let d = max_abs(&embeds, &case.unbatched("prompt_embeds"));
+    println!("prompt_embeds max |Δ| {d:e}");
+    assert!(d < 1e-4, "prompt_embeds differ by {d}");
+
+    // Noise drawn in token space from the seed, packed (torch's vectorised Box–Muller may
+    // round a value one ulp away, as for Z-Image).
+    let (h, w) = p.grid(&req);
+    let c = p.configs.transformer.in_channels;
+    let noise = zimage::torch_rng::Generator::new(req.seed)
+        .randn((c * h * w) as usize)
+        .unwrap();
+    let noise = klein::pack(&Array::from_slice(&noise, &[c, h, w]).unwrap()).unwrap();
+    let d = max_abs(&noise, &case.unbatched("latents_init"));
+    assert!(d <= 4.0 * f32::EPSILON, "seeded noise differs by {d}");
+
+    // The schedule, bit for bit.
+    let mu = zimage::scheduler::empirical_mu((h * w) as usize, req.steps);
+    let schedule = zimage::scheduler::Schedule::exponential(req.steps, mu);
+    assert_eq!(schedule.sigmas, values(&case.array("sigmas")));
+    assert_eq!(schedule.timesteps, values(&case.array("timesteps")));
+
+    // Each step's transformer output from the reference's own input.
+    let transformer = p.load_transformer().unwrap();
+    let cfg = &p.configs.transformer;
+    let ids = zimage::models::flux2::rope::ids(klein::MAX_SEQUENCE_LENGTH, (h, w), &[]);
+    let rope =
+        zimage::models::flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta).unwrap();
+    let text = case.unbatched("prompt_embeds");
+    for i in 0..req.steps {
+        let input = case.unbatched(&format!("step{i}.model_input"));
+        let out = transformer
+            .forward(&input, schedule.timesteps[i], &text, &rope)
+            .unwrap();
+        let d = max_abs(&out, &case.unbatched(&format!("step{i}.model_output")));
+        println!("step {i} transformer max |Δ| {d:e}");
+        assert!(d < 1e-4, "step {i}: transformer output differs by {d}");
+    }
+
+    // The VAE's input (un-normalised, unpatchified) and its output.
+    let z = p
+        .vae_latents(&case.unbatched("final_latents"), (h, w))
+        .unwrap();
+    let d = max_abs(&z, &case.unbatched("vae_input"));
+    println!("vae_input max |Δ| {d:e}");
+    assert!(d < 1e-5, "vae_input differs by {d}");
+    let decoded = p.load_vae().unwrap().decode(&z).unwrap();
+    let want = case.unbatched("decoded").transpose(&[1, 2, 0]).unwrap();
+    let d = max_abs(&decoded, &want);
+    println!("decoded max |Δ| {d:e}");
+    assert!(d < 1e-4, "decoded image differs by {d}");
+
+    // The whole run from the seed alone.
+    let out = p
+        .generate(&req, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let d = max_abs(&out.latents, &case.unbatched("final_latents"));
+    println!("final latents max |Δ| {d:e}");
+    let theirs = case.array("image").to_vec::<u8>().unwrap();
+    let (same, worst) = compare_pixels(&out.rgb, &theirs);
+    println!(
+        "image: {:.4}% of values identical, worst off by {worst}",
+        same * 100.0
+    );
+    assert!(
+        same >= 0.999 && worst <= 1,
+        "{same} identical, worst {worst}"
+    );
+}
+
+#[test]
+fn options_klein_lacks_are_refused_before_anything_loads() {
+    let p = pipeline("flux2-klein-tiny");
+    let mut req = Case::load("t2i").request();
+    req.cfg_truncation = 0.5;
+    let err = p.validate(&req).unwrap_err().to_string();
+    assert!(err.contains("--cfg-truncation"), "{err}");
+    req.cfg_truncation = 1.0;
+    req.width = 90;
+    let err = p.validate(&req).unwrap_err().to_string();
+    assert!(err.contains("--width is 90"), "{err}");
+}
