@@ -89,9 +89,22 @@ fn compare_pixels(ours: &[u8], theirs: &[u8]) -> (f64, u8) {
 
 #[test]
 fn text_to_image_matches_diffusers_stage_by_stage() {
-    let case = Case::load("t2i");
-    let mut p = pipeline("flux2-klein-tiny");
+    check_text_case("t2i", "flux2-klein-tiny");
+}
+
+#[test]
+fn a_base_model_with_guidance_matches_diffusers() {
+    check_text_case("base-cfg", "flux2-klein-tiny-base");
+}
+
+/// A text → image case (with classifier-free guidance when its reference has the negative
+/// branch), stage by stage, then whole from the seed.
+fn check_text_case(name: &str, model: &str) {
+    let case = Case::load(name);
+    let mut p = pipeline(model);
     let req = case.request();
+    let guided = case.tensors.contains_key("negative_prompt_embeds");
+    assert_eq!(p.guided(&req), guided);
 
     // Tokens: the chat template with its empty think block.
     let ids = p.token_ids(&req.prompt).unwrap();
@@ -109,6 +122,12 @@ fn text_to_image_matches_diffusers_stage_by_stage() {
     let d = max_abs(&embeds, &case.unbatched("prompt_embeds"));
     println!("prompt_embeds max |Δ| {d:e}");
     assert!(d < 1e-4, "prompt_embeds differ by {d}");
+    if guided {
+        let negative = p.prompt_embeds(&encoder, "").unwrap();
+        let d = max_abs(&negative, &case.unbatched("negative_prompt_embeds"));
+        println!("negative_prompt_embeds max |Δ| {d:e}");
+        assert!(d < 1e-4, "negative_prompt_embeds differ by {d}");
+    }
 
     // Noise drawn in token space from the seed, packed (torch's vectorised Box–Muller may
     // round a value one ulp away, as for Z-Image).
@@ -142,6 +161,14 @@ fn text_to_image_matches_diffusers_stage_by_stage() {
         let d = max_abs(&out, &case.unbatched(&format!("step{i}.model_output")));
         println!("step {i} transformer max |Δ| {d:e}");
         assert!(d < 1e-4, "step {i}: transformer output differs by {d}");
+        if guided {
+            let negative = case.unbatched("negative_prompt_embeds");
+            let out = transformer
+                .forward(&input, schedule.timesteps[i], &negative, &rope)
+                .unwrap();
+            let d = max_abs(&out, &case.unbatched(&format!("step{i}.model_output_neg")));
+            assert!(d < 1e-4, "step {i}: unguided output differs by {d}");
+        }
     }
 
     // The VAE's input (un-normalised, unpatchified) and its output.
