@@ -42,7 +42,7 @@ impl Family {
             None | Some("ZImagePipeline") => Ok(Family::ZImage),
             Some("Flux2KleinPipeline") => Ok(Family::Flux2Klein),
             Some(other) => Err(format!(
-                "`model_index.json` names pipeline `{other}`; zimage runs `ZImagePipeline` (Z-Image) and `Flux2KleinPipeline` (FLUX.2 [klein])"
+                "`model_index.json` `_class_name` is `{other}`; zimage runs `ZImagePipeline` (Z-Image) and `Flux2KleinPipeline` (FLUX.2 [klein])"
             )),
         }
     }

@@ -12,7 +12,9 @@ use super::{
 };
 use crate::mlx::{self, ops, Array, Dtype};
 use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
-use crate::models::{self, Checkpoint, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder};
+use crate::models::{
+    self, Checkpoint, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder, VaeEncoder,
+};
 use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
 use std::ops::ControlFlow;
@@ -21,6 +23,21 @@ use std::ops::ControlFlow;
 pub const MAX_SEQUENCE_LENGTH: usize = 512;
 /// The token the tokenizer pads with.
 const PAD_TOKEN: &str = "<|endoftext|>";
+
+/// The steps and guidance a request that names none runs with: a distilled model's 4 steps
+/// without guidance (1 is off), a base model's 50 with guidance 4 (diffusers' defaults and the
+/// model cards').
+pub fn default_steps_and_guidance(is_distilled: bool) -> (usize, f32) {
+    match is_distilled {
+        true => (4, 1.0),
+        false => (50, 4.0),
+    }
+}
+
+/// Whether a `model_index.json` says the model is step-wise distilled (absent: a base model).
+pub fn is_distilled(model_index: &serde_json::Value) -> bool {
+    model_index["is_distilled"].as_bool().unwrap_or(false)
+}
 
 /// A klein model's configuration, read once from its json files.
 pub struct KleinConfigs {
@@ -53,7 +70,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             scheduler: parse_config(&source, "scheduler/scheduler_config.json", |s| {
                 SchedulerConfig::validate_dynamic(s)
             })?,
-            is_distilled: index["is_distilled"].as_bool().unwrap_or(false),
+            is_distilled: is_distilled(&index),
         };
         let bad = |path: &str, reason: String| Error::BadConfig {
             model: source.name(),
@@ -120,6 +137,10 @@ impl<S: ModelSource> KleinPipeline<S> {
         self.dtype
     }
 
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
         let weights = self
             .source
@@ -151,6 +172,10 @@ impl<S: ModelSource> KleinPipeline<S> {
 
     pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
         Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    pub fn load_vae_encoder(&self) -> Result<VaeEncoder, Error> {
+        Ok(VaeEncoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
     }
 
     /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the

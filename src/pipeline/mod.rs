@@ -95,6 +95,19 @@ pub enum Error {
     },
 }
 
+/// The family of the model `source` holds, from its `model_index.json`.
+pub fn family_of(source: &impl ModelSource) -> Result<crate::family::Family, Error> {
+    let index = read_config(source, "model_index.json")?.ok_or_else(|| Error::MissingConfig {
+        model: source.name(),
+        path: "model_index.json".into(),
+    })?;
+    crate::family::Family::from_model_index(&index).map_err(|reason| Error::BadConfig {
+        model: source.name(),
+        path: "model_index.json".into(),
+        reason,
+    })
+}
+
 /// Refuses a phase's result that holds a NaN or an infinity, naming the phase.
 fn check_finite(a: &Array, phase: &'static str, what: &'static str) -> Result<(), Error> {
     let values = a.astype(Dtype::F32)?.to_vec::<f32>()?;

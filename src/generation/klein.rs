@@ -1,0 +1,199 @@
+//! The runner's path for FLUX.2 [klein] models: the job's options the family takes, the
+//! model's defaults for what the job leaves unsaid, one image per seed, and the same PNG
+//! metadata as every other image. Options klein lacks are refused by name before any weights
+//! load.
+
+use super::engine::LoadedKlein;
+use super::metadata::{self, Provenance};
+use super::run::{BatchEnds, Image, Outcome, Reporter};
+use super::{Cancel, Error, Job};
+use crate::family::{Family, Feature};
+use crate::memory_plan::{MemoryEstimate, MemoryPlan};
+use crate::mlx::Dtype;
+use crate::models::Residency;
+use crate::pipeline::{self, ModelSource, Request};
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+/// The request options a klein job uses that klein does not take, or that zimage does not
+/// run for klein yet, refused by their flags.
+fn refuse_unsupported(job: &Job) -> Result<(), Error> {
+    let mut used = Vec::new();
+    if job.control.is_some() {
+        used.push(Feature::ControlNet);
+    }
+    if job.cfg_truncation.is_some() {
+        used.push(Feature::CfgTruncation);
+    }
+    if job.cfg_normalization == Some(true) {
+        used.push(Feature::CfgNormalization);
+    }
+    Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
+    let not_yet = [
+        ("--lora", !job.loras.is_empty()),
+        ("--image", job.input.is_some()),
+        ("--hires", job.hires.is_some()),
+        ("--noise", job.noise.is_some()),
+    ];
+    match not_yet.iter().find(|(_, used)| *used) {
+        Some((flag, _)) => Err(Error::Request(format!(
+            "{flag} is not available for {} models yet",
+            Family::Flux2Klein.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The job's request: what it says, else the model's recorded defaults, else klein's own
+/// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4).
+fn request(job: &Job, klein: &LoadedKlein) -> Request {
+    let p = &klein.pipeline;
+    let (steps, guidance) = pipeline::klein::default_steps_and_guidance(p.configs.is_distilled);
+    let d = &klein.defaults;
+    let side = p.configs.vae.sample_size.unwrap_or(1024);
+    Request {
+        prompt: job.prompt.clone(),
+        negative_prompt: job
+            .negative_prompt
+            .clone()
+            .or_else(|| d.negative_prompt.clone()),
+        width: job.width.unwrap_or(side),
+        height: job.height.unwrap_or(side),
+        steps: job.steps.or(d.steps).unwrap_or(steps),
+        guidance: job.guidance.or(d.guidance).unwrap_or(guidance),
+        cfg_normalization: false,
+        cfg_truncation: pipeline::NO_TRUNCATION,
+        seed: job.seed,
+        noise: None,
+        input: None,
+    }
+}
+
+/// What klein's phases hold at most: each phase's weights in the compute dtype (activations
+/// are not estimated for klein yet).
+fn weights_plan(klein: &LoadedKlein, dtype: Dtype) -> Result<MemoryPlan, Error> {
+    let source = klein.pipeline.source();
+    let bytes = |component: &str| -> Result<u64, Error> {
+        let sizes = source
+            .tensor_sizes(component)
+            .map_err(|cause| pipeline::Error::Source {
+                model: source.name(),
+                cause,
+            })?;
+        Ok(sizes
+            .iter()
+            .map(|t| t.shape.iter().product::<u64>() * dtype.size_bytes() as u64)
+            .sum())
+    };
+    Ok(MemoryPlan {
+        residency: Residency::Compute,
+        tiling: None,
+        estimate: MemoryEstimate {
+            base: 0,
+            text: bytes("text_encoder")?,
+            encode: 0,
+            denoise: bytes("transformer")?,
+            decode: bytes("vae")?,
+        },
+        budget: crate::platform::physical_memory().unwrap_or(u64::MAX),
+        cache_limit: None,
+    })
+}
+
+/// Makes a klein job's images; the model is loaded.
+pub(super) fn run(
+    job: &Job,
+    klein: &mut LoadedKlein,
+    dtype: Dtype,
+    reporter: &mut Reporter,
+    cancel: &Cancel,
+    load: Duration,
+) -> Result<Outcome, Error> {
+    refuse_unsupported(job)?;
+    let first = request(job, klein);
+    klein.pipeline.validate(&first)?;
+    let plan = weights_plan(klein, dtype)?;
+    let p = &mut klein.pipeline;
+    let prompt_tokens = p.token_ids(&job.prompt)?.len();
+    let model_name = p.source().name();
+    let identity = p.source().identity();
+    let mu = crate::scheduler::empirical_mu(
+        {
+            let (h, w) = p.grid(&first);
+            (h * w) as usize
+        },
+        first.steps,
+    );
+    let mut out = Vec::with_capacity(job.count as usize);
+    let mut ends = BatchEnds::default();
+    for k in 0..job.count as usize {
+        let image = k + 1;
+        reporter.image = image;
+        let seed = job.seed.wrapping_add(k as u64);
+        let req = Request {
+            seed,
+            ..first.clone()
+        };
+        let generated = p
+            .generate(&req, &mut |progress| {
+                reporter.pipeline(progress);
+                match cancel.stops_image() {
+                    true => ControlFlow::Break(()),
+                    false => ControlFlow::Continue(()),
+                }
+            })
+            .map_err(|e| match e {
+                pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
+                other => other.into(),
+            });
+        let Some(generated) = ends.pass(generated, cancel, seed, out.len())? else {
+            if ends.stopped {
+                break;
+            }
+            continue;
+        };
+        let from = Provenance {
+            model_name: &model_name,
+            identity: &identity,
+            dtype,
+            noise_file: None,
+            loras: &[],
+            // The exponential time shift by μ is the static shift e^μ.
+            shift: mu.exp() as f32,
+            only_masked: None,
+        };
+        let (infotext, json) = metadata::png_text_full(&req, &from, None, None);
+        let png = crate::image_out::encode_png(
+            &generated.rgb,
+            generated.width,
+            generated.height,
+            &[
+                (crate::image_out::PARAMETERS_KEY, &infotext),
+                (crate::image_out::ZIMAGE_KEY, &json),
+            ],
+        )
+        .map_err(Error::Png)?;
+        out.push(Image {
+            png,
+            width: generated.width,
+            height: generated.height,
+            seed,
+            steps: req.steps,
+            steps_run: req.steps,
+            prompt_tokens,
+            phases: generated.phases,
+            control_seconds: None,
+            infotext,
+        });
+    }
+    Ok(Outcome {
+        images: out,
+        skipped: ends.skipped,
+        stopped: ends.stopped,
+        plan,
+        load,
+        model_name,
+        loras: Vec::new(),
+        controlnet_weights: None,
+    })
+}
