@@ -214,3 +214,33 @@ fn options_klein_lacks_are_refused_before_anything_loads() {
     let err = p.validate(&req).unwrap_err().to_string();
     assert!(err.contains("--width is 90"), "{err}");
 }
+
+/// bf16 follows the reference's roundings (the timestep quantised three times, the Euler
+/// product in bf16): its final latents are held to the spread of two bf16 attention kernels in
+/// the reference (0.031, one bf16 step at values of 4–8), a sixth of the reference's own f32 ↔
+/// bf16 distance (0.29).
+#[test]
+fn bf16_follows_the_reference_run_in_bf16() {
+    let case = Case::load("t2i-bf16");
+    let dir = DiffusersDir::open(&models().join("flux2-klein-tiny")).unwrap();
+    let mut p = KleinPipeline::new(dir, Dtype::BF16).unwrap();
+    let req = case.request();
+    let transformer = p.load_transformer().unwrap();
+    for i in 0..req.steps {
+        let sent = values(&case.array(&format!("step{i}.timestep")))[0];
+        let t = values(&case.array("timesteps"))[i];
+        let seen = transformer.model_time(t).unwrap();
+        let want = Array::from_slice(&[sent * 1000.0], &[1]).unwrap();
+        let want = values(&want.astype(Dtype::BF16).unwrap())[0];
+        assert_eq!(
+            seen, want,
+            "step {i}: the model sees {seen}, the reference {want}"
+        );
+    }
+    let out = p
+        .generate(&req, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let d = max_abs(&out.latents, &case.unbatched("final_latents"));
+    println!("bf16 final latents max |Δ| {d:e}");
+    assert!(d < 0.05, "bf16 final latents differ by {d}");
+}
