@@ -44,11 +44,25 @@ impl Case {
 
     fn request(&self) -> Request {
         let c = &self.call;
+        let size = (c["width"].as_u64().unwrap(), c["height"].as_u64().unwrap());
+        self.request_of(size.0 as u32, size.1 as u32)
+    }
+
+    /// The request, its size from the first reference where the call names none.
+    fn request_sized(&self, first: &klein::Reference) -> Request {
+        let c = &self.call;
+        let width = c["width"].as_u64().map_or(first.width, |w| w as u32);
+        let height = c["height"].as_u64().map_or(first.height, |h| h as u32);
+        self.request_of(width, height)
+    }
+
+    fn request_of(&self, width: u32, height: u32) -> Request {
+        let c = &self.call;
         Request {
             prompt: c["prompt"].as_str().unwrap().into(),
             negative_prompt: None,
-            width: c["width"].as_u64().unwrap() as u32,
-            height: c["height"].as_u64().unwrap() as u32,
+            width,
+            height,
             steps: c["num_inference_steps"].as_u64().unwrap() as usize,
             guidance: c["guidance_scale"].as_f64().unwrap() as f32,
             cfg_normalization: false,
@@ -243,4 +257,87 @@ fn bf16_follows_the_reference_run_in_bf16() {
     let d = max_abs(&out.latents, &case.unbatched("final_latents"));
     println!("bf16 final latents max |Δ| {d:e}");
     assert!(d < 0.05, "bf16 final latents differ by {d}");
+}
+
+#[test]
+fn editing_from_one_reference_matches_diffusers() {
+    check_edit_case("edit1");
+}
+
+#[test]
+fn editing_from_two_references_matches_diffusers() {
+    check_edit_case("edit2");
+}
+
+/// An edit: the references prepared and encoded as diffusers does, each step's transformer
+/// output over output and reference tokens, and the picture from the seed alone (its size
+/// from the first reference when the call names none).
+fn check_edit_case(name: &str) {
+    let case = Case::load(name);
+    let mut p = pipeline("flux2-klein-tiny");
+    let cell = p.cell();
+    let references: Vec<klein::Reference> = case.call["image"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|path| {
+            let path = models().join("reference").join(path.as_str().unwrap());
+            let img = image::open(&path).unwrap();
+            klein::Reference::prepare(&img, cell, "reference").unwrap()
+        })
+        .collect();
+    for (k, r) in references.iter().enumerate() {
+        let ours = zimage::models::vae_encoder::image_to_array(&r.rgb, r.width, r.height).unwrap();
+        let theirs = case
+            .unbatched(&format!("encode{k}.input"))
+            .transpose(&[1, 2, 0])
+            .unwrap();
+        assert_eq!(
+            max_abs(&ours, &theirs),
+            0.0,
+            "reference {k} prepared differently"
+        );
+    }
+    let encoder = p.load_vae_encoder().unwrap();
+    let (tokens, grids) = p.reference_tokens(&encoder, &references).unwrap();
+    let d = max_abs(&tokens, &case.unbatched("condition_latents"));
+    println!("{name} reference tokens max |Δ| {d:e}");
+    assert!(d < 1e-4, "reference tokens differ by {d}");
+
+    let mut req = case.request_sized(&references[0]);
+    req.guidance = case.call["guidance_scale"].as_f64().unwrap() as f32;
+    let (h, w) = p.grid(&req);
+    let cfg = &p.configs.transformer;
+    let ids = zimage::models::flux2::rope::ids(klein::MAX_SEQUENCE_LENGTH, (h, w), &grids);
+    let rope =
+        zimage::models::flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta).unwrap();
+    let transformer = p.load_transformer().unwrap();
+    let text = case.unbatched("prompt_embeds");
+    let timesteps = values(&case.array("timesteps"));
+    for (i, &t) in timesteps.iter().enumerate() {
+        // The dumps hold the output rows; the reference rows are the condition tokens.
+        let latents = case.unbatched(&format!("step{i}.model_input"));
+        let input = zimage::mlx::ops::concatenate(&[&latents, &tokens], 0).unwrap();
+        let out = transformer.forward(&input, t, &text, &rope).unwrap();
+        let out = out.slice_axis(0, 0, h * w).unwrap();
+        let d = max_abs(&out, &case.unbatched(&format!("step{i}.model_output")));
+        println!("{name} step {i} transformer max |Δ| {d:e}");
+        assert!(d < 1e-4, "step {i}: transformer output differs by {d}");
+    }
+
+    let out = p
+        .generate_from(&req, &references, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let d = max_abs(&out.latents, &case.unbatched("final_latents"));
+    println!("{name} final latents max |Δ| {d:e}");
+    let theirs = case.array("image").to_vec::<u8>().unwrap();
+    let (same, worst) = compare_pixels(&out.rgb, &theirs);
+    println!(
+        "{name} image: {:.4}% of values identical, worst off by {worst}",
+        same * 100.0
+    );
+    assert!(
+        same >= 0.999 && worst <= 1,
+        "{same} identical, worst {worst}"
+    );
 }

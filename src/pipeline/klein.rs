@@ -39,6 +39,53 @@ pub fn is_distilled(model_index: &serde_json::Value) -> bool {
     model_index["is_distilled"].as_bool().unwrap_or(false)
 }
 
+/// The most pixels a reference keeps: larger ones are scaled down to this area first.
+pub const MAX_REFERENCE_PIXELS: u64 = 1024 * 1024;
+/// The most reference pictures one request may give.
+pub const MAX_REFERENCES: usize = 4;
+
+/// A reference picture as klein reads it: RGB bytes, sides multiples of the token cell.
+#[derive(Debug, Clone)]
+pub struct Reference {
+    pub rgb: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Reference {
+    /// `img` prepared as `Flux2KleinPipeline` prepares an `image` (klein-spec §4.1): at least
+    /// 64 pixels each way and an aspect ratio within 8; above 1024² pixels scaled (Lanczos-3) to
+    /// that area; then centre-cropped, not resized, to multiples of `cell`; alpha dropped.
+    pub fn prepare(img: &image::DynamicImage, cell: u32, label: &str) -> Result<Reference, String> {
+        let (w, h) = (img.width(), img.height());
+        if w < 64 || h < 64 {
+            return Err(format!(
+                "{label} is {w}×{h}; a reference needs at least 64 pixels each way"
+            ));
+        }
+        if w.max(h) > 8 * w.min(h) {
+            return Err(format!(
+                "{label} is {w}×{h}; a reference's longer side may be at most 8 times its shorter"
+            ));
+        }
+        let mut rgb = img.to_rgb8();
+        if w as u64 * h as u64 > MAX_REFERENCE_PIXELS {
+            let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
+            let (sw, sh) = ((w as f64 * s) as u32, (h as f64 * s) as u32);
+            rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
+        }
+        let (w, h) = rgb.dimensions();
+        let (cw, ch) = (w - w % cell, h - h % cell);
+        let (left, top) = ((w - cw) / 2, (h - ch) / 2);
+        let rgb = image::imageops::crop_imm(&rgb, left, top, cw, ch).to_image();
+        Ok(Reference {
+            rgb: rgb.into_raw(),
+            width: cw,
+            height: ch,
+        })
+    }
+}
+
 /// A klein model's configuration, read once from its json files.
 pub struct KleinConfigs {
     pub text_encoder: Qwen3Config,
@@ -282,7 +329,25 @@ impl<S: ModelSource> KleinPipeline<S> {
         req: &Request,
         progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
     ) -> Result<Generated, Error> {
+        self.generate_from(req, &[], progress)
+    }
+
+    /// The same, editing from `references` (0 to [`MAX_REFERENCES`] pictures, prepared with
+    /// [`Reference::prepare`]): their tokens join every step's input, clean, at positions
+    /// `(10 + 10k, i, j, 0)` (klein-spec §4).
+    pub fn generate_from(
+        &mut self,
+        req: &Request,
+        references: &[Reference],
+        progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    ) -> Result<Generated, Error> {
         self.validate(req)?;
+        if references.len() > MAX_REFERENCES {
+            return Err(Error::Request(format!(
+                "{} reference pictures given; FLUX.2 [klein] takes at most {MAX_REFERENCES}",
+                references.len()
+            )));
+        }
         let mut phases = Vec::new();
         let stopped = |step: usize| Error::Stopped {
             step,
@@ -311,7 +376,25 @@ impl<S: ModelSource> KleinPipeline<S> {
         })?;
         release_freed_memory();
 
-        // 2. Denoise in normalised token space.
+        // 2. Encode the references, then release the encoder.
+        let (ref_tokens, ref_grids) = match references.is_empty() {
+            true => (None, Vec::new()),
+            false => {
+                if progress(Progress::Phase("encode")).is_break() {
+                    return Err(stopped(0));
+                }
+                let (tokens, grids) = measure(&mut phases, "encode", || {
+                    let encoder = self.load_vae_encoder()?;
+                    let (tokens, grids) = self.reference_tokens(&encoder, references)?;
+                    tokens.eval()?;
+                    Ok::<_, Error>((tokens, grids))
+                })?;
+                release_freed_memory();
+                (Some(tokens), grids)
+            }
+        };
+
+        // 3. Denoise in normalised token space.
         if progress(Progress::Phase("denoise")).is_break() {
             return Err(stopped(0));
         }
@@ -328,14 +411,24 @@ impl<S: ModelSource> KleinPipeline<S> {
             let mut x = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
             let schedule =
                 Schedule::exponential(req.steps, empirical_mu((h * w) as usize, req.steps));
-            let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &[]);
+            let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &ref_grids);
             let cfg = &self.configs.transformer;
             let rope = flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
             for i in 0..schedule.steps() {
                 let t = schedule.timesteps[i];
-                let mut v = transformer.forward(&x, t, &prompt, &rope)?;
+                let tokens = match &ref_tokens {
+                    Some(r) => ops::concatenate(&[&x, &r.astype(x.dtype())?], 0)?,
+                    None => x.clone(),
+                };
+                // Only the output rows are the velocity; the reference rows are context.
+                let velocity = |text: &Array| {
+                    transformer
+                        .forward(&tokens, t, text, &rope)?
+                        .slice_axis(0, 0, h * w)
+                };
+                let mut v = velocity(&prompt)?;
                 if let Some(neg) = &negative {
-                    let v_neg = transformer.forward(&x, t, neg, &rope)?;
+                    let v_neg = velocity(neg)?;
                     v = (&v_neg + ((&v - &v_neg)? * req.guidance)?)?;
                 }
                 x = euler_step(&x, &v, schedule.dt(i))?;
@@ -354,9 +447,10 @@ impl<S: ModelSource> KleinPipeline<S> {
         check_finite(&latents, "denoise", "latents")?;
         drop(prompt);
         drop(negative);
+        drop(ref_tokens);
         release_freed_memory();
 
-        // 3. Un-normalise, unpatchify, decode and quantise.
+        // 4. Un-normalise, unpatchify, decode and quantise.
         if progress(Progress::Phase("decode")).is_break() {
             return Err(stopped(req.steps));
         }
@@ -378,6 +472,31 @@ impl<S: ModelSource> KleinPipeline<S> {
         })
     }
 
+    /// The references as the transformer reads them: each encoded (the VAE's mean), patchified,
+    /// normalised and packed, concatenated `[ΣN_k, 4C]`, with each one's token grid.
+    pub fn reference_tokens(
+        &self,
+        encoder: &VaeEncoder,
+        references: &[Reference],
+    ) -> Result<(Array, Vec<(i32, i32)>), Error> {
+        let (mean, std) = self.latent_statistics()?;
+        let c4 = mean.dim(0);
+        let (mean, std) = (mean.reshape(&[c4, 1, 1])?, std.reshape(&[c4, 1, 1])?);
+        let mut tokens = Vec::new();
+        let mut grids = Vec::new();
+        for r in references {
+            let x = models::vae_encoder::image_to_array(&r.rgb, r.width, r.height)?;
+            let moments = encoder.moments(&x)?;
+            let z = models::vae_encoder::LatentDistribution::from_moments(&moments)?.mode()?;
+            let p = patchify(&z)?;
+            grids.push((p.dim(1), p.dim(2)));
+            let p = ((p.astype(self.dtype)? - &mean)? / &std)?;
+            tokens.push(pack(&p)?);
+        }
+        let refs: Vec<&Array> = tokens.iter().collect();
+        Ok((ops::concatenate(&refs, 0)?, grids))
+    }
+
     /// Packed normalised latents `[N, 4C]` → the VAE's `[C, 2h, 2w]` (f32): the BatchNorm
     /// statistics undone in the latents' dtype, then the 2×2 patches unpacked (klein-spec §8.1).
     pub fn vae_latents(&self, latents: &Array, (h, w): (i32, i32)) -> Result<Array, Error> {
@@ -392,6 +511,16 @@ impl<S: ModelSource> KleinPipeline<S> {
             .reshape(&[c, 2 * h, 2 * w])?;
         Ok(z.astype(Dtype::F32)?)
     }
+}
+
+/// VAE latents `[C, 2h, 2w]` → token space `[4C, h, w]`, channel `c·4 + 2·dy + dx` holding
+/// `[c, 2i + dy, 2j + dx]` (klein-spec §3.4).
+pub fn patchify(z: &Array) -> mlx::Result<Array> {
+    let s = z.shape();
+    let (c, h, w) = (s[0], s[1] / 2, s[2] / 2);
+    z.reshape(&[c, h, 2, w, 2])?
+        .transpose(&[0, 2, 4, 1, 3])?
+        .reshape(&[4 * c, h, w])
 }
 
 /// `[C, h, w]` → `[h·w, C]`, token `n = i·w + j`.
