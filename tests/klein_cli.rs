@@ -110,3 +110,59 @@ fn options_klein_lacks_are_refused_by_name() {
         assert!(text(&out).contains(expected), "{args:?}: {}", text(&out));
     }
 }
+
+/// `--ref`: the output takes the reference's size and matches diffusers' edit of it.
+#[test]
+fn an_edit_from_a_reference_matches_diffusers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = models().join("flux2-klein-tiny");
+    let picture = models().join("reference/inputs/picture-96x80.png");
+    let png = tmp.path().join("snowy.png");
+    let args = [
+        "generate",
+        "make it snowy",
+        "--model",
+        s(&dir),
+        "--ref",
+        s(&picture),
+        "--seed",
+        "5",
+        "--dtype",
+        "f32",
+        "-o",
+        s(&png),
+    ];
+    let out = zimage_in(&tmp.path().join("store"), &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let ours = image::open(&png).unwrap().to_rgb8();
+    assert_eq!(ours.dimensions(), (96, 80));
+    let st = zimage::mlx::io::load_safetensors(&models().join("reference/klein-edit1.safetensors"))
+        .unwrap();
+    let theirs = st.tensors["image"].to_vec::<u8>().unwrap();
+    let ours = ours.into_raw();
+    let same = ours.iter().zip(&theirs).filter(|(a, b)| a == b).count();
+    let worst = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    assert!(
+        same * 1000 >= ours.len() * 999 && worst <= Some(1),
+        "{same} of {}",
+        ours.len()
+    );
+
+    // Z-Image takes no references.
+    let zimage = models().join("z-image-tiny");
+    let args = [
+        "generate",
+        "a fox",
+        "--model",
+        s(&zimage),
+        "--ref",
+        s(&picture),
+    ];
+    let out = zimage_in(&tmp.path().join("store"), &args);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--ref is not available for Z-Image"),
+        "{}",
+        text(&out)
+    );
+}

@@ -11,6 +11,7 @@ use crate::family::{Family, Feature};
 use crate::memory_plan::{MemoryEstimate, MemoryPlan};
 use crate::mlx::Dtype;
 use crate::models::Residency;
+use crate::pipeline::klein::{Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -44,21 +45,40 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
     }
 }
 
+/// The job's references prepared as klein reads them, each refusal naming its picture.
+fn references(job: &Job, klein: &LoadedKlein) -> Result<Vec<Reference>, Error> {
+    if job.references.len() > MAX_REFERENCES {
+        return Err(Error::Request(format!(
+            "{} reference pictures given; {} takes at most {MAX_REFERENCES}",
+            job.references.len(),
+            Family::Flux2Klein.name()
+        )));
+    }
+    let cell = klein.pipeline.cell();
+    (job.references.iter())
+        .map(|p| Reference::prepare(&p.image, cell, &p.label).map_err(Error::Request))
+        .collect()
+}
+
 /// The job's request: what it says, else the model's recorded defaults, else klein's own
-/// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4).
-fn request(job: &Job, klein: &LoadedKlein) -> Request {
+/// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4); the size, else the
+/// first reference's, else the VAE's sample size.
+fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Request {
     let p = &klein.pipeline;
     let (steps, guidance) = pipeline::klein::default_steps_and_guidance(p.configs.is_distilled);
     let d = &klein.defaults;
     let side = p.configs.vae.sample_size.unwrap_or(1024);
+    let (width, height) = references
+        .first()
+        .map_or((side, side), |r| (r.width, r.height));
     Request {
         prompt: job.prompt.clone(),
         negative_prompt: job
             .negative_prompt
             .clone()
             .or_else(|| d.negative_prompt.clone()),
-        width: job.width.unwrap_or(side),
-        height: job.height.unwrap_or(side),
+        width: job.width.unwrap_or(width),
+        height: job.height.unwrap_or(height),
         steps: job.steps.or(d.steps).unwrap_or(steps),
         guidance: job.guidance.or(d.guidance).unwrap_or(guidance),
         cfg_normalization: false,
@@ -110,7 +130,8 @@ pub(super) fn run(
     load: Duration,
 ) -> Result<Outcome, Error> {
     refuse_unsupported(job)?;
-    let first = request(job, klein);
+    let references = references(job, klein)?;
+    let first = request(job, klein, &references);
     klein.pipeline.validate(&first)?;
     let plan = weights_plan(klein, dtype)?;
     let p = &mut klein.pipeline;
@@ -135,7 +156,7 @@ pub(super) fn run(
             ..first.clone()
         };
         let generated = p
-            .generate(&req, &mut |progress| {
+            .generate_from(&req, &references, &mut |progress| {
                 reporter.pipeline(progress);
                 match cancel.stops_image() {
                     true => ControlFlow::Break(()),

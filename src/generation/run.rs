@@ -131,6 +131,10 @@ pub fn run(
         let load = reporter.started.elapsed();
         return super::klein::run(job, klein, dtype, &mut reporter, cancel, load);
     }
+    if !job.references.is_empty() {
+        let refused = crate::family::Family::ZImage.refuse(&[crate::family::Feature::References]);
+        refused.map_err(Error::Request)?;
+    }
     let loaded = engine.loaded();
     loaded.bind_loras(&job.loras, job.lora_lenient)?;
     if let Some(c) = &job.control {
