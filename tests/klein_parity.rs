@@ -341,3 +341,61 @@ fn check_edit_case(name: &str) {
         "{same} identical, worst {worst}"
     );
 }
+
+/// The picture diffusers encoded (`encode0.input`, in [-1, 1]) as the bytes it came from.
+fn encoded_picture(case: &Case) -> (Vec<u8>, u32, u32) {
+    let x = case.unbatched("encode0.input");
+    let (h, w) = (x.dim(1) as u32, x.dim(2) as u32);
+    let hwc = values(&x.transpose(&[1, 2, 0]).unwrap());
+    let rgb = hwc
+        .iter()
+        .map(|v| ((v + 1.0) / 2.0 * 255.0).round() as u8)
+        .collect();
+    (rgb, w, h)
+}
+
+#[test]
+fn inpainting_matches_diffusers() {
+    let case = Case::load("inpaint");
+    let mut p = pipeline("flux2-klein-tiny");
+    let (rgb, width, height) = encoded_picture(&case);
+    let mask_png = models()
+        .join("reference")
+        .join(case.call["mask_image"].as_str().unwrap());
+    let mask = zimage::image_in::mask(&image::open(&mask_png).unwrap(), width, height);
+    let input = zimage::pipeline::ImageInput {
+        rgb,
+        mask: Some(mask),
+        strength: case.call["strength"].as_f64().unwrap(),
+    };
+    let tokens = klein::token_mask(input.mask.as_deref(), (width, height), p.cell());
+    assert_eq!(tokens, values(&case.array("mask")), "token mask");
+
+    let encoder = p.load_vae_encoder().unwrap();
+    let (x0, _) = p
+        .image_condition(&encoder, &input, (width, height))
+        .unwrap();
+    let d = max_abs(&x0, &case.unbatched("image_latents"));
+    println!("inpaint image latents max |Δ| {d:e}");
+    assert!(d < 1e-4, "image latents differ by {d}");
+
+    let req = Request {
+        input: Some(input),
+        ..case.request_of(width, height)
+    };
+    let out = p
+        .generate(&req, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let d = max_abs(&out.latents, &case.unbatched("final_latents"));
+    println!("inpaint final latents max |Δ| {d:e}");
+    let theirs = case.array("image").to_vec::<u8>().unwrap();
+    let (same, worst) = compare_pixels(&out.rgb, &theirs);
+    println!(
+        "inpaint image: {:.4}% of values identical, worst off by {worst}",
+        same * 100.0
+    );
+    assert!(
+        same >= 0.999 && worst <= 1,
+        "{same} identical, worst {worst}"
+    );
+}

@@ -302,10 +302,11 @@ impl<S: ModelSource> KleinPipeline<S> {
         crate::family::Family::Flux2Klein
             .refuse(&used)
             .map_err(Error::Request)?;
-        if req.input.is_some() {
-            return Err(Error::Request(
-                "--image is not available for FLUX.2 [klein] models yet".into(),
-            ));
+        if let Some(input) = &req.input {
+            input.check(req.width, req.height).map_err(Error::Request)?;
+            if let Some(e) = super::condition::no_step_error(req.steps, input.strength) {
+                return Err(Error::Request(e));
+            }
         }
         if let Some(noise) = &req.noise {
             let (h, w) = self.grid(req);
@@ -376,21 +377,38 @@ impl<S: ModelSource> KleinPipeline<S> {
         })?;
         release_freed_memory();
 
-        // 2. Encode the references, then release the encoder.
-        let (ref_tokens, ref_grids) = match references.is_empty() {
-            true => (None, Vec::new()),
-            false => {
+        // 2. Encode the picture an image task starts from (itself the first reference) and the
+        //    references, then release the encoder.
+        let (h, w) = self.grid(req);
+        let mut ref_grids = Vec::new();
+        let mut image = None;
+        let ref_tokens = match (references.is_empty(), &req.input) {
+            (true, None) => None,
+            _ => {
                 if progress(Progress::Phase("encode")).is_break() {
                     return Err(stopped(0));
                 }
-                let (tokens, grids) = measure(&mut phases, "encode", || {
+                let tokens = measure(&mut phases, "encode", || {
                     let encoder = self.load_vae_encoder()?;
-                    let (tokens, grids) = self.reference_tokens(&encoder, references)?;
+                    let mut parts = Vec::new();
+                    if let Some(input) = &req.input {
+                        let (x0, mask) =
+                            self.image_condition(&encoder, input, (req.width, req.height))?;
+                        ref_grids.push((h, w));
+                        parts.push(x0.clone());
+                        image = Some((x0, mask, input.first_step(req.steps)));
+                    }
+                    if !references.is_empty() {
+                        let (tokens, grids) = self.reference_tokens(&encoder, references)?;
+                        ref_grids.extend(grids);
+                        parts.push(tokens);
+                    }
+                    let tokens = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
                     tokens.eval()?;
-                    Ok::<_, Error>((tokens, grids))
+                    Ok::<_, Error>(tokens)
                 })?;
                 release_freed_memory();
-                (Some(tokens), grids)
+                Some(tokens)
             }
         };
 
@@ -398,7 +416,6 @@ impl<S: ModelSource> KleinPipeline<S> {
         if progress(Progress::Phase("denoise")).is_break() {
             return Err(stopped(0));
         }
-        let (h, w) = self.grid(req);
         let c = self.configs.transformer.in_channels;
         let latents = measure(&mut phases, "denoise", || {
             let transformer = self.load_transformer()?;
@@ -408,13 +425,22 @@ impl<S: ModelSource> KleinPipeline<S> {
                     .randn((c * h * w) as usize)
                     .map_err(Error::Request)?,
             };
-            let mut x = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
+            let noise = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
             let schedule =
                 Schedule::exponential(req.steps, empirical_mu((h * w) as usize, req.steps));
+            // An image task starts part-way, from the picture noised to that step's level.
+            let first = image.as_ref().map_or(0, |(_, _, first)| *first);
+            let mut x = match &image {
+                Some((x0, _, _)) => noised(x0, &noise, schedule.sigmas[first])?,
+                None => noise.clone(),
+            };
+            let inpaint = image
+                .as_ref()
+                .filter(|_| req.input.as_ref().is_some_and(|i| i.mask.is_some()));
             let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &ref_grids);
             let cfg = &self.configs.transformer;
             let rope = flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
-            for i in 0..schedule.steps() {
+            for i in first..schedule.steps() {
                 let t = schedule.timesteps[i];
                 let tokens = match &ref_tokens {
                     Some(r) => ops::concatenate(&[&x, &r.astype(x.dtype())?], 0)?,
@@ -432,6 +458,16 @@ impl<S: ModelSource> KleinPipeline<S> {
                     v = (&v_neg + ((&v - &v_neg)? * req.guidance)?)?;
                 }
                 x = euler_step(&x, &v, schedule.dt(i))?;
+                // Inpainting keeps the unmasked part: the picture at the next step's noise
+                // level (clean after the last step) where the mask is 0.
+                if let Some((x0, mask, _)) = inpaint {
+                    let kept = match i + 1 < schedule.steps() {
+                        true => noised(x0, &noise, schedule.sigmas[i + 1])?,
+                        false => x0.clone(),
+                    };
+                    let mask = mask.astype(x.dtype())?;
+                    x = ((((&mask * -1.0)? + 1.0)? * kept)? + (&mask * &x)?)?;
+                }
                 x.eval()?;
                 if progress(Progress::Step {
                     index: i,
@@ -485,16 +521,46 @@ impl<S: ModelSource> KleinPipeline<S> {
         let mut tokens = Vec::new();
         let mut grids = Vec::new();
         for r in references {
-            let x = models::vae_encoder::image_to_array(&r.rgb, r.width, r.height)?;
-            let moments = encoder.moments(&x)?;
-            let z = models::vae_encoder::LatentDistribution::from_moments(&moments)?.mode()?;
-            let p = patchify(&z)?;
+            let p = self.normalised_latents(encoder, &r.rgb, (r.width, r.height), (&mean, &std))?;
             grids.push((p.dim(1), p.dim(2)));
-            let p = ((p.astype(self.dtype)? - &mean)? / &std)?;
             tokens.push(pack(&p)?);
         }
         let refs: Vec<&Array> = tokens.iter().collect();
         Ok((ops::concatenate(&refs, 0)?, grids))
+    }
+
+    /// A picture's latents in the denoiser's space: the encoder's mean, patchified and
+    /// normalised by the BatchNorm statistics `(mean, std)` (each `[4C, 1, 1]`): `[4C, h, w]`.
+    fn normalised_latents(
+        &self,
+        encoder: &VaeEncoder,
+        rgb: &[u8],
+        (width, height): (u32, u32),
+        (mean, std): (&Array, &Array),
+    ) -> Result<Array, Error> {
+        let x = models::vae_encoder::image_to_array(rgb, width, height)?;
+        let moments = encoder.moments(&x)?;
+        let z = models::vae_encoder::LatentDistribution::from_moments(&moments)?.mode()?;
+        Ok(((patchify(&z)?.astype(self.dtype)? - mean)? / std)?)
+    }
+
+    /// What an image task starts from, conditions on and keeps: the picture's packed latents
+    /// `x0` `[N, 4C]`, which are also its first reference, and the token mask `[N, 1]` (1
+    /// repaints; from the mean of each cell's centre 2×2 pixels, as diffusers' bilinear
+    /// downsampling reads it; all 1 without a mask) (klein-spec §9).
+    pub fn image_condition(
+        &self,
+        encoder: &VaeEncoder,
+        input: &super::ImageInput,
+        size: (u32, u32),
+    ) -> Result<(Array, Array), Error> {
+        let (mean, std) = self.latent_statistics()?;
+        let c4 = mean.dim(0);
+        let stats = (&mean.reshape(&[c4, 1, 1])?, &std.reshape(&[c4, 1, 1])?);
+        let x0 = pack(&self.normalised_latents(encoder, &input.rgb, size, stats)?)?;
+        let mask = token_mask(input.mask.as_deref(), size, self.cell());
+        let n = mask.len() as i32;
+        Ok((x0, Array::from_slice(&mask, &[n, 1])?))
     }
 
     /// Packed normalised latents `[N, 4C]` → the VAE's `[C, 2h, 2w]` (f32): the BatchNorm
@@ -527,6 +593,26 @@ pub fn patchify(z: &Array) -> mlx::Result<Array> {
 pub fn pack(x: &Array) -> mlx::Result<Array> {
     let s = x.shape();
     x.reshape(&[s[0], s[1] * s[2]])?.transpose(&[1, 0])
+}
+
+/// `σ·noise + (1 − σ)·x0`: the picture at noise level σ, as the scheduler's `scale_noise`.
+fn noised(x0: &Array, noise: &Array, sigma: f32) -> mlx::Result<Array> {
+    (noise * sigma)? + (x0 * (1.0 - sigma))?
+}
+
+/// The token mask of a `width × height` pixel mask (1 repaints), `cell` pixels a token: the
+/// mean of each cell's centre 2×2 pixels; all 1 without a mask.
+pub fn token_mask(mask: Option<&[u8]>, (width, height): (u32, u32), cell: u32) -> Vec<f32> {
+    let (h, w) = (height / cell, width / cell);
+    let Some(mask) = mask else {
+        return vec![1.0; (h * w) as usize];
+    };
+    let c = cell / 2 - 1;
+    let at = |y: u32, x: u32| mask[(y * width + x) as usize] as f32;
+    (0..h)
+        .flat_map(|i| (0..w).map(move |j| (i * cell + c, j * cell + c)))
+        .map(|(y, x)| (at(y, x) + at(y, x + 1) + at(y + 1, x) + at(y + 1, x + 1)) / 4.0)
+        .collect()
 }
 
 /// `x + dt·v` as the scheduler computes it: `dt·v` in v's dtype, the sum in f32, the result in
