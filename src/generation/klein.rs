@@ -11,7 +11,7 @@ use crate::family::{Family, Feature};
 use crate::memory_plan::{MemoryEstimate, MemoryPlan};
 use crate::mlx::Dtype;
 use crate::models::Residency;
-use crate::pipeline::klein::{Reference, MAX_REFERENCES};
+use crate::pipeline::klein::{Reference, MAX_REFERENCES, MAX_REFERENCE_PIXELS};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -32,7 +32,10 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
     Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
     let not_yet = [
         ("--lora", !job.loras.is_empty()),
-        ("--image", job.input.is_some()),
+        (
+            "--only-masked",
+            job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
+        ),
         ("--hires", job.hires.is_some()),
         ("--noise", job.noise.is_some()),
     ];
@@ -60,18 +63,59 @@ fn references(job: &Job, klein: &LoadedKlein) -> Result<Vec<Reference>, Error> {
         .collect()
 }
 
+/// The strength an image task runs at when the job names none (diffusers' klein inpainting
+/// default, for image-to-image too).
+const DEFAULT_STRENGTH: f64 = 0.8;
+
+/// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
+/// floored to whole tokens (klein-spec §9.1).
+fn picture_size(picture: &super::Picture, cell: u32) -> Result<(u32, u32), Error> {
+    let (w, h) = (picture.image.width(), picture.image.height());
+    let (w, h) = match w as u64 * h as u64 > MAX_REFERENCE_PIXELS {
+        true => {
+            let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
+            ((w as f64 * s) as u32, (h as f64 * s) as u32)
+        }
+        false => (w, h),
+    };
+    crate::image_in::default_size(w, h, cell).ok_or_else(|| {
+        Error::Request(format!(
+            "{} is {w}×{h}; a picture needs at least {cell} pixels each way",
+            picture.label
+        ))
+    })
+}
+
+/// The picture an image task starts from, at the request's size (Lanczos-3), with its
+/// binarised mask.
+fn image_input(job: &Job, req: &Request) -> Option<pipeline::ImageInput> {
+    let i = job.input.as_ref()?;
+    let (w, h) = (req.width, req.height);
+    Some(pipeline::ImageInput {
+        rgb: crate::image_in::picture(&i.picture.image, w, h).into_raw(),
+        mask: i
+            .mask
+            .as_ref()
+            .map(|m| crate::image_in::mask(&m.image, w, h)),
+        strength: i.strength.unwrap_or(DEFAULT_STRENGTH),
+    })
+}
+
 /// The job's request: what it says, else the model's recorded defaults, else klein's own
 /// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4); the size, else the
-/// first reference's, else the VAE's sample size.
-fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Request {
+/// input picture's, else the first reference's, else the VAE's sample size.
+fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Result<Request, Error> {
     let p = &klein.pipeline;
     let (steps, guidance) = pipeline::klein::default_steps_and_guidance(p.configs.is_distilled);
     let d = &klein.defaults;
     let side = p.configs.vae.sample_size.unwrap_or(1024);
-    let (width, height) = references
-        .first()
-        .map_or((side, side), |r| (r.width, r.height));
-    Request {
+    let (width, height) = match &job.input {
+        Some(i) => picture_size(&i.picture, p.cell())?,
+        None => references
+            .first()
+            .map_or((side, side), |r| (r.width, r.height)),
+    };
+    let mut req = Request {
         prompt: job.prompt.clone(),
         negative_prompt: job
             .negative_prompt
@@ -86,7 +130,9 @@ fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Request 
         seed: job.seed,
         noise: None,
         input: None,
-    }
+    };
+    req.input = image_input(job, &req);
+    Ok(req)
 }
 
 /// What klein's phases hold at most: each phase's weights in the compute dtype (activations
@@ -131,7 +177,7 @@ pub(super) fn run(
 ) -> Result<Outcome, Error> {
     refuse_unsupported(job)?;
     let references = references(job, klein)?;
-    let first = request(job, klein, &references);
+    let first = request(job, klein, &references)?;
     klein.pipeline.validate(&first)?;
     let plan = weights_plan(klein, dtype)?;
     let p = &mut klein.pipeline;
@@ -200,7 +246,7 @@ pub(super) fn run(
             height: generated.height,
             seed,
             steps: req.steps,
-            steps_run: req.steps,
+            steps_run: req.steps - req.input.as_ref().map_or(0, |i| i.first_step(req.steps)),
             prompt_tokens,
             phases: generated.phases,
             control_seconds: None,
