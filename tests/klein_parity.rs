@@ -399,3 +399,46 @@ fn inpainting_matches_diffusers() {
         "{same} identical, worst {worst}"
     );
 }
+
+/// A base model inpainting with guidance and a reference picture beside its own.
+#[test]
+fn inpainting_with_a_reference_and_guidance_matches_diffusers() {
+    let case = Case::load("inpaint-ref-cfg");
+    let dir = DiffusersDir::open(&models().join("flux2-klein-tiny-base")).unwrap();
+    let mut p = KleinPipeline::new(dir, Dtype::F32).unwrap();
+    let (rgb, width, height) = encoded_picture(&case);
+    let reference = models()
+        .join("reference")
+        .join(case.call["image_reference"].as_str().unwrap());
+    let reference =
+        klein::Reference::prepare(&image::open(&reference).unwrap(), p.cell(), "ref").unwrap();
+    let mask_png = models()
+        .join("reference")
+        .join(case.call["mask_image"].as_str().unwrap());
+    let mask = zimage::image_in::mask(&image::open(&mask_png).unwrap(), width, height);
+    let req = Request {
+        guidance: case.call["guidance_scale"].as_f64().unwrap() as f32,
+        input: Some(zimage::pipeline::ImageInput {
+            rgb,
+            mask: Some(mask),
+            strength: case.call["strength"].as_f64().unwrap(),
+        }),
+        ..case.request_of(width, height)
+    };
+    assert!(p.guided(&req));
+    let out = p
+        .generate_from(&req, &[reference], &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let d = max_abs(&out.latents, &case.unbatched("final_latents"));
+    println!("inpaint-ref-cfg final latents max |Δ| {d:e}");
+    let theirs = case.array("image").to_vec::<u8>().unwrap();
+    let (same, worst) = compare_pixels(&out.rgb, &theirs);
+    println!(
+        "inpaint-ref-cfg image: {:.4}% of values identical, worst off by {worst}",
+        same * 100.0
+    );
+    assert!(
+        same >= 0.999 && worst <= 1,
+        "{same} identical, worst {worst}"
+    );
+}
