@@ -23,7 +23,11 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
     if job.control.is_some() {
         used.push(Feature::ControlNet);
     }
-    if job.cfg_truncation.is_some() {
+    // A front end that sends every field (the page) sends the value that changes nothing.
+    if job
+        .cfg_truncation
+        .is_some_and(|t| t != pipeline::NO_TRUNCATION)
+    {
         used.push(Feature::CfgTruncation);
     }
     if job.cfg_normalization == Some(true) {
