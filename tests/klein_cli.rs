@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{s, zimage_in};
+use common::{compare_pixels, klein_reference_image, s, zimage_in};
 use std::ops::ControlFlow;
 use std::path::Path;
 use zimage::pipeline::klein::KleinPipeline;
@@ -136,16 +136,10 @@ fn an_edit_from_a_reference_matches_diffusers() {
     assert!(out.status.success(), "{}", text(&out));
     let ours = image::open(&png).unwrap().to_rgb8();
     assert_eq!(ours.dimensions(), (96, 80));
-    let st = zimage::mlx::io::load_safetensors(&models().join("reference/klein-edit1.safetensors"))
-        .unwrap();
-    let theirs = st.tensors["image"].to_vec::<u8>().unwrap();
-    let ours = ours.into_raw();
-    let same = ours.iter().zip(&theirs).filter(|(a, b)| a == b).count();
-    let worst = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    let (same, worst) = compare_pixels(&ours.into_raw(), &klein_reference_image("edit1"));
     assert!(
-        same * 1000 >= ours.len() * 999 && worst <= Some(1),
-        "{same} of {}",
-        ours.len()
+        same >= 0.999 && worst <= 1,
+        "{same} identical, worst {worst}"
     );
 
     // Z-Image takes no references.
@@ -205,20 +199,7 @@ fn inpainting_from_the_command_line_matches_diffusers() {
     assert!(out.status.success(), "{}", text(&out));
     let ours = image::open(&png).unwrap().to_rgb8();
     assert_eq!(ours.dimensions(), (96, 72));
-    let st =
-        zimage::mlx::io::load_safetensors(&models().join("reference/klein-inpaint.safetensors"))
-            .unwrap();
-    let theirs = st.tensors["image"].to_vec::<u8>().unwrap();
-    let ours = ours.into_raw();
-    let same = ours.iter().zip(&theirs).filter(|(a, b)| a == b).count();
-    let worst = ours.iter().zip(&theirs).map(|(a, b)| a.abs_diff(*b)).max();
-    println!(
-        "inpaint from the command line: {same} of {} values identical, worst off by {worst:?}",
-        ours.len()
-    );
-    assert!(
-        worst <= Some(2),
-        "{same} of {}, worst {worst:?}",
-        ours.len()
-    );
+    let (same, worst) = compare_pixels(&ours.into_raw(), &klein_reference_image("inpaint"));
+    println!("inpaint from the command line: {same} identical, worst off by {worst}");
+    assert!(worst <= 2, "{same} identical, worst {worst}");
 }

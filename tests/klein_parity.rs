@@ -2,6 +2,9 @@
 //! prompt features, noise and schedule, each step's transformer output, the VAE's input and
 //! output, and the final picture from the seed alone.
 
+mod common;
+
+use common::compare_pixels;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -91,14 +94,6 @@ fn max_abs(ours: &Array, theirs: &Array) -> f32 {
 fn pipeline(model: &str) -> KleinPipeline<DiffusersDir> {
     let dir = DiffusersDir::open(&models().join(model)).unwrap();
     KleinPipeline::new(dir, Dtype::F32).unwrap()
-}
-
-/// The share of equal bytes and the largest difference between two pictures.
-fn compare_pixels(ours: &[u8], theirs: &[u8]) -> (f64, u8) {
-    assert_eq!(ours.len(), theirs.len());
-    let same = ours.iter().zip(theirs).filter(|(a, b)| a == b).count();
-    let worst = ours.iter().zip(theirs).map(|(a, b)| a.abs_diff(*b)).max();
-    (same as f64 / ours.len() as f64, worst.unwrap_or(0))
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::family::{Family, Feature};
 use crate::memory_plan::{MemoryEstimate, MemoryPlan};
 use crate::mlx::Dtype;
 use crate::models::Residency;
-use crate::pipeline::klein::{Reference, MAX_REFERENCES, MAX_REFERENCE_PIXELS};
+use crate::pipeline::klein::{capped_size, Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -74,14 +74,7 @@ const DEFAULT_STRENGTH: f64 = 0.8;
 /// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
 /// floored to whole tokens (klein-spec §9.1).
 fn picture_size(picture: &super::Picture, cell: u32) -> Result<(u32, u32), Error> {
-    let (w, h) = (picture.image.width(), picture.image.height());
-    let (w, h) = match w as u64 * h as u64 > MAX_REFERENCE_PIXELS {
-        true => {
-            let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
-            ((w as f64 * s) as u32, (h as f64 * s) as u32)
-        }
-        false => (w, h),
-    };
+    let (w, h) = capped_size(picture.image.width(), picture.image.height());
     crate::image_in::default_size(w, h, cell).ok_or_else(|| {
         Error::Request(format!(
             "{} is {w}×{h}; a picture needs at least {cell} pixels each way",

@@ -44,6 +44,16 @@ pub const MAX_REFERENCE_PIXELS: u64 = 1024 * 1024;
 /// The most reference pictures one request may give.
 pub const MAX_REFERENCES: usize = 4;
 
+/// A picture's size scaled, when above [`MAX_REFERENCE_PIXELS`], to that area (each side
+/// truncated, as diffusers computes it); else as it is.
+pub fn capped_size(w: u32, h: u32) -> (u32, u32) {
+    if w as u64 * h as u64 <= MAX_REFERENCE_PIXELS {
+        return (w, h);
+    }
+    let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
+    ((w as f64 * s) as u32, (h as f64 * s) as u32)
+}
+
 /// A reference picture as klein reads it: RGB bytes, sides multiples of the token cell.
 #[derive(Debug, Clone)]
 pub struct Reference {
@@ -69,9 +79,8 @@ impl Reference {
             ));
         }
         let mut rgb = img.to_rgb8();
-        if w as u64 * h as u64 > MAX_REFERENCE_PIXELS {
-            let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
-            let (sw, sh) = ((w as f64 * s) as u32, (h as f64 * s) as u32);
+        let (sw, sh) = capped_size(w, h);
+        if (sw, sh) != (w, h) {
             rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
         }
         let (w, h) = rgb.dimensions();
