@@ -437,3 +437,24 @@ fn inpainting_with_a_reference_and_guidance_matches_diffusers() {
         "{same} identical, worst {worst}"
     );
 }
+
+/// An edit in bf16 stays within the spread of the reference's own bf16 runs (see
+/// [`bf16_follows_the_reference_run_in_bf16`]); the reference's f32 ↔ bf16 distance is 0.55.
+#[test]
+fn a_bf16_edit_follows_the_reference_run_in_bf16() {
+    let case = Case::load("edit1-bf16");
+    let dir = DiffusersDir::open(&models().join("flux2-klein-tiny")).unwrap();
+    let mut p = KleinPipeline::new(dir, Dtype::BF16).unwrap();
+    let path = models()
+        .join("reference")
+        .join(case.call["image"][0].as_str().unwrap());
+    let reference =
+        klein::Reference::prepare(&image::open(&path).unwrap(), p.cell(), "ref").unwrap();
+    let req = case.request_sized(&reference);
+    let out = p
+        .generate_from(&req, &[reference], &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let d = max_abs(&out.latents, &case.unbatched("final_latents"));
+    println!("bf16 edit final latents max |Δ| {d:e}");
+    assert!(d < 0.05, "bf16 final latents differ by {d}");
+}

@@ -42,6 +42,10 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
         ),
         ("--hires", job.hires.is_some()),
         ("--noise", job.noise.is_some()),
+        (
+            "--weights stored/streamed",
+            job.residency.is_some_and(|r| r != Residency::Compute),
+        ),
     ];
     match not_yet.iter().find(|(_, used)| *used) {
         Some((flag, _)) => Err(Error::Request(format!(
