@@ -4,7 +4,7 @@
 mod common;
 
 use base64::Engine as _;
-use common::server::{b64, form_request, json, pixels, post, raw, Server};
+use common::server::{b64, form_request, get, json, pixels, post, raw, Server};
 use common::{compare_pixels, klein_reference_image, s, zimage_in};
 use std::path::Path;
 
@@ -28,6 +28,21 @@ fn klein_edits_from_the_pictures_an_api_request_carries() {
     assert!(out.status.success());
     let picture = std::fs::read(models().join("reference/inputs/picture-96x80.png")).unwrap();
     let server = Server::start(&store, &[], &[]);
+
+    // The page offers the model with klein's defaults (a distilled model: 4 steps, guidance 1).
+    let (status, info) = get(server.port, "/ui/api/info");
+    assert_eq!(status, 200, "{info}");
+    let info = json(&info);
+    let model = info["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["short"] == "klein");
+    let model = model.unwrap_or_else(|| panic!("no klein model in {info}"));
+    assert_eq!(
+        (model["steps"].as_u64(), model["guidance"].as_f64()),
+        (Some(4), Some(1.0))
+    );
 
     // Ollama: the reference's edit (seed 5, 4 steps by the distilled model's default).
     let body = serde_json::json!({

@@ -559,17 +559,15 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     }
     match (family, defaults.is_empty()) {
         (Some(Family::Flux2Klein), true) => {
-            let distilled = store
-                .config_file(&model, "model_index.json")
-                .ok()
-                .flatten()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .is_some_and(|index| zimage::pipeline::klein::is_distilled(&index));
-            let (steps, guidance) = zimage::pipeline::klein::default_steps_and_guidance(distilled);
-            println!(
-                "defaults    none recorded: {steps} steps, guidance {guidance} ({} model)",
-                if distilled { "distilled" } else { "base" }
-            );
+            let source = zimage::loader::StoreSource::new(&store, &model);
+            if let Some((steps, guidance, distilled)) =
+                zimage::pipeline::klein::family_defaults(&source)
+            {
+                println!(
+                    "defaults    none recorded: {steps} steps, guidance {guidance} ({} model)",
+                    if distilled { "distilled" } else { "base" }
+                );
+            }
         }
         _ => println!("defaults    {}", describe_defaults(&defaults)),
     }

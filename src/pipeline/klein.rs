@@ -34,6 +34,19 @@ pub fn default_steps_and_guidance(is_distilled: bool) -> (usize, f32) {
     }
 }
 
+/// The steps and guidance a klein model in `source` runs with when neither the request nor the
+/// model's recorded defaults name them, and whether it is distilled; `None` for a model of
+/// another family.
+pub fn family_defaults(source: &impl ModelSource) -> Option<(usize, f32, bool)> {
+    if super::family_of(source).ok()? != crate::family::Family::Flux2Klein {
+        return None;
+    }
+    let bytes = read_config(source, "model_index.json").ok()??;
+    let distilled = is_distilled(&serde_json::from_slice(&bytes).ok()?);
+    let (steps, guidance) = default_steps_and_guidance(distilled);
+    Some((steps, guidance, distilled))
+}
+
 /// Whether a `model_index.json` says the model is step-wise distilled (absent: a base model).
 pub fn is_distilled(model_index: &serde_json::Value) -> bool {
     model_index["is_distilled"].as_bool().unwrap_or(false)
