@@ -207,6 +207,16 @@ pub fn check<S: TensorSource + ?Sized>(source: &S) -> Result<(), DoesNotFit> {
 fn check_pipeline(preview: Preview) -> Result<(), DoesNotFit> {
     let tensors = preview.tensors.clone();
     let failed = |e: crate::pipeline::Error| explain(&tensors, e);
+    if crate::pipeline::family_of(&preview).map_err(failed)? == crate::family::Family::Flux2Klein {
+        let klein = crate::pipeline::klein::KleinPipeline::new(preview, crate::mlx::Dtype::F32)
+            .map_err(failed)?;
+        drop(klein.load_text_encoder().map_err(failed)?);
+        drop(klein.load_transformer().map_err(failed)?);
+        drop(klein.load_vae().map_err(failed)?);
+        drop(klein.load_vae_encoder().map_err(failed)?);
+        drop(klein.latent_statistics().map_err(failed)?);
+        return Ok(());
+    }
     let pipeline = Pipeline::new(preview, crate::mlx::Dtype::F32, false).map_err(failed)?;
     drop(pipeline.load_text_encoder().map_err(failed)?);
     drop(pipeline.load_transformer().map_err(failed)?);

@@ -45,6 +45,7 @@ pub mod controlnet_source;
 pub mod diffusers_dir;
 pub mod dtype;
 pub mod embedded;
+pub mod family;
 pub mod files;
 pub mod formats;
 pub mod generation;

@@ -13,6 +13,9 @@ pub struct SchedulerConfig {
     pub shift: f32,
     #[serde(default)]
     pub use_dynamic_shifting: bool,
+    /// How a dynamic shift bends the sigmas (`exponential`, the class default, or `linear`).
+    #[serde(default)]
+    pub time_shift_type: Option<String>,
 }
 
 /// The most denoising steps a request may ask for: the scheduler was trained on 1000
@@ -40,6 +43,39 @@ impl SchedulerConfig {
         }
         Ok(())
     }
+
+    /// Checks a schedule shifted per image by the empirical μ (FLUX.2): dynamic shifting on,
+    /// exponential.
+    pub fn validate_dynamic(&self) -> Result<(), String> {
+        if !self.use_dynamic_shifting {
+            return Err(
+                "scheduler `use_dynamic_shifting: false` is not supported (FLUX.2 shifts by the image size)"
+                    .into(),
+            );
+        }
+        match self.time_shift_type.as_deref() {
+            None | Some("exponential") => Ok(()),
+            Some(other) => Err(format!(
+                "scheduler `time_shift_type` `{other}` is not supported (only `exponential`)"
+            )),
+        }
+    }
+}
+
+/// FLUX.2's μ for `image_tokens` output tokens and `steps` steps: a line in the step count
+/// through the 10-step and the 200-step fits, or the 200-step value above 4300 tokens
+/// (klein-spec §6.2, evaluated in f64 in this order).
+pub fn empirical_mu(image_tokens: usize, steps: usize) -> f64 {
+    let (a1, b1, a2, b2) = (8.73809524e-05, 1.89833333, 0.00016927, 0.45666666);
+    let s = image_tokens as f64;
+    if image_tokens > 4300 {
+        return a2 * s + b2;
+    }
+    let m200 = a2 * s + b2;
+    let m10 = a1 * s + b1;
+    let a = (m200 - m10) / 190.0;
+    let b = m200 - 200.0 * a;
+    a * steps as f64 + b
 }
 
 fn default_train_steps() -> u32 {
@@ -66,6 +102,25 @@ impl Schedule {
             .iter()
             .map(|&s| shift * s / (1.0 + (shift - 1.0) * s))
             .collect();
+        let timesteps = sigmas.iter().map(|&s| s * 1000.0).collect();
+        sigmas.push(0.0);
+        Schedule { sigmas, timesteps }
+    }
+
+    /// The schedule for `steps` with the exponential time shift by `mu`: numpy's f64
+    /// `linspace(1, 1/n, n)` rounded once to f32, then `e^μ / (e^μ + (1/σ − 1))` in f32 with
+    /// `e^μ` rounded to f32 (klein-spec §6.3).
+    pub fn exponential(steps: usize, mu: f64) -> Schedule {
+        assert!(steps >= 1, "at least one step");
+        let n = steps;
+        let raw: Vec<f32> = (0..n)
+            .map(|i| match i + 1 == n {
+                true => (1.0 / n as f64) as f32,
+                false => (1.0 + i as f64 * ((1.0 / n as f64 - 1.0) / (n as f64 - 1.0))) as f32,
+            })
+            .collect();
+        let e = mu.exp() as f32;
+        let mut sigmas: Vec<f32> = raw.iter().map(|&t| e / (e + (1.0 / t - 1.0))).collect();
         let timesteps = sigmas.iter().map(|&s| s * 1000.0).collect();
         sigmas.push(0.0);
         Schedule { sigmas, timesteps }
@@ -109,6 +164,16 @@ fn linspace_like_torch(start: f32, end: f32, n: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn klein_schedules_match_the_spec() {
+        assert!((empirical_mu(4096, 4) - 2.291180).abs() < 1e-6);
+        assert!((empirical_mu(4096, 50) - 2.023351).abs() < 1e-6);
+        assert!((empirical_mu(4301, 4) - 1.184697).abs() < 1e-6);
+        let s = Schedule::exponential(4, empirical_mu(4096, 4));
+        let hex: Vec<u32> = s.sigmas.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(hex, vec![0x3f800000, 0x3f77a67b, 0x3f687c1f, 0x3f446737, 0]);
+    }
 
     #[test]
     fn turbo_eight_steps_match_the_reference_bits() {

@@ -39,6 +39,12 @@ pub fn chat_template(prompt: &str) -> String {
     format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
 }
 
+/// The prompt as FLUX.2 [klein] feeds it: thinking disabled, so Qwen3's template closes an
+/// empty think block after the generation prompt (klein-spec §2.1).
+pub fn chat_template_no_thinking(prompt: &str) -> String {
+    format!("{}<think>\n\n</think>\n\n", chat_template(prompt))
+}
+
 /// Tokenizer of a Z-Image model.
 pub struct PromptTokenizer {
     inner: Tokenizer,
@@ -125,6 +131,11 @@ impl PromptTokenizer {
             .map(|&id| id as u64)
     }
 
+    /// The id of one token of the vocabulary (a special token such as `<|endoftext|>`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// Ids of `text` as is (no template), without special-token additions.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>, Error> {
         let enc = self
@@ -138,14 +149,26 @@ impl PromptTokenizer {
     /// Only as much of a long prompt is tokenized as gives that many: a start of it that ends
     /// where the pre-tokenizer splits, read further only if it gave too few.
     pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>, Error> {
+        self.encode_templated(prompt, chat_template, MAX_SEQUENCE_LENGTH)
+    }
+
+    /// Ids of `prompt` in `template`, cut to `max_len` as the tokenizer's truncation does. Only
+    /// as much of a long prompt is tokenized as gives that many: a start of it that ends where
+    /// the pre-tokenizer splits, read further only if it gave too few.
+    pub fn encode_templated(
+        &self,
+        prompt: &str,
+        template: fn(&str) -> String,
+        max_len: usize,
+    ) -> Result<Vec<u32>, Error> {
         // The template's own tokens come on top of a cut prompt's.
-        let template = self.encode_raw(&chat_template(""))?.len();
+        let template_len = self.encode_raw(&template(""))?.len();
         let mut read = FIRST_READ_BYTES;
         loop {
             let head = split_prefix(prompt, read);
-            let mut ids = self.encode_raw(&chat_template(head))?;
-            if head.len() == prompt.len() || ids.len() >= MAX_SEQUENCE_LENGTH + template {
-                ids.truncate(MAX_SEQUENCE_LENGTH);
+            let mut ids = self.encode_raw(&template(head))?;
+            if head.len() == prompt.len() || ids.len() >= max_len + template_len {
+                ids.truncate(max_len);
                 return Ok(ids);
             }
             read = read.saturating_mul(4);

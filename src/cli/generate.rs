@@ -98,6 +98,11 @@ pub struct GenerateArgs {
     /// Skip LoRA keys that name no layer of the model instead of refusing the file.
     #[arg(long)]
     pub lora_lenient: bool,
+    /// A reference picture to edit from (FLUX.2 [klein] models; repeat for up to 4). Each is
+    /// scaled to at most 1024² pixels and centre-cropped to multiples of 16; without
+    /// `--width/--height` the output takes the first one's size.
+    #[arg(long = "ref", value_name = "FILE")]
+    pub references: Vec<PathBuf>,
     /// Start from this picture (PNG, JPEG or WebP) instead of noise: image-to-image, or with
     /// `--mask` inpainting. Without `--width/--height` the output takes its size, each side
     /// rounded down to a multiple of 16; another size is reached by a Lanczos-3 resize (close to,
@@ -418,6 +423,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     .collect();
     zimage::input_budget::check_files(&files, a.memory_limit.as_deref())?;
     job.input = read_input(&a)?;
+    job.references = (a.references.iter())
+        .map(|path| read_picture(path, "--ref"))
+        .collect::<anyhow::Result<_>>()?;
     job.control = read_control(store.as_deref(), &a)?;
     job.check()?;
     let (model, demo) = resolve_model(store.as_deref(), a.model.as_deref())?;

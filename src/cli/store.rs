@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zimage::controlnet_source::{recognise_file, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::family::Family;
 use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::generation_defaults::{GenerationDefaults, WithDefaults};
 use zimage::hub::{FetchOptions, HubEnv, HubRepo};
@@ -414,6 +415,10 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
         let loras = lora_note(&store, &m)
             .map(|n| format!("  + {n}"))
             .or_else(|| controlnet_note(&store, &m).map(|n| format!("  {n}")))
+            .or_else(|| {
+                let family = family_of(&store, &m).filter(|f| *f != Family::ZImage);
+                family.map(|f| format!("  {}", f.name()))
+            })
             .unwrap_or_default();
         println!(
             "{:<40} {:<14} {:>10}  {}{loras}",
@@ -562,6 +567,10 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     if let Some(note) = controlnet_note(&store, &model) {
         println!("kind        {note}");
     }
+    let family = family_of(&store, &model);
+    if let Some(f) = family {
+        println!("family      {}", f.name());
+    }
     for (_, r) in &loras {
         println!(
             "lora        {} ({} pairs, {}, hash {}), applied unfused",
@@ -571,7 +580,20 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             r.hash
         );
     }
-    println!("defaults    {}", describe_defaults(&defaults));
+    match (family, defaults.is_empty()) {
+        (Some(Family::Flux2Klein), true) => {
+            let source = zimage::loader::StoreSource::new(&store, &model);
+            if let Some((steps, guidance, distilled)) =
+                zimage::pipeline::klein::family_defaults(&source)
+            {
+                println!(
+                    "defaults    none recorded: {steps} steps, guidance {guidance} ({} model)",
+                    if distilled { "distilled" } else { "base" }
+                );
+            }
+        }
+        _ => println!("defaults    {}", describe_defaults(&defaults)),
+    }
     if let Some(r) = &runtime {
         println!(
             "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored",
@@ -610,6 +632,12 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     );
     print_config_origins(&configs);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The family of an image model (`None`: no `model_index.json`, or one zimage does not run).
+fn family_of(store: &Store, model: &store::StoredModel) -> Option<Family> {
+    let index = store.config_file(model, "model_index.json").ok()??;
+    Family::from_model_index(&index).ok()
 }
 
 /// The generation defaults a model records, in a line.

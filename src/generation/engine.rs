@@ -4,8 +4,10 @@
 use super::source::{ModelChoice, ModelKey, Source};
 use super::Error;
 use crate::controlnet_source::{self, ControlNetSource};
+use crate::family::Family;
 use crate::generation_defaults::GenerationDefaults;
 use crate::mlx::Dtype;
+use crate::pipeline::klein::KleinPipeline;
 use crate::pipeline::{ControlNetLoader, Pipeline};
 use crate::store::{Store, StoredModel};
 use std::path::PathBuf;
@@ -82,12 +84,21 @@ pub(super) struct Loaded {
     controlnet: Option<String>,
 }
 
+/// A loaded FLUX.2 [klein] model (its family's pipeline; no LoRAs or ControlNet).
+pub(super) struct LoadedKlein {
+    pub key: ModelKey,
+    pub pipeline: KleinPipeline<Source>,
+    pub defaults: GenerationDefaults,
+}
+
 /// Keeps one model loaded between jobs.
 pub struct Engine {
     dtype: Dtype,
     /// Keep the transformer and VAE between images (more memory, no reload).
     keep_models: bool,
     loaded: Option<Loaded>,
+    /// The loaded model when it is a FLUX.2 [klein] one (then `loaded` is `None`).
+    klein: Option<LoadedKlein>,
 }
 
 impl Engine {
@@ -97,6 +108,7 @@ impl Engine {
             dtype: dtype.unwrap_or_else(crate::platform::default_compute_dtype),
             keep_models,
             loaded: None,
+            klein: None,
         }
     }
 
@@ -106,19 +118,25 @@ impl Engine {
 
     /// The stored model loaded, if any.
     pub fn stored_model(&self) -> Option<&StoredModel> {
-        self.loaded
-            .as_ref()
-            .and_then(|l| l.pipeline.source().stored())
+        match &self.klein {
+            Some(k) => k.pipeline.source().stored(),
+            None => self
+                .loaded
+                .as_ref()
+                .and_then(|l| l.pipeline.source().stored()),
+        }
     }
 
     /// Whether the model `key` names is the one loaded.
     pub fn holds(&self, key: &ModelKey) -> bool {
         self.loaded.as_ref().is_some_and(|l| &l.key == key)
+            || self.klein.as_ref().is_some_and(|k| &k.key == key)
     }
 
     /// Lets go of the loaded model and returns its memory to the system.
     pub fn unload(&mut self) {
-        if self.loaded.take().is_some() {
+        let klein = self.klein.take().is_some();
+        if self.loaded.take().is_some() || klein {
             crate::mlx::memory::clear_cache();
             crate::platform::trim_freed_memory();
         }
@@ -133,6 +151,16 @@ impl Engine {
         self.unload();
         let source = Source::open(model)?;
         let key = source.key();
+        if crate::pipeline::family_of(&source)? == Family::Flux2Klein {
+            let defaults = GenerationDefaults::of(&source)?;
+            let pipeline = KleinPipeline::new(source, self.dtype)?;
+            self.klein = Some(LoadedKlein {
+                key,
+                pipeline,
+                defaults,
+            });
+            return Ok(true);
+        }
         let mut pipeline = Pipeline::new(source, self.dtype, self.keep_models)?;
         let defaults = GenerationDefaults::of(pipeline.source())?;
         if let Some(shift) = defaults.shift {
@@ -146,6 +174,11 @@ impl Engine {
             controlnet: None,
         });
         Ok(true)
+    }
+
+    /// The loaded model when it is a FLUX.2 [klein] one.
+    pub(super) fn klein(&mut self) -> Option<&mut LoadedKlein> {
+        self.klein.as_mut()
     }
 
     /// The loaded model; [`Engine::load`] first.

@@ -61,6 +61,9 @@ pub struct Job {
     pub residency: Option<Residency>,
     /// A second pass at a larger size (generate, upscale, refine).
     pub hires: Option<Hires>,
+    /// Pictures the model edits from (FLUX.2 [klein]'s references, in order); without a size
+    /// the output takes the first one's.
+    pub references: Vec<Picture>,
 }
 
 /// A decoded picture, with what the request called it (`--image \`a.png\``, `field \`image\``)
@@ -139,6 +142,7 @@ impl Job {
             memory_limit: None,
             residency: None,
             hires: None,
+            references: Vec::new(),
         }
     }
 

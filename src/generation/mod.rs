@@ -7,6 +7,7 @@
 mod engine;
 mod error;
 mod job;
+mod klein;
 pub mod masked_area;
 pub mod metadata;
 mod noise;

@@ -67,11 +67,11 @@ pub struct Outcome {
 }
 
 /// Forwards the pipeline's progress as the job's.
-struct Reporter<'a> {
+pub(super) struct Reporter<'a> {
     progress: &'a mut dyn FnMut(&Progress),
     started: Instant,
     images: usize,
-    image: usize,
+    pub(super) image: usize,
     phase: &'static str,
 }
 
@@ -92,7 +92,7 @@ impl Reporter<'_> {
         self.report(0, 0);
     }
 
-    fn pipeline(&mut self, p: pipeline::Progress) {
+    pub(super) fn pipeline(&mut self, p: pipeline::Progress) {
         match p {
             pipeline::Progress::Phase(name) => self.phase(name),
             pipeline::Progress::Step { index, total } => self.report(index, total),
@@ -127,6 +127,14 @@ pub fn run(
     reporter.phase("load");
     engine.load(&job.model)?;
     let dtype = engine.dtype();
+    if let Some(klein) = engine.klein() {
+        let load = reporter.started.elapsed();
+        return super::klein::run(job, klein, dtype, &mut reporter, cancel, load);
+    }
+    if !job.references.is_empty() {
+        let refused = crate::family::Family::ZImage.refuse(&[crate::family::Feature::References]);
+        refused.map_err(Error::Request)?;
+    }
     let loaded = engine.loaded();
     loaded.bind_loras(&job.loras, job.lora_lenient)?;
     if let Some(c) = &job.control {
@@ -311,15 +319,15 @@ pub fn run(
 /// How a batch's passes ended short: the seeds of the images skipped, and whether a stop
 /// that keeps the finished images ended it.
 #[derive(Default)]
-struct BatchEnds {
-    skipped: Vec<u64>,
-    stopped: bool,
+pub(super) struct BatchEnds {
+    pub(super) skipped: Vec<u64>,
+    pub(super) stopped: bool,
 }
 
 impl BatchEnds {
     /// A pass's output; `None` when a skip dropped the image (seed `seed`) or a stop that keeps
     /// the `finished` images made before ended the batch. Any other stop or error is the job's.
-    fn pass<T>(
+    pub(super) fn pass<T>(
         &mut self,
         result: Result<T, Error>,
         cancel: &Cancel,

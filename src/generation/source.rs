@@ -3,6 +3,7 @@
 
 use super::Error;
 use crate::diffusers_dir::DiffusersDir;
+use crate::family::Family;
 use crate::loader::{ReadPath, StoreSource};
 use crate::memory_plan::TensorSize;
 use crate::pipeline::{ComponentWeights, ModelSource, SourceError};
@@ -105,25 +106,19 @@ pub fn open_error(e: crate::store::StoreError) -> Error {
     }
 }
 
-/// Whether a stored model is one zimage generates with: a Z-Image pipeline. Text models (and
-/// other image pipelines) in the same store are refused by name.
+/// Whether a stored model is one zimage generates with: a pipeline of a family it runs (see
+/// [`crate::family`]). Text models (and other image pipelines) in the same store are refused by
+/// name.
 pub fn check_image_model(store: &Store, model: &StoredModel) -> Result<(), Error> {
     let name = model.name.short();
     let Some(index) = store.config_file(model, "model_index.json")? else {
         return Err(Error::Request(format!(
-            "model `{name}` is not an image model (it has no model_index.json); zimage serves Z-Image models only, so run text models with Ollama"
+            "model `{name}` is not an image model (it has no model_index.json); zimage runs Z-Image and FLUX.2 [klein] models only, so run text models with Ollama"
         )));
     };
-    let class = serde_json::from_slice::<serde_json::Value>(&index)
-        .ok()
-        .and_then(|j| j["_class_name"].as_str().map(str::to_string));
-    if class.as_deref() != Some("ZImagePipeline") {
-        return Err(Error::Request(format!(
-            "model `{name}` is a {} pipeline, not a Z-Image one; zimage generates with Z-Image models only",
-            class.as_deref().unwrap_or("unknown")
-        )));
-    }
-    Ok(())
+    Family::from_model_index(&index)
+        .map(|_| ())
+        .map_err(|e| Error::Request(format!("model `{name}`: {e}")))
 }
 
 fn check_directory(source: &DiffusersDir, dir: &Path) -> Result<(), Error> {
@@ -132,16 +127,9 @@ fn check_directory(source: &DiffusersDir, dir: &Path) -> Result<(), Error> {
         .config_file("model_index.json")
         .map_err(|e| Error::Request(format!("`{}`: {e}", path.display())))?
         .unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_slice(&index)
-        .map_err(|e| Error::Request(format!("`{}`: {e}", path.display())))?;
-    if json["_class_name"] != "ZImagePipeline" {
-        return Err(Error::Request(format!(
-            "`{}`: `_class_name` is {}, not \"ZImagePipeline\"",
-            path.display(),
-            json["_class_name"]
-        )));
-    }
-    Ok(())
+    Family::from_model_index(&index)
+        .map(|_| ())
+        .map_err(|e| Error::Request(format!("`{}`: {e}", dir.display())))
 }
 
 /// Each call goes to the source it is.

@@ -1,4 +1,5 @@
-//! The Z-Image model components on MLX.
+//! The model components on MLX: Z-Image's here, FLUX.2 [klein]'s own in [`flux2`] (which reuses
+//! Qwen3, the VAE blocks and the attention helpers below).
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
 //! - [`transformer`]: the S3-DiT that predicts the flow velocity (with [`rope`]);
@@ -13,6 +14,7 @@
 
 pub mod controlnet;
 pub mod controlnet_config;
+pub mod flux2;
 pub mod qwen3;
 pub mod rope;
 pub mod transformer;

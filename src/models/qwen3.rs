@@ -173,8 +173,8 @@ impl Attention {
         })
     }
 
-    /// `x`: [L, hidden] → [L, hidden].
-    fn forward(&self, x: &Array) -> mlx::Result<Array> {
+    /// `x`: [L, hidden] → [L, hidden], under `mask` (causal, or causal and padding).
+    fn forward(&self, x: &Array, mask: fast::Mask) -> mlx::Result<Array> {
         let l = x.dim(0);
         let d = self.head_dim;
         // 1. Project and split heads: [L, n·d] → [1, n, L, d], per-head RMS norm first.
@@ -194,7 +194,7 @@ impl Attention {
         let k = fast::rope(&k, d, false, Some(self.rope_theta), 1.0, 0, None)?;
         // 3. Causal attention; query head j reads kv head j / (heads / kv_heads).
         let scale = 1.0 / (d as f32).sqrt();
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::Causal)?;
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, self.heads * d])?;
         self.o_proj.forward(&o)
     }
@@ -230,8 +230,10 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        let x = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?)?)?;
+    fn forward(&self, x: &Array, mask: fast::Mask) -> mlx::Result<Array> {
+        let x = (x + self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, mask)?)?;
         &x + self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&x)?)?
@@ -252,9 +254,27 @@ impl Qwen3Encoder {
     /// Binds the checkpoint, with or without the `model.` prefix of a causal-LM save. The last
     /// layer, the final norm and any `lm_head` are not needed and may be absent.
     pub fn new(cfg: &Qwen3Config, ckpt: Checkpoint) -> Result<Qwen3Encoder, super::ModelError> {
+        Qwen3Encoder::with_layers(cfg, ckpt, cfg.layers_used())
+    }
+
+    /// The same, binding only the first `count` decoder layers (the later ones may be absent):
+    /// an encoder read at an intermediate layer never runs what follows it.
+    pub fn with_layers(
+        cfg: &Qwen3Config,
+        ckpt: Checkpoint,
+        count: i32,
+    ) -> Result<Qwen3Encoder, super::ModelError> {
         cfg.validate().map_err(super::ModelError::Config)?;
+        if !(1..=cfg.num_hidden_layers).contains(&count) {
+            return Err(super::ModelError::Config(format!(
+                "text encoder has {} layers; {count} are needed",
+                cfg.num_hidden_layers
+            )));
+        }
         let mut ckpt = ckpt.rename(|n| n.strip_prefix("model.").unwrap_or(n).to_string());
-        ckpt.allow_unused(&format!("layers.{}.", cfg.num_hidden_layers - 1));
+        for unused in count..cfg.num_hidden_layers {
+            ckpt.allow_unused(&format!("layers.{unused}."));
+        }
         ckpt.allow_unused("norm.");
         ckpt.allow_unused("lm_head.");
         let w = ckpt.root();
@@ -264,7 +284,7 @@ impl Qwen3Encoder {
             .pp("embed_tokens")
             .table("weight", &[cfg.vocab_size, cfg.hidden_size])?;
         let mut layers = Vec::new();
-        for i in 0..cfg.layers_used() {
+        for i in 0..count {
             let lw = w.pp("layers").pp(i);
             layers.push(DecoderLayer {
                 input_layernorm: RmsNorm::new(
@@ -295,13 +315,66 @@ impl Qwen3Encoder {
 
     /// `hidden_states[-2]` for the real tokens `ids`: `[L, hidden]`.
     pub fn encode(&self, ids: &[u32]) -> mlx::Result<Array> {
+        let x = self.embed(ids)?;
+        Ok(self.run(x, fast::Mask::Causal, &[])?.0)
+    }
+
+    /// The residual stream after each of the layer counts `outputs` (transformers'
+    /// `hidden_states[k]`: the output of `k` layers, no final norm), for `ids` right-padded with
+    /// `pad_id` to `length` rows. A row attends to the rows at or before it that are real
+    /// tokens, so a padding row reads the prompt only, as the padded reference run computes it
+    /// (klein-spec §2.2–2.3). Each output is `[length, hidden]`.
+    pub fn encode_padded(
+        &self,
+        ids: &[u32],
+        pad_id: u32,
+        length: usize,
+        outputs: &[usize],
+    ) -> mlx::Result<Vec<Array>> {
+        let real = ids.len().min(length);
+        let mut padded = ids[..real].to_vec();
+        padded.resize(length, pad_id);
+        let n = length as i32;
+        let mask: Vec<bool> = (0..length)
+            .flat_map(|q| (0..length).map(move |k| k <= q && k < real))
+            .collect();
+        let mask = Array::from_slice(&mask, &[1, 1, n, n])?;
+        let x = self.embed(&padded)?;
+        Ok(self.run(x, fast::Mask::Array(&mask), outputs)?.1)
+    }
+
+    fn embed(&self, ids: &[u32]) -> mlx::Result<Array> {
         let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let ids = Array::from_slice(&ids, &[ids.len() as i32])?;
-        let mut x = self.embed_tokens.rows(&ids)?.astype(self.dtype)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x)?;
-            super::transformer::after_block(self.release.as_ref(), &x, ("text_encoder.layers", i))?;
+        self.embed_tokens.rows(&ids)?.astype(self.dtype)
+    }
+
+    /// Runs the bound layers (stopping after the last of `outputs`, when given), keeping the
+    /// stream after each count in `outputs`.
+    fn run(
+        &self,
+        mut x: Array,
+        mask: fast::Mask,
+        outputs: &[usize],
+    ) -> mlx::Result<(Array, Vec<Array>)> {
+        let last = outputs.iter().max().copied().unwrap_or(self.layers.len());
+        if last > self.layers.len() {
+            return Err(mlx::Error::new(
+                "text encoder",
+                format!(
+                    "hidden state {last} asked of an encoder with {} layers bound",
+                    self.layers.len()
+                ),
+            ));
         }
-        Ok(x)
+        let mut kept = Vec::new();
+        for (i, layer) in self.layers[..last].iter().enumerate() {
+            x = layer.forward(&x, mask)?;
+            super::transformer::after_block(self.release.as_ref(), &x, ("text_encoder.layers", i))?;
+            if outputs.contains(&(i + 1)) {
+                kept.push(x.clone());
+            }
+        }
+        Ok((x, kept))
     }
 }

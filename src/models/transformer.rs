@@ -194,11 +194,25 @@ impl Attention {
     }
 }
 
+/// diffusers' `Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0)` of `s`, in f32:
+/// frequencies `exp(−ln(10000)·k/(dim/2))`, then `[cos | sin]` of `s·f_k`.
+pub(crate) fn sinusoid(s: f32, dim: i32) -> Vec<f32> {
+    let half = dim / 2;
+    let neg_ln = -(10000f64.ln() as f32);
+    let args: Vec<f32> = (0..half)
+        .map(|k| s * ((neg_ln * k as f32) / half as f32).exp())
+        .collect();
+    args.iter()
+        .map(|a| a.cos())
+        .chain(args.iter().map(|a| a.sin()))
+        .collect()
+}
+
 /// Unmasked attention of `[1, H, S, D]` inputs through MLX's attention. Where MLX fuses it
 /// (a GPU) in one call, which never writes the `[H, S, S]` scores; elsewhere in chunks of
 /// queries whose scores stay under [`crate::platform::ATTENTION_CHUNK_BYTES`], each evaluated
 /// before the next is built (left in one graph, MLX would compute them side by side).
-fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> mlx::Result<Array> {
+pub(crate) fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> mlx::Result<Array> {
     let (heads, s) = (q.dim(1) as u64, q.dim(2));
     let chunk = query_chunk(heads, s as u64);
     if crate::platform::attention_is_fused() || chunk >= s as u64 {
@@ -225,7 +239,7 @@ pub fn query_chunk(heads: u64, keys: u64) -> u64 {
 /// `x·cos + swap(x)·sin±` with `swap(x)` the pairs exchanged and `sin±` = `(−sin, sin)`, which
 /// rounds exactly as the pairwise form (a product of a narrow value by an f32 one widens it
 /// first; `a + (−b)` is `a − b`) in three f32 passes over `x` instead of a dozen.
-fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
+pub(crate) fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
     let dtype = x.dtype();
     let shape = x.shape();
     let (s, h, hd) = (shape[0], shape[1], shape[2]);
@@ -529,17 +543,7 @@ impl ZImageTransformer {
 
     /// The timestep conditioning `c` ([1, adaln_dim]) for `t_model` (0 at pure noise).
     pub(crate) fn t_embed(&self, t_model: f32) -> mlx::Result<Array> {
-        let s = t_model * self.config.t_scale;
-        let half = FREQUENCY_EMBEDDING_SIZE / 2;
-        let neg_ln = -(10000f64.ln() as f32);
-        let args: Vec<f32> = (0..half)
-            .map(|k| s * ((neg_ln * k as f32) / half as f32).exp())
-            .collect();
-        let emb: Vec<f32> = args
-            .iter()
-            .map(|a| a.cos())
-            .chain(args.iter().map(|a| a.sin()))
-            .collect();
+        let emb = sinusoid(t_model * self.config.t_scale, FREQUENCY_EMBEDDING_SIZE);
         let e = Array::from_slice(&emb, &[1, FREQUENCY_EMBEDDING_SIZE])?.astype(self.dtype)?;
         self.t_mlp2.forward(&self.t_mlp0.forward(&e)?.silu()?)
     }

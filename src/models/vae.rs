@@ -16,6 +16,8 @@ pub struct VaeConfig {
     pub latent_channels: i32,
     pub norm_num_groups: i32,
     pub out_channels: i32,
+    /// FLUX.2's VAE has none: its BatchNorm statistics normalise the latents instead.
+    #[serde(default = "one")]
     pub scaling_factor: f32,
     #[serde(default)]
     pub shift_factor: Option<f32>,
@@ -34,12 +36,18 @@ pub struct VaeConfig {
     /// The image size the VAE was trained at, in pixels: the default image size.
     #[serde(default)]
     pub sample_size: Option<u32>,
+    /// The eps of FLUX.2's latent BatchNorm (`bn.running_mean`/`running_var`).
+    #[serde(default)]
+    pub batch_norm_eps: Option<f32>,
 }
 
 /// The most up blocks a config may give: each doubles the image, and the scale factor
 /// `2^(blocks − 1)` must stay a small shift.
 const MAX_UP_BLOCKS: usize = 6;
 
+fn one() -> f32 {
+    1.0
+}
 fn yes() -> bool {
     true
 }
@@ -61,11 +69,6 @@ impl VaeConfig {
                 "VAE `act_fn` is `{}`; only `silu` is supported",
                 self.act_fn
             ));
-        }
-        if self.use_post_quant_conv {
-            return Err(
-                "VAE `use_post_quant_conv: true` is not supported (Z-Image's VAE has none)".into(),
-            );
         }
         if !(1..=MAX_UP_BLOCKS).contains(&self.block_out_channels.len()) {
             return Err(format!(
@@ -383,6 +386,8 @@ fn upsample_nearest_2x(x: &Array) -> mlx::Result<Array> {
 
 /// The decoder: scaled latents → image in [-1, 1], NHWC.
 pub struct VaeDecoder {
+    /// A 1×1 convolution before the decoder (FLUX.2's VAE; none in Z-Image's).
+    post_quant_conv: Option<Conv2d>,
     conv_in: Conv2d,
     mid: MidBlock,
     up_blocks: Vec<UpBlock>,
@@ -397,7 +402,16 @@ impl VaeDecoder {
         cfg.validate().map_err(super::ModelError::Config)?;
         ckpt.allow_unused("encoder.");
         ckpt.allow_unused("quant_conv.");
+        // FLUX.2's latent statistics: its pipeline reads them, the decoder does not.
+        ckpt.allow_unused("bn.");
         let dtype = ckpt.dtype();
+        let post_quant_conv = match cfg.use_post_quant_conv {
+            true => {
+                let c = cfg.latent_channels;
+                Some(Conv2d::new(&ckpt.root().pp("post_quant_conv"), c, c, 1)?)
+            }
+            false => None,
+        };
         let model = {
             let w = ckpt.root().pp("decoder");
             let g = cfg.norm_num_groups;
@@ -420,6 +434,7 @@ impl VaeDecoder {
             }
             let last = *chans.last().expect("validated non-empty");
             VaeDecoder {
+                post_quant_conv,
                 conv_in: Conv2d::new(&w.pp("conv_in"), cfg.latent_channels, top, 3)?,
                 mid: MidBlock::new(&mid, top, g, cfg.mid_block_add_attention)?,
                 up_blocks,
@@ -443,6 +458,10 @@ impl VaeDecoder {
         let z = (z / self.config.scaling_factor)?;
         let z = match self.config.shift_factor {
             Some(s) => (z + s)?,
+            None => z,
+        };
+        let z = match &self.post_quant_conv {
+            Some(conv) => conv.forward(&z)?,
             None => z,
         };
         let mut x = self.conv_in.forward(&z)?;

@@ -79,6 +79,7 @@ impl VaeEncoder {
         }
         ckpt.allow_unused("decoder.");
         ckpt.allow_unused("post_quant_conv.");
+        ckpt.allow_unused("bn.");
         if !cfg.use_quant_conv {
             ckpt.allow_unused("quant_conv.");
         }

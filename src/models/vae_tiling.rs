@@ -565,6 +565,7 @@ pub fn flux_vae_config() -> VaeConfig {
         shift_factor: Some(0.1159),
         mid_block_add_attention: true,
         use_post_quant_conv: false,
+        batch_norm_eps: None,
         use_quant_conv: false,
         in_channels: 3,
         act_fn: "silu".into(),

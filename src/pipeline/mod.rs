@@ -10,6 +10,7 @@
 pub mod condition;
 pub mod control;
 pub mod denoise;
+pub mod klein;
 mod sources;
 
 pub use condition::ImageInput;
@@ -92,6 +93,19 @@ pub enum Error {
         /// `NaN`, `+inf` or `-inf`.
         value: String,
     },
+}
+
+/// The family of the model `source` holds, from its `model_index.json`.
+pub fn family_of(source: &impl ModelSource) -> Result<crate::family::Family, Error> {
+    let index = read_config(source, "model_index.json")?.ok_or_else(|| Error::MissingConfig {
+        model: source.name(),
+        path: "model_index.json".into(),
+    })?;
+    crate::family::Family::from_model_index(&index).map_err(|reason| Error::BadConfig {
+        model: source.name(),
+        path: "model_index.json".into(),
+        reason,
+    })
 }
 
 /// Refuses a phase's result that holds a NaN or an infinity, naming the phase.
@@ -872,6 +886,16 @@ pub fn cfg_truncation_error(truncation: f64) -> Option<String> {
 /// What is wrong with these request values, if anything: one line naming the setting and its
 /// bounds. Steps, guidance, width and height are named as the command line's flags name them.
 pub fn request_range_error(steps: u64, guidance: f32, width: u32, height: u32) -> Option<String> {
+    request_range_error_in(steps, guidance, (width, height), 16)
+}
+
+/// The same for a model whose sides are multiples of `cell` pixels.
+pub fn request_range_error_in(
+    steps: u64,
+    guidance: f32,
+    (width, height): (u32, u32),
+    cell: u32,
+) -> Option<String> {
     let max_steps = crate::scheduler::MAX_STEPS as u64;
     if !(1..=max_steps).contains(&steps) {
         return Some(format!(
@@ -884,9 +908,9 @@ pub fn request_range_error(steps: u64, guidance: f32, width: u32, height: u32) -
         ));
     }
     for (flag, v) in [("--width", width), ("--height", height)] {
-        if !(16..=MAX_IMAGE_SIDE).contains(&v) || v % 16 != 0 {
+        if !(cell..=MAX_IMAGE_SIDE).contains(&v) || v % cell != 0 {
             return Some(format!(
-                "{flag} is {v}; widths and heights are multiples of 16 within 16..={MAX_IMAGE_SIDE}"
+                "{flag} is {v}; widths and heights are multiples of {cell} within {cell}..={MAX_IMAGE_SIDE}"
             ));
         }
     }

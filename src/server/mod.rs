@@ -680,6 +680,34 @@ pub async fn open_model(
     opened.map_err(|e| job_error(api, e.into()))
 }
 
+/// The family of `name` in this server's store (`None`: not there, or no image model): what
+/// a request's pictures mean depends on it.
+pub fn family(state: &AppState, name: &crate::store::ModelName) -> Option<crate::family::Family> {
+    let model = state.store.open(&name.to_string()).ok()?;
+    let index = state.store.config_file(&model, "model_index.json").ok()??;
+    crate::family::Family::from_model_index(&index).ok()
+}
+
+/// Reference pictures as a request carries them (`field` `[k]`, bytes), decoded under the
+/// input limits.
+pub fn decode_references(
+    api: Api,
+    field: &str,
+    pictures: &[Vec<u8>],
+) -> Result<Vec<crate::generation::Picture>, ApiError> {
+    (pictures.iter().enumerate())
+        .map(|(k, bytes)| {
+            let name = format!("{field}[{k}]");
+            let image = crate::image_in::decode(bytes, &format!("field `{field}`"), &name)
+                .map_err(|e| ApiError::bad_request(api, e.to_string()))?;
+            Ok(crate::generation::Picture {
+                image,
+                label: format!("field `{name}`"),
+            })
+        })
+        .collect()
+}
+
 /// `name` in this server's store, as a job's model.
 pub fn stored(state: &AppState, name: &crate::store::ModelName) -> crate::generation::ModelChoice {
     crate::generation::ModelChoice::Stored {

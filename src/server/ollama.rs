@@ -379,19 +379,43 @@ pub async fn generate(
     job.loras = super::request_loras(&state, API, body.loras.as_deref())?;
     let strength = request_strength(&body)?;
     let (image, control_image) = request_pictures(&body)?;
-    let pictures = crate::input_budget::Input::given(&[
+    // A FLUX.2 [klein] model edits from its `images`, every one a reference; for Z-Image the
+    // first is the picture image-to-image starts from.
+    let klein = super::family(&state, &name) == Some(crate::family::Family::Flux2Klein);
+    let references: Vec<Vec<u8>> = match klein {
+        true => (body.images.iter().flatten().enumerate())
+            .map(|(k, t)| super::base64_field(API, &format!("images[{k}]"), t))
+            .collect::<Result<_, _>>()?,
+        false => Vec::new(),
+    };
+    let image = image.filter(|_| !klein);
+    let names: Vec<String> = (0..references.len())
+        .map(|k| format!("images[{k}]"))
+        .collect();
+    let mut given = vec![
         ("field `images`", "images[0]", image.as_deref()),
         ("field", "control_image", control_image.as_deref()),
-    ]);
+    ];
+    given.extend(
+        names
+            .iter()
+            .zip(&references)
+            .map(|(n, b)| ("field `images`", n.as_str(), Some(b.as_slice()))),
+    );
+    let pictures = crate::input_budget::Input::given(&given);
     // Held until the answer is done: the pictures live that long.
     let reservation = super::admit_inputs(&state, API, &pictures, 1)?;
-    job.input = super::decoding(API, image.is_some(), move || {
-        image
-            .as_deref()
+    let has_pictures = image.is_some() || !references.is_empty();
+    let (input, references) = super::decoding(API, has_pictures, move || {
+        let references = super::decode_references(API, "images", &references)?;
+        let input = (image.as_deref())
             .map(|b| decode_input(b, strength))
-            .transpose()
+            .transpose()?;
+        Ok((input, references))
     })
     .await?;
+    job.input = input;
+    job.references = references;
     job.control = super::decode_control(&state, API, &body, control_image).await?;
     super::check_job(API, &job)?;
     open_model(&state, API, &name, true).await?;

@@ -114,6 +114,7 @@ pub async fn generate(
         name,
         body,
         None,
+        Vec::new(),
         control,
         Answer {
             route: "POST /v1/images/generations",
@@ -130,6 +131,7 @@ async fn run(
     name: crate::store::ModelName,
     body: ImagesBody,
     input: Option<PictureInput>,
+    references: Vec<crate::generation::Picture>,
     control: Option<ControlJob>,
     answer: Answer,
 ) -> Result<Response, ApiError> {
@@ -178,6 +180,7 @@ async fn run(
         // Each image of a request gets the next seed, so any one can be made again alone.
         count: n as u32,
         input,
+        references,
         control,
         loras: super::request_loras(&state, API, body.loras.as_deref())?,
         ..crate::generation::Job::new(super::stored(&state, &name), body.prompt.clone())
@@ -306,17 +309,38 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         );
     };
     super::check_strength(API, body.strength, true)?;
-    let pictures = crate::input_budget::Input::given(&[
+    // Without a mask, a FLUX.2 [klein] model edits from every picture given, as references.
+    let klein =
+        mask.is_none() && super::family(&state, &name) == Some(crate::family::Family::Flux2Klein);
+    let names: Vec<String> = (1..=extra_images.len())
+        .map(|k| format!("image[{k}]"))
+        .collect();
+    let mut given = vec![
         ("field", "image", Some(image.as_slice())),
         ("field", "mask", mask.as_deref()),
         ("field", "control_image", control_image.as_deref()),
-    ]);
+    ];
+    if klein {
+        let extra = names.iter().zip(&extra_images);
+        given.extend(extra.map(|(n, b)| ("field", n.as_str(), Some(b.as_slice()))));
+    }
+    let pictures = crate::input_budget::Input::given(&given);
     // Each image asked for carries the inputs; held until the answer is done.
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let strength = body.strength;
-    let input = super::decoding(API, true, move || {
-        decode_edit(&image, mask.as_deref(), strength)
+    let ignored = if klein { 0 } else { extra_images.len() };
+    let (input, references) = super::decoding(API, true, move || {
+        Ok(match klein {
+            true => {
+                let all: Vec<Vec<u8>> = std::iter::once(image).chain(extra_images).collect();
+                (None, super::decode_references(API, "image", &all)?)
+            }
+            false => (
+                Some(decode_edit(&image, mask.as_deref(), strength)?),
+                Vec::new(),
+            ),
+        })
     })
     .await?;
     let control = super::decode_control(&state, API, &body, control_image).await?;
@@ -324,12 +348,13 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         state,
         name,
         body,
-        Some(input),
+        input,
+        references,
         control,
         Answer {
             route: "POST /v1/images/edits",
             host,
-            ignored: extra_images,
+            ignored,
         },
     )
     .await
@@ -354,8 +379,9 @@ pub struct EditForm {
     pub body: ImagesBody,
     pub image: Option<Vec<u8>>,
     /// `image[]` files after the first: clients send several to newer models, which take them
-    /// as references; zimage edits the first and leaves these out (the answer says so).
-    pub extra_images: usize,
+    /// as references. A FLUX.2 [klein] model does, without a mask; otherwise zimage edits the
+    /// first and leaves these out (the answer says so).
+    pub extra_images: Vec<Vec<u8>>,
     pub mask: Option<Vec<u8>>,
     /// A file, or base64 text.
     pub control_image: Option<Vec<u8>>,
@@ -372,7 +398,7 @@ async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
     let mut out = EditForm {
         body: ImagesBody::default(),
         image: None,
-        extra_images: 0,
+        extra_images: Vec::new(),
         mask: None,
         control_image: None,
     };
@@ -395,7 +421,7 @@ async fn read_edit_form(mut form: Multipart) -> Result<EditForm, ApiError> {
                 };
                 let is_image = matches!(key.as_str(), "image" | "image[]");
                 if is_image && slot.is_some() {
-                    out.extra_images += 1;
+                    out.extra_images.push(bytes);
                     continue;
                 }
                 if slot.replace(bytes).is_some() {

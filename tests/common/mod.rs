@@ -162,3 +162,19 @@ pub mod browser;
 pub mod controlnet;
 pub mod hub;
 pub mod server;
+
+/// The share of equal bytes and the largest difference between two pictures' bytes.
+pub fn compare_pixels(ours: &[u8], theirs: &[u8]) -> (f64, u8) {
+    assert_eq!(ours.len(), theirs.len(), "the pictures differ in size");
+    let same = ours.iter().zip(theirs).filter(|(a, b)| a == b).count();
+    let worst = ours.iter().zip(theirs).map(|(a, b)| a.abs_diff(*b)).max();
+    (same as f64 / ours.len() as f64, worst.unwrap_or(0))
+}
+
+/// The picture a klein reference run made (`models/reference/klein-{case}.safetensors`).
+pub fn klein_reference_image(case: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("models/reference/klein-{case}.safetensors"));
+    let st = zimage::mlx::io::load_safetensors(&path).unwrap();
+    st.tensors["image"].to_vec::<u8>().unwrap()
+}

@@ -174,7 +174,11 @@ fn model_entry(store: &Store, model: &StoredModel) -> Value {
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         .and_then(|c| c["sample_size"].as_u64())
         .unwrap_or(1024);
-    let (steps, guidance, negative) = defaults.resolve(None, None, None);
+    let (mut steps, mut guidance, negative) = defaults.resolve(None, None, None);
+    // A FLUX.2 [klein] model's own defaults where the model records none.
+    if let Some((s, g, _)) = crate::pipeline::klein::family_defaults(&source) {
+        (steps, guidance) = (defaults.steps.unwrap_or(s), defaults.guidance.unwrap_or(g));
+    }
     json!({
         "name": model.name.to_string(),
         "short": model.name.short(),

@@ -1,0 +1,267 @@
+//! The runner's path for FLUX.2 [klein] models: the job's options the family takes, the
+//! model's defaults for what the job leaves unsaid, one image per seed, and the same PNG
+//! metadata as every other image. Options klein lacks are refused by name before any weights
+//! load.
+
+use super::engine::LoadedKlein;
+use super::metadata::{self, Provenance};
+use super::run::{BatchEnds, Image, Outcome, Reporter};
+use super::{Cancel, Error, Job};
+use crate::family::{Family, Feature};
+use crate::memory_plan::{MemoryEstimate, MemoryPlan};
+use crate::mlx::Dtype;
+use crate::models::Residency;
+use crate::pipeline::klein::{capped_size, Reference, MAX_REFERENCES};
+use crate::pipeline::{self, ModelSource, Request};
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+/// The request options a klein job uses that klein does not take, or that zimage does not
+/// run for klein yet, refused by their flags.
+fn refuse_unsupported(job: &Job) -> Result<(), Error> {
+    let mut used = Vec::new();
+    if job.control.is_some() {
+        used.push(Feature::ControlNet);
+    }
+    // A front end that sends every field (the page) sends the value that changes nothing.
+    if job
+        .cfg_truncation
+        .is_some_and(|t| t != pipeline::NO_TRUNCATION)
+    {
+        used.push(Feature::CfgTruncation);
+    }
+    if job.cfg_normalization == Some(true) {
+        used.push(Feature::CfgNormalization);
+    }
+    Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
+    let not_yet = [
+        ("--lora", !job.loras.is_empty()),
+        (
+            "--only-masked",
+            job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
+        ),
+        ("--hires", job.hires.is_some()),
+        ("--noise", job.noise.is_some()),
+        (
+            "--weights stored/streamed",
+            job.residency.is_some_and(|r| r != Residency::Compute),
+        ),
+    ];
+    match not_yet.iter().find(|(_, used)| *used) {
+        Some((flag, _)) => Err(Error::Request(format!(
+            "{flag} is not available for {} models yet",
+            Family::Flux2Klein.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The job's references prepared as klein reads them, each refusal naming its picture.
+fn references(job: &Job, klein: &LoadedKlein) -> Result<Vec<Reference>, Error> {
+    if job.references.len() > MAX_REFERENCES {
+        return Err(Error::Request(format!(
+            "{} reference pictures given; {} takes at most {MAX_REFERENCES}",
+            job.references.len(),
+            Family::Flux2Klein.name()
+        )));
+    }
+    let cell = klein.pipeline.cell();
+    (job.references.iter())
+        .map(|p| Reference::prepare(&p.image, cell, &p.label).map_err(Error::Request))
+        .collect()
+}
+
+/// The strength an image task runs at when the job names none (diffusers' klein inpainting
+/// default, for image-to-image too).
+const DEFAULT_STRENGTH: f64 = 0.8;
+
+/// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
+/// floored to whole tokens (klein-spec §9.1).
+fn picture_size(picture: &super::Picture, cell: u32) -> Result<(u32, u32), Error> {
+    let (w, h) = capped_size(picture.image.width(), picture.image.height());
+    crate::image_in::default_size(w, h, cell).ok_or_else(|| {
+        Error::Request(format!(
+            "{} is {w}×{h}; a picture needs at least {cell} pixels each way",
+            picture.label
+        ))
+    })
+}
+
+/// The picture an image task starts from, at the request's size (Lanczos-3), with its
+/// binarised mask.
+fn image_input(job: &Job, req: &Request) -> Option<pipeline::ImageInput> {
+    let i = job.input.as_ref()?;
+    let (w, h) = (req.width, req.height);
+    Some(pipeline::ImageInput {
+        rgb: crate::image_in::picture(&i.picture.image, w, h).into_raw(),
+        mask: i
+            .mask
+            .as_ref()
+            .map(|m| crate::image_in::mask(&m.image, w, h)),
+        strength: i.strength.unwrap_or(DEFAULT_STRENGTH),
+    })
+}
+
+/// The job's request: what it says, else the model's recorded defaults, else klein's own
+/// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4); the size, else the
+/// input picture's, else the first reference's, else the VAE's sample size.
+fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Result<Request, Error> {
+    let p = &klein.pipeline;
+    let (steps, guidance) = pipeline::klein::default_steps_and_guidance(p.configs.is_distilled);
+    let d = &klein.defaults;
+    let side = p.configs.vae.sample_size.unwrap_or(1024);
+    let (width, height) = match &job.input {
+        Some(i) => picture_size(&i.picture, p.cell())?,
+        None => references
+            .first()
+            .map_or((side, side), |r| (r.width, r.height)),
+    };
+    let mut req = Request {
+        prompt: job.prompt.clone(),
+        negative_prompt: job
+            .negative_prompt
+            .clone()
+            .or_else(|| d.negative_prompt.clone()),
+        width: job.width.unwrap_or(width),
+        height: job.height.unwrap_or(height),
+        steps: job.steps.or(d.steps).unwrap_or(steps),
+        guidance: job.guidance.or(d.guidance).unwrap_or(guidance),
+        cfg_normalization: false,
+        cfg_truncation: pipeline::NO_TRUNCATION,
+        seed: job.seed,
+        noise: None,
+        input: None,
+    };
+    req.input = image_input(job, &req);
+    Ok(req)
+}
+
+/// What klein's phases hold at most: each phase's weights in the compute dtype (activations
+/// are not estimated for klein yet).
+fn weights_plan(klein: &LoadedKlein, dtype: Dtype) -> Result<MemoryPlan, Error> {
+    let source = klein.pipeline.source();
+    let bytes = |component: &str| -> Result<u64, Error> {
+        let sizes = source
+            .tensor_sizes(component)
+            .map_err(|cause| pipeline::Error::Source {
+                model: source.name(),
+                cause,
+            })?;
+        Ok(sizes
+            .iter()
+            .map(|t| t.shape.iter().product::<u64>() * dtype.size_bytes() as u64)
+            .sum())
+    };
+    Ok(MemoryPlan {
+        residency: Residency::Compute,
+        tiling: None,
+        estimate: MemoryEstimate {
+            base: 0,
+            text: bytes("text_encoder")?,
+            encode: 0,
+            denoise: bytes("transformer")?,
+            decode: bytes("vae")?,
+        },
+        budget: crate::platform::physical_memory().unwrap_or(u64::MAX),
+        cache_limit: None,
+    })
+}
+
+/// Makes a klein job's images; the model is loaded.
+pub(super) fn run(
+    job: &Job,
+    klein: &mut LoadedKlein,
+    dtype: Dtype,
+    reporter: &mut Reporter,
+    cancel: &Cancel,
+    load: Duration,
+) -> Result<Outcome, Error> {
+    refuse_unsupported(job)?;
+    let references = references(job, klein)?;
+    let first = request(job, klein, &references)?;
+    klein.pipeline.validate(&first)?;
+    let plan = weights_plan(klein, dtype)?;
+    let p = &mut klein.pipeline;
+    let prompt_tokens = p.token_ids(&job.prompt)?.len();
+    let model_name = p.source().name();
+    let identity = p.source().identity();
+    let mu = crate::scheduler::empirical_mu(
+        {
+            let (h, w) = p.grid(&first);
+            (h * w) as usize
+        },
+        first.steps,
+    );
+    let mut out = Vec::with_capacity(job.count as usize);
+    let mut ends = BatchEnds::default();
+    for k in 0..job.count as usize {
+        let image = k + 1;
+        reporter.image = image;
+        let seed = job.seed.wrapping_add(k as u64);
+        let req = Request {
+            seed,
+            ..first.clone()
+        };
+        let generated = p
+            .generate_from(&req, &references, &mut |progress| {
+                reporter.pipeline(progress);
+                match cancel.stops_image() {
+                    true => ControlFlow::Break(()),
+                    false => ControlFlow::Continue(()),
+                }
+            })
+            .map_err(|e| match e {
+                pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
+                other => other.into(),
+            });
+        let Some(generated) = ends.pass(generated, cancel, seed, out.len())? else {
+            if ends.stopped {
+                break;
+            }
+            continue;
+        };
+        let from = Provenance {
+            model_name: &model_name,
+            identity: &identity,
+            dtype,
+            noise_file: None,
+            loras: &[],
+            // The exponential time shift by μ is the static shift e^μ.
+            shift: mu.exp() as f32,
+            only_masked: None,
+        };
+        let (infotext, json) = metadata::png_text_full(&req, &from, None, None);
+        let png = crate::image_out::encode_png(
+            &generated.rgb,
+            generated.width,
+            generated.height,
+            &[
+                (crate::image_out::PARAMETERS_KEY, &infotext),
+                (crate::image_out::ZIMAGE_KEY, &json),
+            ],
+        )
+        .map_err(Error::Png)?;
+        out.push(Image {
+            png,
+            width: generated.width,
+            height: generated.height,
+            seed,
+            steps: req.steps,
+            steps_run: req.steps - req.input.as_ref().map_or(0, |i| i.first_step(req.steps)),
+            prompt_tokens,
+            phases: generated.phases,
+            control_seconds: None,
+            infotext,
+        });
+    }
+    Ok(Outcome {
+        images: out,
+        skipped: ends.skipped,
+        stopped: ends.stopped,
+        plan,
+        load,
+        model_name,
+        loras: Vec::new(),
+        controlnet_weights: None,
+    })
+}

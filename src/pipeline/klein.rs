@@ -1,0 +1,645 @@
+//! Text → image with FLUX.2 [klein]: Qwen3's hidden states after layers 9, 18 and 27 over the
+//! padded prompt, the flow-match Euler schedule shifted by the empirical μ, denoising in
+//! BatchNorm-normalised token space (with classifier-free guidance on base models), then the
+//! BatchNorm un-normalise, unpatchify and the shared VAE decoder.
+//!
+//! Mirrors diffusers 0.42.1 `Flux2KleinPipeline.__call__` (klein-spec §2–8). The phases, their
+//! reports and the stop points are the Z-Image pipeline's; only the steps inside differ.
+
+use super::{
+    check_finite, measure, parse_config, read_config, release_freed_memory, Error, Generated,
+    ModelSource, Progress, Request,
+};
+use crate::mlx::{self, ops, Array, Dtype};
+use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
+use crate::models::{
+    self, Checkpoint, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder, VaeEncoder,
+};
+use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
+use crate::text::PromptTokenizer;
+use std::ops::ControlFlow;
+
+/// The text length the transformer reads: every prompt is padded (or cut) to it.
+pub const MAX_SEQUENCE_LENGTH: usize = 512;
+/// The token the tokenizer pads with.
+const PAD_TOKEN: &str = "<|endoftext|>";
+
+/// The steps and guidance a request that names none runs with: a distilled model's 4 steps
+/// without guidance (1 is off), a base model's 50 with guidance 4 (diffusers' defaults and the
+/// model cards').
+pub fn default_steps_and_guidance(is_distilled: bool) -> (usize, f32) {
+    match is_distilled {
+        true => (4, 1.0),
+        false => (50, 4.0),
+    }
+}
+
+/// The steps and guidance a klein model in `source` runs with when neither the request nor the
+/// model's recorded defaults name them, and whether it is distilled; `None` for a model of
+/// another family.
+pub fn family_defaults(source: &impl ModelSource) -> Option<(usize, f32, bool)> {
+    if super::family_of(source).ok()? != crate::family::Family::Flux2Klein {
+        return None;
+    }
+    let bytes = read_config(source, "model_index.json").ok()??;
+    let distilled = is_distilled(&serde_json::from_slice(&bytes).ok()?);
+    let (steps, guidance) = default_steps_and_guidance(distilled);
+    Some((steps, guidance, distilled))
+}
+
+/// Whether a `model_index.json` says the model is step-wise distilled (absent: a base model).
+pub fn is_distilled(model_index: &serde_json::Value) -> bool {
+    model_index["is_distilled"].as_bool().unwrap_or(false)
+}
+
+/// The most pixels a reference keeps: larger ones are scaled down to this area first.
+pub const MAX_REFERENCE_PIXELS: u64 = 1024 * 1024;
+/// The most reference pictures one request may give.
+pub const MAX_REFERENCES: usize = 4;
+
+/// A picture's size scaled, when above [`MAX_REFERENCE_PIXELS`], to that area (each side
+/// truncated, as diffusers computes it); else as it is.
+pub fn capped_size(w: u32, h: u32) -> (u32, u32) {
+    if w as u64 * h as u64 <= MAX_REFERENCE_PIXELS {
+        return (w, h);
+    }
+    let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
+    ((w as f64 * s) as u32, (h as f64 * s) as u32)
+}
+
+/// A reference picture as klein reads it: RGB bytes, sides multiples of the token cell.
+#[derive(Debug, Clone)]
+pub struct Reference {
+    pub rgb: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Reference {
+    /// `img` prepared as `Flux2KleinPipeline` prepares an `image` (klein-spec §4.1): at least
+    /// 64 pixels each way and an aspect ratio within 8; above 1024² pixels scaled (Lanczos-3) to
+    /// that area; then centre-cropped, not resized, to multiples of `cell`; alpha dropped.
+    pub fn prepare(img: &image::DynamicImage, cell: u32, label: &str) -> Result<Reference, String> {
+        let (w, h) = (img.width(), img.height());
+        if w < 64 || h < 64 {
+            return Err(format!(
+                "{label} is {w}×{h}; a reference needs at least 64 pixels each way"
+            ));
+        }
+        if w.max(h) > 8 * w.min(h) {
+            return Err(format!(
+                "{label} is {w}×{h}; a reference's longer side may be at most 8 times its shorter"
+            ));
+        }
+        let mut rgb = img.to_rgb8();
+        let (sw, sh) = capped_size(w, h);
+        if (sw, sh) != (w, h) {
+            rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
+        }
+        let (w, h) = rgb.dimensions();
+        let (cw, ch) = (w - w % cell, h - h % cell);
+        let (left, top) = ((w - cw) / 2, (h - ch) / 2);
+        let rgb = image::imageops::crop_imm(&rgb, left, top, cw, ch).to_image();
+        Ok(Reference {
+            rgb: rgb.into_raw(),
+            width: cw,
+            height: ch,
+        })
+    }
+}
+
+/// A klein model's configuration, read once from its json files.
+pub struct KleinConfigs {
+    pub text_encoder: Qwen3Config,
+    pub transformer: Flux2Config,
+    pub vae: VaeConfig,
+    pub scheduler: SchedulerConfig,
+    /// Step-wise distilled: guidance is ignored (`model_index.json` `is_distilled`).
+    pub is_distilled: bool,
+}
+
+/// A klein pipeline; the components load per phase.
+pub struct KleinPipeline<S: ModelSource> {
+    source: S,
+    pub configs: KleinConfigs,
+    tokenizer: PromptTokenizer,
+    pad_id: u32,
+    dtype: Dtype,
+}
+
+impl<S: ModelSource> KleinPipeline<S> {
+    /// Reads the configs and the tokenizer and checks that the components fit each other.
+    pub fn new(source: S, dtype: Dtype) -> Result<KleinPipeline<S>, Error> {
+        let index: serde_json::Value =
+            parse_config(&source, "model_index.json", |_: &serde_json::Value| Ok(()))?;
+        let configs = KleinConfigs {
+            text_encoder: parse_config(&source, "text_encoder/config.json", Qwen3Config::validate)?,
+            transformer: parse_config(&source, "transformer/config.json", Flux2Config::validate)?,
+            vae: parse_config(&source, "vae/config.json", VaeConfig::validate)?,
+            scheduler: parse_config(&source, "scheduler/scheduler_config.json", |s| {
+                SchedulerConfig::validate_dynamic(s)
+            })?,
+            is_distilled: is_distilled(&index),
+        };
+        let bad = |path: &str, reason: String| Error::BadConfig {
+            model: source.name(),
+            path: path.into(),
+            reason,
+        };
+        let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
+        let (t, e, v) = (&configs.transformer, &configs.text_encoder, &configs.vae);
+        for (key, ours, theirs, value) in [
+            (
+                "joint_attention_dim",
+                t.joint_attention_dim,
+                "3 × the text encoder's `hidden_size`",
+                3 * e.hidden_size,
+            ),
+            (
+                "in_channels",
+                t.in_channels,
+                "4 × the VAE's `latent_channels`",
+                4 * v.latent_channels,
+            ),
+        ] {
+            if ours != value {
+                return Err(bad(
+                    "transformer/config.json",
+                    format!("`{key}` {ours} differs from {theirs} {value}"),
+                ));
+            }
+        }
+        if e.num_hidden_layers < layers {
+            return Err(bad(
+                "text_encoder/config.json",
+                format!(
+                    "`num_hidden_layers` is {}; FLUX.2 [klein] reads the hidden state after layer {layers}",
+                    e.num_hidden_layers
+                ),
+            ));
+        }
+        if v.batch_norm_eps.is_none() {
+            return Err(bad(
+                "vae/config.json",
+                "has no `batch_norm_eps`: not a FLUX.2 VAE (AutoencoderKLFlux2)".into(),
+            ));
+        }
+        let tokenizer = PromptTokenizer::from_files(|name| {
+            read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
+        })?;
+        let pad_id = tokenizer.token_id(PAD_TOKEN).ok_or_else(|| {
+            bad(
+                "tokenizer",
+                format!("has no `{PAD_TOKEN}` token to pad prompts with"),
+            )
+        })?;
+        Ok(KleinPipeline {
+            source,
+            configs,
+            tokenizer,
+            pad_id,
+            dtype,
+        })
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
+        let weights = self
+            .source
+            .component(component)
+            .map_err(|e| Error::Source {
+                model: self.source.name(),
+                cause: e,
+            })?;
+        Ok(Checkpoint::new(component, weights.tensors, self.dtype)
+            .with_quantized(weights.quantized))
+    }
+
+    /// Qwen3 bound up to the deepest layer klein reads.
+    pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
+        let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
+        Ok(Qwen3Encoder::with_layers(
+            &self.configs.text_encoder,
+            self.checkpoint("text_encoder")?,
+            layers,
+        )?)
+    }
+
+    pub fn load_transformer(&self) -> Result<Flux2Transformer, Error> {
+        Ok(Flux2Transformer::new(
+            &self.configs.transformer,
+            self.checkpoint("transformer")?,
+        )?)
+    }
+
+    pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
+        Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    pub fn load_vae_encoder(&self) -> Result<VaeEncoder, Error> {
+        Ok(VaeEncoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the
+    /// compute dtype (the square root taken there, as the reference does with its buffers).
+    pub fn latent_statistics(&self) -> Result<(Array, Array), Error> {
+        let vae = self.source.component("vae").map_err(|e| Error::Source {
+            model: self.source.name(),
+            cause: e,
+        })?;
+        let c = self.configs.transformer.in_channels;
+        let get = |name: &str| -> Result<Array, Error> {
+            let t = vae.tensors.get(name).ok_or_else(|| Error::BadConfig {
+                model: self.source.name(),
+                path: "vae".into(),
+                reason: format!("has no `{name}`: not a FLUX.2 VAE"),
+            })?;
+            if t.shape() != [c] {
+                return Err(Error::BadConfig {
+                    model: self.source.name(),
+                    path: "vae".into(),
+                    reason: format!("`{name}` has shape {:?}; expected [{c}]", t.shape()),
+                });
+            }
+            Ok(t.astype(self.dtype)?)
+        };
+        let eps = self.configs.vae.batch_norm_eps.expect("checked when read");
+        let std = (get("bn.running_var")? + eps)?.sqrt()?;
+        Ok((get("bn.running_mean")?, std))
+    }
+
+    /// Token ids of the templated prompt, cut to the text length.
+    pub fn token_ids(&self, prompt: &str) -> Result<Vec<u32>, Error> {
+        Ok(self.tokenizer.encode_templated(
+            prompt,
+            crate::text::chat_template_no_thinking,
+            MAX_SEQUENCE_LENGTH,
+        )?)
+    }
+
+    /// `[h9 | h18 | h27]` per row of the padded prompt: `[512, 3·hidden]`.
+    pub fn prompt_embeds(&self, encoder: &Qwen3Encoder, prompt: &str) -> Result<Array, Error> {
+        let ids = self.token_ids(prompt)?;
+        let states =
+            encoder.encode_padded(&ids, self.pad_id, MAX_SEQUENCE_LENGTH, &flux2::TEXT_LAYERS)?;
+        Ok(ops::concatenate(&states.iter().collect::<Vec<_>>(), 1)?)
+    }
+
+    /// Pixels per token along each side: the VAE's scale times the 2×2 packing.
+    pub fn cell(&self) -> u32 {
+        2 * self.configs.vae.scale_factor() as u32
+    }
+
+    /// The token grid `(h, w)` of an output size.
+    pub fn grid(&self, req: &Request) -> (i32, i32) {
+        let cell = self.cell();
+        ((req.height / cell) as i32, (req.width / cell) as i32)
+    }
+
+    /// Whether classifier-free guidance runs: above 1, on a base model.
+    pub fn guided(&self, req: &Request) -> bool {
+        req.guidance > 1.0 && !self.configs.is_distilled
+    }
+
+    /// Checks a request against the model, before any weights load.
+    pub fn validate(&self, req: &Request) -> Result<(), Error> {
+        let cell = self.cell();
+        let size = (req.width, req.height);
+        if let Some(e) = super::request_range_error_in(req.steps as u64, req.guidance, size, cell) {
+            return Err(Error::Request(e));
+        }
+        let mut used = Vec::new();
+        if req.cfg_truncation != super::NO_TRUNCATION {
+            used.push(crate::family::Feature::CfgTruncation);
+        }
+        if req.cfg_normalization {
+            used.push(crate::family::Feature::CfgNormalization);
+        }
+        crate::family::Family::Flux2Klein
+            .refuse(&used)
+            .map_err(Error::Request)?;
+        if let Some(input) = &req.input {
+            input.check(req.width, req.height).map_err(Error::Request)?;
+            if let Some(e) = super::condition::no_step_error(req.steps, input.strength) {
+                return Err(Error::Request(e));
+            }
+        }
+        if let Some(noise) = &req.noise {
+            let (h, w) = self.grid(req);
+            let expected = (self.configs.transformer.in_channels * h * w) as usize;
+            if noise.len() != expected {
+                return Err(Error::Request(format!(
+                    "noise has {} values, {}×{} needs {expected}",
+                    noise.len(),
+                    req.width,
+                    req.height
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the whole pipeline for one image, stopping at the next phase or step boundary when
+    /// `progress` answers `Break`.
+    pub fn generate(
+        &mut self,
+        req: &Request,
+        progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    ) -> Result<Generated, Error> {
+        self.generate_from(req, &[], progress)
+    }
+
+    /// The same, editing from `references` (0 to [`MAX_REFERENCES`] pictures, prepared with
+    /// [`Reference::prepare`]): their tokens join every step's input, clean, at positions
+    /// `(10 + 10k, i, j, 0)` (klein-spec §4).
+    pub fn generate_from(
+        &mut self,
+        req: &Request,
+        references: &[Reference],
+        progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    ) -> Result<Generated, Error> {
+        self.validate(req)?;
+        if references.len() > MAX_REFERENCES {
+            return Err(Error::Request(format!(
+                "{} reference pictures given; FLUX.2 [klein] takes at most {MAX_REFERENCES}",
+                references.len()
+            )));
+        }
+        let mut phases = Vec::new();
+        let stopped = |step: usize| Error::Stopped {
+            step,
+            total: req.steps,
+        };
+        let guided = self.guided(req);
+
+        // 1. Text: the prompt (and the negative one) over all padded rows.
+        if progress(Progress::Phase("text")).is_break() {
+            return Err(stopped(0));
+        }
+        let (prompt, negative) = measure(&mut phases, "text", || {
+            let encoder = self.load_text_encoder()?;
+            let pos = self.prompt_embeds(&encoder, &req.prompt)?;
+            let neg = match guided {
+                true => {
+                    let text = req.negative_prompt.as_deref().unwrap_or("");
+                    Some(self.prompt_embeds(&encoder, text)?)
+                }
+                false => None,
+            };
+            let mut outs = vec![&pos];
+            outs.extend(neg.as_ref());
+            mlx::eval(&outs)?;
+            Ok::<_, Error>((pos, neg))
+        })?;
+        release_freed_memory();
+
+        // 2. Encode the picture an image task starts from (itself the first reference) and the
+        //    references, then release the encoder.
+        let (h, w) = self.grid(req);
+        let mut ref_grids = Vec::new();
+        let mut image = None;
+        let ref_tokens = match (references.is_empty(), &req.input) {
+            (true, None) => None,
+            _ => {
+                if progress(Progress::Phase("encode")).is_break() {
+                    return Err(stopped(0));
+                }
+                let tokens = measure(&mut phases, "encode", || {
+                    let encoder = self.load_vae_encoder()?;
+                    let mut parts = Vec::new();
+                    if let Some(input) = &req.input {
+                        let (x0, mask) =
+                            self.image_condition(&encoder, input, (req.width, req.height))?;
+                        ref_grids.push((h, w));
+                        parts.push(x0.clone());
+                        image = Some((x0, mask, input.first_step(req.steps)));
+                    }
+                    if !references.is_empty() {
+                        let (tokens, grids) = self.reference_tokens(&encoder, references)?;
+                        ref_grids.extend(grids);
+                        parts.push(tokens);
+                    }
+                    let tokens = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
+                    tokens.eval()?;
+                    Ok::<_, Error>(tokens)
+                })?;
+                release_freed_memory();
+                Some(tokens)
+            }
+        };
+
+        // 3. Denoise in normalised token space.
+        if progress(Progress::Phase("denoise")).is_break() {
+            return Err(stopped(0));
+        }
+        let c = self.configs.transformer.in_channels;
+        let latents = measure(&mut phases, "denoise", || {
+            let transformer = self.load_transformer()?;
+            let noise = match &req.noise {
+                Some(n) => n.clone(),
+                None => crate::torch_rng::Generator::new(req.seed)
+                    .randn((c * h * w) as usize)
+                    .map_err(Error::Request)?,
+            };
+            let noise = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
+            let schedule =
+                Schedule::exponential(req.steps, empirical_mu((h * w) as usize, req.steps));
+            // An image task starts part-way, from the picture noised to that step's level.
+            let first = image.as_ref().map_or(0, |(_, _, first)| *first);
+            let mut x = match &image {
+                Some((x0, _, _)) => noised(x0, &noise, schedule.sigmas[first])?,
+                None => noise.clone(),
+            };
+            let inpaint = image
+                .as_ref()
+                .filter(|_| req.input.as_ref().is_some_and(|i| i.mask.is_some()));
+            let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &ref_grids);
+            let cfg = &self.configs.transformer;
+            let rope = flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
+            for i in first..schedule.steps() {
+                let t = schedule.timesteps[i];
+                let tokens = match &ref_tokens {
+                    Some(r) => ops::concatenate(&[&x, &r.astype(x.dtype())?], 0)?,
+                    None => x.clone(),
+                };
+                // Only the output rows are the velocity; the reference rows are context.
+                let velocity = |text: &Array| {
+                    transformer
+                        .forward(&tokens, t, text, &rope)?
+                        .slice_axis(0, 0, h * w)
+                };
+                let mut v = velocity(&prompt)?;
+                if let Some(neg) = &negative {
+                    let v_neg = velocity(neg)?;
+                    v = (&v_neg + ((&v - &v_neg)? * req.guidance)?)?;
+                }
+                x = euler_step(&x, &v, schedule.dt(i))?;
+                // Inpainting keeps the unmasked part: the picture at the next step's noise
+                // level (clean after the last step) where the mask is 0.
+                if let Some((x0, mask, _)) = inpaint {
+                    let kept = match i + 1 < schedule.steps() {
+                        true => noised(x0, &noise, schedule.sigmas[i + 1])?,
+                        false => x0.clone(),
+                    };
+                    let mask = mask.astype(x.dtype())?;
+                    x = ((((&mask * -1.0)? + 1.0)? * kept)? + (&mask * &x)?)?;
+                }
+                x.eval()?;
+                if progress(Progress::Step {
+                    index: i,
+                    total: schedule.steps(),
+                })
+                .is_break()
+                {
+                    return Err(stopped(i + 1));
+                }
+            }
+            Ok::<_, Error>(x)
+        })?;
+        check_finite(&latents, "denoise", "latents")?;
+        drop(prompt);
+        drop(negative);
+        drop(ref_tokens);
+        release_freed_memory();
+
+        // 4. Un-normalise, unpatchify, decode and quantise.
+        if progress(Progress::Phase("decode")).is_break() {
+            return Err(stopped(req.steps));
+        }
+        let rgb = measure(&mut phases, "decode", || {
+            let vae = self.load_vae()?;
+            let z = self.vae_latents(&latents, (h, w))?;
+            let image = vae.decode(&z)?;
+            check_finite(&image, "decode", "pixels")?;
+            Ok::<_, Error>(models::vae::to_rgb8(&image)?)
+        })?;
+        release_freed_memory();
+        Ok(Generated {
+            rgb,
+            width: req.width,
+            height: req.height,
+            phases,
+            latents,
+            control_seconds: None,
+        })
+    }
+
+    /// The references as the transformer reads them: each encoded (the VAE's mean), patchified,
+    /// normalised and packed, concatenated `[ΣN_k, 4C]`, with each one's token grid.
+    pub fn reference_tokens(
+        &self,
+        encoder: &VaeEncoder,
+        references: &[Reference],
+    ) -> Result<(Array, Vec<(i32, i32)>), Error> {
+        let (mean, std) = self.latent_statistics()?;
+        let c4 = mean.dim(0);
+        let (mean, std) = (mean.reshape(&[c4, 1, 1])?, std.reshape(&[c4, 1, 1])?);
+        let mut tokens = Vec::new();
+        let mut grids = Vec::new();
+        for r in references {
+            let p = self.normalised_latents(encoder, &r.rgb, (r.width, r.height), (&mean, &std))?;
+            grids.push((p.dim(1), p.dim(2)));
+            tokens.push(pack(&p)?);
+        }
+        let refs: Vec<&Array> = tokens.iter().collect();
+        Ok((ops::concatenate(&refs, 0)?, grids))
+    }
+
+    /// A picture's latents in the denoiser's space: the encoder's mean, patchified and
+    /// normalised by the BatchNorm statistics `(mean, std)` (each `[4C, 1, 1]`): `[4C, h, w]`.
+    fn normalised_latents(
+        &self,
+        encoder: &VaeEncoder,
+        rgb: &[u8],
+        (width, height): (u32, u32),
+        (mean, std): (&Array, &Array),
+    ) -> Result<Array, Error> {
+        let x = models::vae_encoder::image_to_array(rgb, width, height)?;
+        let moments = encoder.moments(&x)?;
+        let z = models::vae_encoder::LatentDistribution::from_moments(&moments)?.mode()?;
+        Ok(((patchify(&z)?.astype(self.dtype)? - mean)? / std)?)
+    }
+
+    /// What an image task starts from, conditions on and keeps: the picture's packed latents
+    /// `x0` `[N, 4C]`, which are also its first reference, and the token mask `[N, 1]` (1
+    /// repaints; from the mean of each cell's centre 2×2 pixels, as diffusers' bilinear
+    /// downsampling reads it; all 1 without a mask) (klein-spec §9).
+    pub fn image_condition(
+        &self,
+        encoder: &VaeEncoder,
+        input: &super::ImageInput,
+        size: (u32, u32),
+    ) -> Result<(Array, Array), Error> {
+        let (mean, std) = self.latent_statistics()?;
+        let c4 = mean.dim(0);
+        let stats = (&mean.reshape(&[c4, 1, 1])?, &std.reshape(&[c4, 1, 1])?);
+        let x0 = pack(&self.normalised_latents(encoder, &input.rgb, size, stats)?)?;
+        let mask = token_mask(input.mask.as_deref(), size, self.cell());
+        let n = mask.len() as i32;
+        Ok((x0, Array::from_slice(&mask, &[n, 1])?))
+    }
+
+    /// Packed normalised latents `[N, 4C]` → the VAE's `[C, 2h, 2w]` (f32): the BatchNorm
+    /// statistics undone in the latents' dtype, then the 2×2 patches unpacked (klein-spec §8.1).
+    pub fn vae_latents(&self, latents: &Array, (h, w): (i32, i32)) -> Result<Array, Error> {
+        let (mean, std) = self.latent_statistics()?;
+        let c4 = latents.dim(1);
+        let p = ((latents * std.astype(latents.dtype())?)? + mean.astype(latents.dtype())?)?;
+        let c = c4 / 4;
+        // Row n = i·w + j, feature c·4 + 2·dy + dx → [c, 2i + dy, 2j + dx].
+        let z = p
+            .reshape(&[h, w, c, 2, 2])?
+            .transpose(&[2, 0, 3, 1, 4])?
+            .reshape(&[c, 2 * h, 2 * w])?;
+        Ok(z.astype(Dtype::F32)?)
+    }
+}
+
+/// VAE latents `[C, 2h, 2w]` → token space `[4C, h, w]`, channel `c·4 + 2·dy + dx` holding
+/// `[c, 2i + dy, 2j + dx]` (klein-spec §3.4).
+pub fn patchify(z: &Array) -> mlx::Result<Array> {
+    let s = z.shape();
+    let (c, h, w) = (s[0], s[1] / 2, s[2] / 2);
+    z.reshape(&[c, h, 2, w, 2])?
+        .transpose(&[0, 2, 4, 1, 3])?
+        .reshape(&[4 * c, h, w])
+}
+
+/// `[C, h, w]` → `[h·w, C]`, token `n = i·w + j`.
+pub fn pack(x: &Array) -> mlx::Result<Array> {
+    let s = x.shape();
+    x.reshape(&[s[0], s[1] * s[2]])?.transpose(&[1, 0])
+}
+
+/// `σ·noise + (1 − σ)·x0`: the picture at noise level σ, as the scheduler's `scale_noise`.
+fn noised(x0: &Array, noise: &Array, sigma: f32) -> mlx::Result<Array> {
+    (noise * sigma)? + (x0 * (1.0 - sigma))?
+}
+
+/// The token mask of a `width × height` pixel mask (1 repaints), `cell` pixels a token: the
+/// mean of each cell's centre 2×2 pixels; all 1 without a mask.
+pub fn token_mask(mask: Option<&[u8]>, (width, height): (u32, u32), cell: u32) -> Vec<f32> {
+    let (h, w) = (height / cell, width / cell);
+    let Some(mask) = mask else {
+        return vec![1.0; (h * w) as usize];
+    };
+    let c = cell / 2 - 1;
+    let at = |y: u32, x: u32| mask[(y * width + x) as usize] as f32;
+    (0..h)
+        .flat_map(|i| (0..w).map(move |j| (i * cell + c, j * cell + c)))
+        .map(|(y, x)| (at(y, x) + at(y, x + 1) + at(y + 1, x) + at(y + 1, x + 1)) / 4.0)
+        .collect()
+}
+
+/// `x + dt·v` as the scheduler computes it: `dt·v` in v's dtype, the sum in f32, the result in
+/// v's dtype (klein-spec §6.5; in f32 simply the Euler step).
+pub fn euler_step(x: &Array, v: &Array, dt: f32) -> mlx::Result<Array> {
+    (x.astype(Dtype::F32)? + (v * dt)?.astype(Dtype::F32)?)?.astype(v.dtype())
+}
