@@ -556,7 +556,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     println!("defaults    {}", describe_defaults(&defaults));
     if let Some(r) = &runtime {
         println!(
-            "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored; runs within {4} at least",
+            "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored; the smallest budget that runs it: {4}",
             r.side,
             r.dtype,
             memory_plan::gb(r.compute.peak()),
