@@ -596,8 +596,9 @@ size_t mlxs_device_memory(void) {
   if (mlxs_gpu_available() == 0) return 0;
   try {
     const auto& info = mx::device_info(mx::Device::gpu);
-    // Metal's recommended working set first: what the GPU may hold without the system paging.
-    for (const char* key : {"max_recommended_working_set_size", "total_memory", "memory_size"}) {
+    // Metal's recommended working set first: what the GPU may hold without the system paging;
+    // then a CUDA device's free memory (what other processes left), its total where MLX has none.
+    for (const char* key : {"max_recommended_working_set_size", "free_memory", "total_memory", "memory_size"}) {
       auto found = info.find(key);
       if (found != info.end() && std::holds_alternative<size_t>(found->second)) {
         return std::get<size_t>(found->second);

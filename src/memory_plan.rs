@@ -5,7 +5,7 @@
 //! and what the process held before loading anything (measured, not guessed).
 //!
 //! - text: the text encoder's layers but the last, the embedding table as stored, activations
-//!   over the prompt's tokens;
+//!   over the prompt's tokens; at least what its load holds (every tensor as stored);
 //! - denoise: the transformer (and a ControlNet's blocks), one block's activations over image +
 //!   caption tokens (attention scores in head chunks of at most 256 MiB), the caption features,
 //!   and a ControlNet's hints for one step;
@@ -19,6 +19,7 @@
 //! Weights are counted from the tensor sizes of the stored model, so the same figures serve
 //! `generate`'s preflight and `show`.
 
+use crate::mlx::Device;
 use crate::models::vae_tiling::{self as tiling, Tiling};
 use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
 use crate::platform::Graph;
@@ -69,6 +70,9 @@ pub struct RequestShape {
     pub encodes: bool,
     /// The form the model graph takes: the GPU's holds other transients than the CPU's.
     pub graph: Graph,
+    /// The device MLX computes on: a GPU fuses attention and widens weights in one kernel,
+    /// where MLX's CPU backend composes both from steps that hold more.
+    pub device: Device,
 }
 
 /// Peak bytes of each phase (weights and activations), and what the process holds besides.
@@ -102,6 +106,9 @@ pub struct MemoryPlan {
     pub tiling: Option<Tiling>,
     pub estimate: MemoryEstimate,
     pub budget: u64,
+    /// Where the budget came from: ` (--memory-limit 4GB)`, ` (Metal's recommended working
+    /// set)`…
+    pub budget_source: String,
     /// The most freed buffers MLX may keep for reuse within a phase, on the GPU graph (`None`:
     /// MLX's own limit, on the CPU graph, whose phases free their memory to the system).
     pub cache_limit: Option<u64>,
@@ -110,13 +117,16 @@ pub struct MemoryPlan {
 /// The request cannot fit the budget in any mode.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "this request needs about {} of memory (text {}, encode {}, denoise {}, decode {}, process {}), \
+    "this request needs at least {} of memory (text {}, encode {}, denoise {}, decode {}, process {}), \
      more than the budget of {}{}. {} Set a larger budget with --memory-limit or ZIMAGE_MEMORY_LIMIT \
      if the machine really has more free",
-    gb(estimate.peak()), gb(estimate.text), gb(estimate.encode), gb(estimate.denoise), gb(estimate.decode),
+    gb(*needs), gb(estimate.text), gb(estimate.encode), gb(estimate.denoise), gb(estimate.decode),
     gb(estimate.base), gb(*budget), budget_source, advice
 )]
 pub struct DoesNotFit {
+    /// The smallest budget under which the request runs, in its leanest mode.
+    pub needs: u64,
+    /// The leanest mode's estimate at that budget.
     pub estimate: MemoryEstimate,
     pub budget: u64,
     pub budget_source: String,
@@ -256,24 +266,26 @@ fn cast_source(tensors: &[TensorSize], residency: Residency, compute_bytes: u64)
 }
 
 /// The GPU graph's widened copy of one quantized layer, for products over `rows` rows
-/// ([`crate::platform::widens_quantized_for`]): the largest packed linear weight in the compute
-/// dtype, or nothing when no weight is packed or the rows are few.
-fn widened_layer(tensors: &[TensorSize], rows: u64, compute_bytes: u64) -> u64 {
-    if rows < crate::platform::WIDEN_QUANTIZED_ROWS as u64 {
+/// ([`crate::platform::widens_quantized`]): the largest packed linear weight in the compute
+/// dtype with what MLX holds while widening it, or nothing when no weight is packed or the rows
+/// are few. One layer only: each widened product is evaluated before the next is made.
+fn widened_layer(tensors: &[TensorSize], req: &RequestShape, rows: u64) -> u64 {
+    if !crate::platform::widens_quantized(req.graph, rows) {
         return 0;
     }
+    let per_value = crate::platform::widening_bytes_per_value(req.device, req.compute_bytes);
     (tensors.iter())
         .filter(|t| t.packed && t.shape.len() == 2)
-        .map(|t| t.numel().saturating_mul(compute_bytes))
+        .map(|t| t.numel().saturating_mul(per_value))
         .max()
         .unwrap_or(0)
 }
 
 /// Whether the decode's convolutions run as the CPU's matrix products, which keep each
 /// convolution's weight in matrix form beside it: the CPU graph, and any graph on the CPU
-/// ([`crate::platform::convolutions_as_matmuls`]).
+/// ([`crate::platform::convolutions_as_matmuls_on`]).
 fn uses_conv_matrices(req: &RequestShape) -> bool {
-    req.graph == Graph::Cpu || crate::platform::convolutions_as_matmuls()
+    req.graph == Graph::Cpu || crate::platform::convolutions_as_matmuls_on(req.device)
 }
 
 /// Whether the text encoder path binds `name` (all layers but the last; no final norm, no head).
@@ -310,11 +322,12 @@ impl ModelSizes<'_> {
                 self.text_weights(residency, cb),
                 self.text_activations(req),
                 match gpu {
-                    true => widened_layer(self.text_encoder, req.prompt_tokens as u64, cb)
+                    true => widened_layer(self.text_encoder, req, req.prompt_tokens as u64)
                         .max(cast_source(self.text_encoder, residency, cb)),
                     false => widen_scratch(self.text_encoder, residency, cb),
                 },
-            ]),
+            ])
+            .max(self.text_load(residency, cb)),
             denoise: sum(&[
                 self.denoise_weights(residency, cb),
                 match gpu {
@@ -322,7 +335,7 @@ impl ModelSizes<'_> {
                     false => self.denoise_activations(req),
                 },
                 match gpu {
-                    true => widened_layer(self.transformer, self.sequence(req), cb),
+                    true => widened_layer(self.transformer, req, self.sequence(req)),
                     false => widen_scratch(self.transformer, residency, cb),
                 },
                 self.control_hints(req),
@@ -349,6 +362,20 @@ impl ModelSizes<'_> {
             residency,
             compute_bytes,
         )
+    }
+
+    /// What loading the text encoder holds before the model lets go of the parts it never runs
+    /// (its last layer, final norm and head): every tensor as stored, unless streamed.
+    fn text_load(&self, residency: Residency, compute_bytes: u64) -> u64 {
+        match residency {
+            Residency::Streamed => 0,
+            _ => weight_bytes(
+                self.text_encoder,
+                |_| true,
+                Residency::Stored,
+                compute_bytes,
+            ),
+        }
     }
 
     /// The transformer's weights and a ControlNet's, as they will be held.
@@ -422,7 +449,7 @@ impl ModelSizes<'_> {
         let ffn = (c.dim as f64 / 3.0 * 8.0) as u64;
         let heads = c.n_heads as u64;
         let cb = req.compute_bytes;
-        let scores = match crate::platform::attention_is_fused() {
+        let scores = match crate::platform::attention_is_fused_on(req.device) {
             true => 0,
             false => {
                 let rows = crate::models::transformer::query_chunk(heads, s).min(s);
@@ -508,12 +535,57 @@ impl ModelSizes<'_> {
         base: u64,
         streaming: bool,
     ) -> Result<MemoryPlan, DoesNotFit> {
-        let fits = |e: &MemoryEstimate| e.peak() <= budget;
-        let mut chosen = None;
-        let smallest = match streaming {
+        let plan = self.try_plan(req, budget, base, streaming);
+        plan.map(|p| MemoryPlan {
+            budget_source: budget_source.to_string(),
+            ..p
+        })
+        .ok_or_else(|| {
+            let needs = self.smallest_budget(req, base, streaming);
+            let estimate = match self.try_plan(req, needs, base, streaming) {
+                Some(plan) => plan.estimate,
+                None => self.estimate(req, Residency::Stored, None, base),
+            };
+            DoesNotFit {
+                needs,
+                estimate,
+                budget,
+                budget_source: budget_source.to_string(),
+                advice: self.advice(req, budget, base),
+            }
+        })
+    }
+
+    /// The smallest budget [`ModelSizes::plan`] accepts for `req`, rounded up to 10 MB (so that
+    /// [`gb`] never writes a figure under it): the leanest residency with the smallest decode
+    /// tiles that fit beside it.
+    pub fn smallest_budget(&self, req: &RequestShape, base: u64, streaming: bool) -> u64 {
+        let leanest = match streaming {
             true => Residency::Streamed,
             false => Residency::Stored,
         };
+        // Untiled in the leanest residency always fits its own peak; halve the gap from there.
+        let (mut low, mut high) = (0u64, self.estimate(req, leanest, None, base).peak());
+        while high - low > 1_000_000 {
+            let mid = low + (high - low) / 2;
+            match self.try_plan(req, mid, base, streaming) {
+                Some(_) => high = mid,
+                None => low = mid,
+            }
+        }
+        round_up(high, 10_000_000)
+    }
+
+    /// [`ModelSizes::plan`]'s choice, `None` when nothing fits `budget`.
+    fn try_plan(
+        &self,
+        req: &RequestShape,
+        budget: u64,
+        base: u64,
+        streaming: bool,
+    ) -> Option<MemoryPlan> {
+        let fits = |e: &MemoryEstimate| e.peak() <= budget;
+        let mut chosen = None;
         // Streaming holds the weights as stored, without the load's copy: where holding them in
         // the compute dtype would change little (quantized weights), it comes first.
         let candidates = match (streaming, self.compute_changes_little(req.compute_bytes)) {
@@ -555,19 +627,12 @@ impl ModelSizes<'_> {
                     tiling,
                     estimate: e,
                     budget,
+                    budget_source: String::new(),
                 });
                 break;
             }
         }
-        chosen.ok_or_else(|| {
-            let estimate = self.estimate(req, smallest, None, base);
-            DoesNotFit {
-                estimate,
-                budget,
-                budget_source: budget_source.to_string(),
-                advice: self.advice(req, budget, base),
-            }
-        })
+        chosen
     }
 
     /// Whether holding the text encoder's and the transformer's weights in the compute dtype
@@ -618,7 +683,7 @@ impl ModelSizes<'_> {
                 height: side,
                 ..*req
             };
-            if self.plan(&small, budget, "", base, false).is_ok() {
+            if self.try_plan(&small, budget, base, false).is_some() {
                 out.push(format!("{side}×{side} would fit."));
                 break;
             }
@@ -668,9 +733,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// The budget and where it came from: `--memory-limit`, else `ZIMAGE_MEMORY_LIMIT`, else 85%
-/// of the memory MLX computes in: the GPU's (a CUDA device's total, Metal's recommended working
-/// set), else the machine's.
+/// The budget and where it came from: `--memory-limit`, else `ZIMAGE_MEMORY_LIMIT`, else the
+/// GPU's memory as the device reports it (Metal's recommended working set, a CUDA device's free
+/// memory), else 85% of the machine's.
 pub fn budget(flag: Option<&str>) -> Result<(u64, String), String> {
     if let Some(f) = flag {
         let bytes = parse_size(f).map_err(|e| format!("--memory-limit: {e}"))?;
@@ -681,10 +746,8 @@ pub fn budget(flag: Option<&str>) -> Result<(u64, String), String> {
         return Ok((bytes, format!(" (ZIMAGE_MEMORY_LIMIT={v})")));
     }
     if let Some(device) = crate::platform::device_memory() {
-        return Ok((
-            device / 100 * 85,
-            format!(" (85% of the GPU's {})", gb(device)),
-        ));
+        let what = crate::platform::DEVICE_MEMORY_NAME;
+        return Ok((device, format!(" (the GPU's {what})")));
     }
     let total = crate::platform::physical_memory().unwrap_or(8_000_000_000);
     Ok((

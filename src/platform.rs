@@ -101,7 +101,12 @@ pub fn default_compute_dtype() -> Dtype {
 /// k² copies (1.2 GB for one 3×3 convolution of a 512² decode), which no GPU kernel does, so
 /// it would measure neither the GPU's memory nor a useful time.
 pub fn convolutions_as_matmuls() -> bool {
-    mlx::default_device() == Device::Cpu
+    convolutions_as_matmuls_on(mlx::default_device())
+}
+
+/// [`convolutions_as_matmuls`] on `device`.
+pub fn convolutions_as_matmuls_on(device: Device) -> bool {
+    device == Device::Cpu
 }
 
 /// Whether the transformer runs its CPU form: q|k|v and w1|w3 weights joined at load into one
@@ -131,7 +136,12 @@ pub fn debug_blocks() -> bool {
 /// CUDA's kernels never write the `[heads, S, S]` scores). MLX's CPU backend composes it from
 /// a product, a softmax and a product, so the GPU graph feeds it queries in chunks there.
 pub fn attention_is_fused() -> bool {
-    mlx::default_device() == Device::Gpu
+    attention_is_fused_on(mlx::default_device())
+}
+
+/// [`attention_is_fused`] on `device`.
+pub fn attention_is_fused_on(device: Device) -> bool {
+    device == Device::Gpu
 }
 
 /// Bytes of scores one query chunk of the GPU graph's attention may hold where MLX's attention
@@ -142,12 +152,32 @@ pub const ATTENTION_CHUNK_BYTES: u64 = 64 << 20;
 /// dtype first (one layer's dense copy, dropped after the product) rather than running MLX's
 /// quantized product: in the GPU graph for many rows (image tokens), where the dense product
 /// is several times faster; the prompt's few rows keep the quantized product.
-pub fn widens_quantized_for(rows: i32) -> bool {
-    graph() == Graph::Gpu && rows >= WIDEN_QUANTIZED_ROWS
+pub fn widens_quantized_for(rows: u64) -> bool {
+    widens_quantized(graph(), rows)
 }
 
-/// The fewest rows for which [`widens_quantized_for`] widens.
-pub const WIDEN_QUANTIZED_ROWS: i32 = 256;
+/// [`widens_quantized_for`] in the graph `graph`: the one place the choice and its threshold
+/// are made, for the products and for the memory estimate alike.
+pub fn widens_quantized(graph: Graph, rows: u64) -> bool {
+    graph == Graph::Gpu && rows >= WIDEN_QUANTIZED_ROWS
+}
+
+/// The fewest rows for which [`widens_quantized`] widens.
+pub const WIDEN_QUANTIZED_ROWS: u64 = 256;
+
+/// Bytes MLX holds for each value of a quantized weight (bf16 scales) it widens to values of
+/// `compute_bytes`: on a GPU one kernel writes the values in the scales' dtype, then a cast
+/// where the compute dtype is wider; MLX's CPU backend composes the widening, unpacking into
+/// 32-bit integers and converting through f32 (measured on a 3840×10240 int4 weight: 10 bytes a
+/// value into bf16, 13 into f32 with the cast).
+pub fn widening_bytes_per_value(device: Device, compute_bytes: u64) -> u64 {
+    match device {
+        Device::Gpu if compute_bytes > 2 => 2 + compute_bytes,
+        Device::Gpu => compute_bytes,
+        Device::Cpu if compute_bytes > 2 => 13,
+        Device::Cpu => 10,
+    }
+}
 
 /// Whether weights can be streamed from the store's files (mapped and let go of block by
 /// block): in the CPU graph on the CPU, where mapped memory is the memory the products read.
@@ -155,8 +185,15 @@ pub fn can_stream_weights() -> bool {
     graph() == Graph::Cpu && mlx::default_device() == Device::Cpu
 }
 
-/// The memory MLX may use on this device, as the preflight's budget: the GPU's total memory
-/// (CUDA), its recommended working set (Metal), `None` on the CPU (the machine's memory).
+/// The memory MLX may use on this device, as the preflight's budget: its recommended working
+/// set (Metal: what the GPU may hold without the system paging), the device's free memory
+/// (CUDA), `None` on the CPU (the machine's memory).
+/// What [`device_memory`] is, for messages.
+pub const DEVICE_MEMORY_NAME: &str = match cfg!(target_os = "macos") {
+    true => "recommended working set",
+    false => "free memory",
+};
+
 pub fn device_memory() -> Option<u64> {
     if mlx::default_device() != Device::Gpu {
         return None;
@@ -516,4 +553,20 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
         .or_else(|| {
             std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/zimage"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_weights_widen_for_many_rows_on_the_gpu_graph_only() {
+        let few = WIDEN_QUANTIZED_ROWS - 1;
+        assert!(widens_quantized(Graph::Gpu, WIDEN_QUANTIZED_ROWS));
+        assert!(widens_quantized(Graph::Gpu, 4096));
+        assert!(!widens_quantized(Graph::Gpu, few));
+        assert!(!widens_quantized(Graph::Gpu, 1));
+        assert!(!widens_quantized(Graph::Cpu, WIDEN_QUANTIZED_ROWS));
+        assert!(!widens_quantized(Graph::Cpu, few));
+    }
 }

@@ -145,6 +145,7 @@ fn request(side: u32) -> RequestShape {
         compute_bytes: 4,
         encodes: false,
         graph: zimage::platform::Graph::Cpu,
+        device: zimage::mlx::Device::Cpu,
     }
 }
 
@@ -376,4 +377,40 @@ fn the_gpu_graph_counts_one_widened_layer_over_the_image_tokens_and_none_over_th
     // At 1024², int4 on the GPU graph: the transformer's packed weights (~3.4 GB) and one
     // block's transients, well under the 9 GB the GPU path is meant to hold.
     assert!(gpu.denoise < 6 * GB, "{}", gpu.denoise);
+}
+
+/// Z-Image-Turbo in int4 at 1024² on a GPU (bf16, attention fused, one layer widened at a time)
+/// fits 5 GB, every phase and the process; the preflight names the same smallest budget, and
+/// refuses a smaller one naming it.
+#[test]
+fn the_real_size_int4_model_at_1024_fits_5_gb_on_a_gpu() {
+    let real = RealModel::new();
+    let m = real.sizes();
+    let (qt, qr) = m.quantized_variant(4);
+    let int4 = ModelSizes {
+        text_encoder: &qt,
+        transformer: &qr,
+        ..m
+    };
+    let req = RequestShape {
+        compute_bytes: 2,
+        graph: zimage::platform::Graph::Gpu,
+        device: zimage::mlx::Device::Gpu,
+        ..request(1024)
+    };
+    let needs = int4.smallest_budget(&req, BASE, false);
+    let plan = int4.plan(&req, needs, "", BASE, false).unwrap();
+    let e = plan.estimate;
+    eprintln!(
+        "int4 1024² GPU: text {} denoise {} decode {} base {} process {} (smallest budget {}, {:?}, tiles {:?})",
+        e.text, e.denoise, e.decode, e.base, e.peak(), needs, plan.residency,
+        plan.tiling.as_ref().map(|t| t.tile_latent)
+    );
+    assert!(e.peak() <= needs && needs <= 5 * GB, "{needs}");
+    let err = int4
+        .plan(&req, needs - 20_000_000, "", BASE, false)
+        .unwrap_err();
+    let text = err.to_string();
+    let named = zimage::memory_plan::gb(needs);
+    assert!(text.contains(&format!("needs at least {named}")), "{text}");
 }

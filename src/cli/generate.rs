@@ -80,8 +80,9 @@ pub struct GenerateArgs {
     /// unquantized weights then stay as stored). A GPU computes in `--dtype`.
     #[arg(long, value_enum, default_value_t = ProductsArg::F32)]
     pub products: ProductsArg,
-    /// Memory the run may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else 85% of the
-    /// machine's memory). A request estimated above it is refused before anything loads.
+    /// Memory the run may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else the GPU's
+    /// recommended working set or free memory, else 85% of the machine's memory). A request
+    /// estimated above it is refused before anything loads, naming the smallest that works.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// How weights are held: unquantized ones in the compute dtype (fastest; f32 on the CPU) or
@@ -636,11 +637,12 @@ fn print_memory(out: &generation::Outcome) {
     }
     let measured = zimage::platform::peak_resident_bytes().unwrap_or(0);
     eprintln!(
-        "peak RSS {} measured, {} estimated ({:+.1}%), budget {}",
+        "peak RSS {} measured, {} estimated ({:+.1}%), budget {}{}",
         gb(measured),
         gb(e.peak()),
         (e.peak() as f64 / measured.max(1) as f64 - 1.0) * 100.0,
-        gb(plan.budget)
+        gb(plan.budget),
+        plan.budget_source
     );
 }
 

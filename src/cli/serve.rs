@@ -23,8 +23,9 @@ pub struct ServeArgs {
     /// Requests that may wait while one runs; more get 503 (default: ZIMAGE_MAX_QUEUE, else 64).
     #[arg(long)]
     pub max_queue: Option<usize>,
-    /// Memory a generation may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else 85% of the
-    /// machine's memory); a request estimated above it is refused with 400.
+    /// Memory a generation may use, e.g. 12GB (default: ZIMAGE_MEMORY_LIMIT, else the GPU's
+    /// recommended working set or free memory, else 85% of the machine's memory); a request
+    /// estimated above it is refused with 400.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// Inputs of the linear layers' matrix products on the CPU, as `zimage generate --products`.

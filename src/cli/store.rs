@@ -474,6 +474,8 @@ struct RuntimeMemory {
     dtype: zimage::mlx::Dtype,
     compute: memory_plan::MemoryEstimate,
     stored: memory_plan::MemoryEstimate,
+    /// The smallest budget a run of this size fits, in its leanest mode.
+    needs: u64,
 }
 
 /// The estimate at the model's default size for a typical prompt; `None` for a model that is
@@ -491,6 +493,7 @@ fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMe
         compute_bytes: dtype.size_bytes() as u64,
         encodes: false,
         graph: zimage::platform::graph(),
+        device: zimage::mlx::default_device(),
     };
     let base = zimage::platform::held_before_loading();
     let m = pipeline.model_sizes(&sizes);
@@ -499,6 +502,7 @@ fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMe
         dtype,
         compute: m.estimate(&shape, Residency::Compute, None, base),
         stored: m.estimate(&shape, Residency::Stored, None, base),
+        needs: m.smallest_budget(&shape, base, pipeline.can_stream()),
     })
 }
 
@@ -541,6 +545,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             "runtime_memory": runtime.as_ref().map(|r| serde_json::json!({
                 "width": r.side, "height": r.side, "compute_dtype": r.dtype.to_string(),
                 "compute_dtype_weights": r.compute.peak(), "stored_weights": r.stored.peak(),
+                "smallest_budget": r.needs,
             })),
             "name": model.name.short(),
             "full_name": model.name.to_string(),
@@ -596,11 +601,12 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(r) = &runtime {
         println!(
-            "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored",
+            "run-time memory at {0}×{0} ({1} compute), estimated peak: {2} with weights in {1}, {3} with weights as stored; the smallest budget that runs it: {4}",
             r.side,
             r.dtype,
             memory_plan::gb(r.compute.peak()),
-            memory_plan::gb(r.stored.peak())
+            memory_plan::gb(r.stored.peak()),
+            memory_plan::gb(r.needs)
         );
     }
     println!();

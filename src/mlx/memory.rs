@@ -36,8 +36,8 @@ pub fn set_wired_limit(bytes: usize) -> usize {
     // SAFETY: sets an allocator setting; the shim turns a refusal into 0.
     unsafe { ffi::mlxs_set_wired_limit(bytes) }
 }
-/// The memory of the GPU MLX runs on (Metal's recommended working set, a CUDA device's total),
-/// `None` without a GPU.
+/// The memory of the GPU MLX runs on (Metal's recommended working set, a CUDA device's free
+/// memory when MLX reports it, else its total), `None` without a GPU.
 pub fn device_memory() -> Option<u64> {
     Some(no_args(ffi::mlxs_device_memory) as u64).filter(|&b| b > 0)
 }

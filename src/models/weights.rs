@@ -544,13 +544,18 @@ fn product(
         LinearWeight::Dense(w) => fast::linear_with(x, w, None, bias, products),
         LinearWeight::Quantized(q) if crate::platform::widens_quantized_for(rows(x)) => {
             // One layer's dense copy, alive for this product only: int4's memory at the dense
-            // product's speed.
+            // product's speed. Widened in the scales' dtype, as the quantized product's values
+            // are (bit for bit on the CPU). Evaluated here: left lazy, MLX widens every layer of
+            // a block before it runs the block's first product (at the real widths 1.5 GB at
+            // once instead of one layer's 160 MB).
             let w = q.dequantize()?;
             let w = match w.dtype() == x.dtype() {
                 true => w,
                 false => w.astype(x.dtype())?,
             };
-            fast::linear_with(x, &w, None, bias, products)
+            let y = fast::linear_with(x, &w, None, bias, products)?;
+            y.eval()?;
+            Ok(y)
         }
         LinearWeight::Quantized(q) => {
             fast::linear_with(x, &q.weight, Some(q.packing()), bias, products)
@@ -569,9 +574,9 @@ fn product(
 }
 
 /// The rows of a product's input `x` (`[..., K]`).
-fn rows(x: &Array) -> i32 {
+fn rows(x: &Array) -> u64 {
     let k = x.shape().last().copied().unwrap_or(1).max(1);
-    (x.size() / k as usize).min(i32::MAX as usize) as i32
+    (x.size() / k as usize) as u64
 }
 
 /// RMS norm over the last axis, statistics in f32. In f32 the fused kernel; in a narrower dtype

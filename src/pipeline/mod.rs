@@ -463,6 +463,7 @@ impl<S: ModelSource> Pipeline<S> {
             // A ControlNet's control image is encoded too.
             encodes: req.input.is_some() || self.controlnet.is_some(),
             graph: crate::platform::graph(),
+            device: crate::mlx::default_device(),
         })
     }
 
