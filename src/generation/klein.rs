@@ -163,6 +163,7 @@ fn weights_plan(klein: &LoadedKlein, dtype: Dtype) -> Result<MemoryPlan, Error> 
             decode: bytes("vae")?,
         },
         budget: crate::platform::physical_memory().unwrap_or(u64::MAX),
+        budget_source: " (the machine's memory)".into(),
         cache_limit: None,
     })
 }
