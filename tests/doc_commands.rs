@@ -78,6 +78,8 @@ fn sandbox(dir: &Path) -> Vec<(String, String)> {
     for from in ["Z-Image-Turbo", "Z-Image"] {
         common::copy_model(&demo, &dir.join(from));
     }
+    let klein = demo.with_file_name("flux2-klein-tiny");
+    common::copy_model(&klein, &dir.join("FLUX.2-klein-4B"));
     for name in ["z-image-turbo", "me/z-image-turbo"] {
         let out = common::zimage_in(&store, &["create", name, "--from", common::s(&demo)]);
         assert!(
