@@ -11,6 +11,7 @@
 //! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
 //! - [`layouts`]: ComfyUI / original-layout checkpoints mapped to diffusers names, and back;
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
+//! - [`preview`]: each denoising step's latents as a small picture, mapped linearly;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
 
@@ -36,6 +37,7 @@ pub mod mlx;
 pub mod models;
 pub mod pipeline;
 pub mod platform;
+pub mod preview;
 pub mod registry;
 pub mod safetensors;
 pub mod scheduler;

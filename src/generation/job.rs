@@ -57,6 +57,8 @@ pub struct Job {
     pub residency: Option<Residency>,
     /// A second pass at a larger size (generate, upscale, refine).
     pub hires: Option<Hires>,
+    /// Report each step's latents as a small picture ([`super::Progress::preview`]).
+    pub preview: bool,
 }
 
 /// A decoded picture, with what the request called it (`--image \`a.png\``, `field \`image\``)
@@ -135,6 +137,7 @@ impl Job {
             memory_limit: None,
             residency: None,
             hires: None,
+            preview: false,
         }
     }
 

@@ -310,12 +310,6 @@ async fn submit(
     .map_err(|e| ApiError::new(API, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let job = generation::Job {
         negative_prompt: body.negative_prompt.clone().filter(|n| !n.is_empty()),
-        width: body.width,
-        height: body.height,
-        steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
-        guidance: body.guidance,
-        cfg_normalization: body.cfg_normalization,
-        cfg_truncation: body.cfg_truncation,
         // Random seeds stay within 2³², as A1111 draws them, so the page's JavaScript numbers
         // hold them exactly.
         seed: body
@@ -328,6 +322,7 @@ async fn submit(
         hires: hires(&body)?,
         ..generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };
+    let job = super::with_request_numbers!(job, body);
     super::check_job(API, &job)?;
     super::open_model(&state, API, &name, true).await?;
     let id = jobs::PageJobs::submit(&state, name, job, reservation)?;
