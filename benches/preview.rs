@@ -1,30 +1,22 @@
 //! What live previews cost: `cargo bench --bench preview` fits the preview map against the
 //! model's VAE (time, and R² on held-out latents), then times the denoising step with previews
-//! off and on (median of `ZIMAGE_BENCH_RUNS` warm runs each, default 5, taken in turn), checks
+//! off and on (median of `ZIMAGE_BENCH_RUNS` warm runs each, default 5, taken in turn; 0 stops
+//! after the fit), checks
 //! that the image is the same bit for bit, and times a step's preview alone (the map applied to
-//! the latents, read back) and what a front end does with it: its PNG, and the atomic write
+//! the latents, read back; the best of 20) and what a front end does with it: its PNG, and the atomic write
 //! `generate --preview` makes on its own thread.
 //!
 //! The model is the tiny demo model, or the diffusers directory `ZIMAGE_BENCH_MODEL` names
 //! (e.g. the "big" configuration from `python models/make_tiny.py --big DIR`), at
 //! `ZIMAGE_BENCH_SIZE`² (default 512) for `ZIMAGE_BENCH_STEPS` steps (default 8).
 
+mod common;
+
+use common::{best_of, env_or, median};
 use std::path::PathBuf;
 use std::time::Instant;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::pipeline::{Pipeline, Progress, Request};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let model = std::env::var_os("ZIMAGE_BENCH_MODEL")
@@ -63,6 +55,9 @@ fn main() {
         t.elapsed().as_secs_f64(),
         map.r2
     );
+    if runs == 0 {
+        return;
+    }
 
     let (mut off, mut on) = (vec![], vec![]);
     let (mut rgb_off, mut rgb_on) = (None, None);
@@ -96,34 +91,25 @@ fn main() {
     );
 
     let preview = last.expect("a step reported a preview");
-    let times = |f: &mut dyn FnMut()| {
-        median(
-            (0..20)
-                .map(|_| {
-                    let t = Instant::now();
-                    f();
-                    t.elapsed().as_secs_f64()
-                })
-                .collect(),
-        )
-    };
     let shape = p.latent_shape(&req);
     let draws = zimage::torch_rng::randn(7, shape.iter().product::<i32>() as usize).unwrap();
     let latents = zimage::mlx::Array::from_slice(&draws, &shape).unwrap();
     latents.eval().unwrap();
-    let drawn = times(&mut || {
+    let drawn = best_of(20, || {
         map.preview(&latents).unwrap();
     });
     println!(
         "  a step's preview drawn {drawn:.6} s ({:.2}% of a step)",
         100.0 * drawn / off
     );
-    let png = times(&mut || {
+    let png = best_of(20, || {
         preview.png();
     });
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("preview.png");
-    let write = times(&mut || zimage::files::write_output(&file, &preview.png()).unwrap());
+    let write = best_of(20, || {
+        zimage::files::write_output(&file, &preview.png()).unwrap()
+    });
     println!(
         "  preview {}x{} | PNG {:.5} s | PNG written atomically {:.5} s ({:.1}% of a step)",
         preview.width,

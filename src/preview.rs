@@ -8,6 +8,7 @@
 use crate::mlx::{self, Array};
 use crate::models::vae::to_rgb8;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// How a model family's denoiser lays out its latents: what a preview map is fitted for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,15 +61,50 @@ pub struct RgbMap {
     pub r2: f64,
 }
 
+/// The most of a denoise's time its previews may take: on a model whose steps take
+/// milliseconds, some steps go without one.
+const TIME_SHARE: f64 = 0.01;
+
+/// Draws a denoise's step previews within [`TIME_SHARE`] of its time.
+pub struct StepPreviews<'a> {
+    map: &'a RgbMap,
+    started: Instant,
+    spent: Duration,
+}
+
+impl<'a> StepPreviews<'a> {
+    pub fn new(map: &'a RgbMap) -> StepPreviews<'a> {
+        StepPreviews {
+            map,
+            started: Instant::now(),
+            spent: Duration::ZERO,
+        }
+    }
+
+    /// The preview of this step's `latents`, unless previews have had their share of the time
+    /// so far; the `last` step's is always drawn.
+    pub fn step(&mut self, latents: &Array, last: bool) -> mlx::Result<Option<Preview>> {
+        let budget = self.started.elapsed().mul_f64(TIME_SHARE);
+        if !last && self.spent > budget {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        let preview = self.map.preview(latents)?;
+        self.spent += t.elapsed();
+        Ok(Some(preview))
+    }
+}
+
 /// The side of the latent grids the fit decodes, in cells.
 const GRID: usize = 16;
 /// Random latents are drawn per block of cells this wide, so that a cell's neighbours are like
 /// it, as in a picture, and the decoder's answer to the cell is its own.
 const BLOCK: usize = 2;
-/// Independent draws fitted on per unknown of one colour (the channels and the bias).
+/// Independent draws fitted on per unknown of one colour (the channels and the bias): enough
+/// for a stable fit, few enough that a large VAE decodes them in seconds on a GPU.
 const DRAWS_PER_UNKNOWN: usize = 16;
 /// Latent grids held out to measure the fit.
-const HELD_OUT: u64 = 2;
+const HELD_OUT: u64 = 1;
 /// Bumped when the fit changes, so that cached maps of an older fit are refitted.
 const FIT_VERSION: u32 = 1;
 /// A cached map is a few kilobytes; anything much larger is not one.
