@@ -16,7 +16,7 @@ use common::{best_of, env_or, median};
 use std::path::PathBuf;
 use std::time::Instant;
 use zimage::diffusers_dir::DiffusersDir;
-use zimage::pipeline::{Pipeline, Progress, Request};
+use zimage::pipeline::{Pipeline, Progress};
 
 fn main() {
     let model = std::env::var_os("ZIMAGE_BENCH_MODEL")
@@ -27,19 +27,7 @@ fn main() {
     let runs: usize = env_or("ZIMAGE_BENCH_RUNS", 5);
     let dtype = zimage::platform::default_compute_dtype();
     let mut p = Pipeline::new(DiffusersDir::open(&model).unwrap(), dtype, true).unwrap();
-    let req = Request {
-        prompt: "a red fox in the snow".into(),
-        negative_prompt: None,
-        width: size,
-        height: size,
-        steps,
-        guidance: 0.0,
-        cfg_normalization: false,
-        cfg_truncation: 1.0,
-        seed: 42,
-        noise: None,
-        input: None,
-    };
+    let req = common::fox_request(size, steps);
     println!(
         "preview: model {} at {size}x{size}, {steps} steps, {dtype}, device {:?}",
         model.display(),

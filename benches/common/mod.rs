@@ -30,3 +30,20 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
 }
+
+/// The benchmarks' text → image request: a `size`² fox in `steps` Turbo steps, seed 42.
+pub fn fox_request(size: u32, steps: usize) -> zimage::pipeline::Request {
+    zimage::pipeline::Request {
+        prompt: "a red fox in the snow".into(),
+        negative_prompt: None,
+        width: size,
+        height: size,
+        steps,
+        guidance: 0.0,
+        cfg_normalization: false,
+        cfg_truncation: 1.0,
+        seed: 42,
+        noise: None,
+        input: None,
+    }
+}
