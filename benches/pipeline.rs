@@ -19,31 +19,21 @@
 //! request only and are left out. The sgemm rate is MLX's f32 matmul of `tokens×dim` by a
 //! transposed `dim×dim` weight (as the linear layers call it) and by a `dim×ffn` one.
 
+mod common;
 #[path = "../models/synthetic.rs"]
 mod synthetic;
 
+use common::{env_or, median};
 use std::path::PathBuf;
 use std::time::Instant;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::mlx::{self, ops, random, Array, Dtype};
 use zimage::models::transformer::SEQ_MULTI_OF;
 use zimage::models::DitConfig;
-use zimage::pipeline::{Pipeline, Request};
+use zimage::pipeline::Pipeline;
 
 fn peak_rss_mb() -> f64 {
     zimage::platform::peak_resident_bytes().unwrap_or(0) as f64 / 1e6
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
 }
 
 fn round_up(n: u64, m: u64) -> u64 {
@@ -115,19 +105,7 @@ fn pipeline_case() {
         _ => zimage::platform::default_compute_dtype(),
     };
     let mut p = Pipeline::new(DiffusersDir::open(&model).unwrap(), dtype, true).unwrap();
-    let req = Request {
-        prompt: "a red fox in the snow".into(),
-        negative_prompt: None,
-        width: size,
-        height: size,
-        steps: 8,
-        guidance: 0.0,
-        cfg_normalization: false,
-        cfg_truncation: 1.0,
-        seed: 42,
-        noise: None,
-        input: None,
-    };
+    let req = common::fox_request(size, 8);
     let (mut step, mut vae, mut total, mut text, mut peak) =
         (vec![], vec![], vec![], vec![], 0usize);
     for run in 0..4 {

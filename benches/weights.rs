@@ -7,27 +7,17 @@
 //! directory; `ZIMAGE_BENCH_SIZE` sets the image side (default 256), `ZIMAGE_BENCH_STEPS` the
 //! steps per run (default 2). Each mode runs a warm-up generation, then 3 timed ones.
 
+mod common;
 #[path = "../models/synthetic.rs"]
 mod synthetic;
 
+use common::{env_or, median};
 use std::path::PathBuf;
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::models::Residency;
-use zimage::pipeline::{Pipeline, Request};
+use zimage::pipeline::Pipeline;
 use zimage::store::{ImportOptions, Quantization, Store};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     zimage::platform::return_freed_memory_to_the_system();
@@ -82,19 +72,7 @@ fn main() {
         };
         let mut p = Pipeline::new(source, dtype, true).unwrap();
         p.set_residency(residency);
-        let req = Request {
-            prompt: "a red fox in the snow".into(),
-            negative_prompt: None,
-            width: size,
-            height: size,
-            steps,
-            guidance: 0.0,
-            cfg_normalization: false,
-            cfg_truncation: 1.0,
-            seed: 42,
-            noise: None,
-            input: None,
-        };
+        let req = common::fox_request(size, steps);
         let (mut step, mut text, mut peak) = (vec![], vec![], 0usize);
         for run in 0..4 {
             let out = p.generate(&req, &mut |_| {}).unwrap();

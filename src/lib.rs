@@ -13,6 +13,7 @@
 //! - [`layouts`]: ComfyUI / original-layout checkpoints mapped to diffusers names, and back;
 //! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
 //! - [`number`]: the one check of the numbers a request gives;
+//! - [`preview`]: each denoising step's latents as a small picture, mapped linearly;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
 //! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
 //!
@@ -65,6 +66,7 @@ pub mod models;
 pub mod number;
 pub mod pipeline;
 pub mod platform;
+pub mod preview;
 pub mod registry;
 pub mod safetensors;
 pub mod scheduler;

@@ -726,3 +726,41 @@ fn a_chat_front_ends_full_body_is_taken() {
     );
     assert!(got == cli, "the image differs from the CLI's");
 }
+
+#[test]
+fn progress_shows_the_running_steps_picture_as_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let server = Server::start(&store, &[], &[]);
+    let port = server.port;
+    let body = r#"{"prompt": "a red fox in the snow", "steps": 300, "cfg_scale": 0, "seed": 7,
+                   "width": 64, "height": 48}"#;
+    let run = std::thread::spawn(move || post(port, "/sdapi/v1/txt2img", body));
+    // The step and its picture, once the picture has changed since the first one seen.
+    let mut first: Option<(u64, String)> = None;
+    let start = std::time::Instant::now();
+    let (step, picture) = loop {
+        let p = json(&get(port, "/sdapi/v1/progress").1);
+        let step = p["state"]["sampling_step"].as_u64().unwrap_or(0);
+        if let Some(picture) = p["current_image"].as_str() {
+            match &first {
+                None => first = Some((step, picture.to_string())),
+                Some((_, seen)) if seen != picture => break (step, picture.to_string()),
+                Some(_) => {}
+            }
+        }
+        assert!(start.elapsed().as_secs() < 60, "{p}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let (first_step, _) = first.unwrap();
+    assert!(step > first_step, "{first_step} then {step}");
+    // One pixel per latent cell: an eighth of the image each way.
+    let (w, h, _) = pixels(&common::server::b64(&picture));
+    assert_eq!((w, h), (8, 6));
+    let skipped = json(&get(port, "/sdapi/v1/progress?skip_current_image=true").1);
+    assert_eq!(skipped["current_image"], serde_json::Value::Null);
+    post(port, "/sdapi/v1/interrupt", "");
+    run.join().unwrap();
+    let idle = json(&get(port, "/sdapi/v1/progress").1);
+    assert_eq!(idle["current_image"], serde_json::Value::Null);
+}

@@ -142,3 +142,62 @@ fn stored_model_with_reference_noise_reproduces_diffusers_pixels() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("multiples of 16"));
 }
+
+#[test]
+fn preview_writes_the_last_steps_picture_and_changes_no_pixel_of_the_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let generate = |out: &Path, extra: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_zimage"))
+            .env("ZIMAGE_CACHE_DIR", &cache)
+            .args(["--store", dir.path().join("empty-store").to_str().unwrap()])
+            .args(["generate", "a red fox in the snow", "--width", "64"])
+            .args([
+                "--height",
+                "48",
+                "--steps",
+                "3",
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        std::fs::read(out).unwrap()
+    };
+    let plain = generate(&dir.path().join("plain.png"), &[]);
+    let preview = dir.path().join("preview.png");
+    let with_preview = generate(
+        &dir.path().join("with.png"),
+        &["--preview", preview.to_str().unwrap()],
+    );
+    assert!(plain == with_preview, "--preview changed the image");
+    // One pixel per latent cell: an eighth of the image each way.
+    let picture = image::open(&preview).unwrap();
+    assert_eq!((picture.width(), picture.height()), (8, 6));
+    // The map was fitted against the demo's VAE once, and cached by its weights.
+    let cached: Vec<_> = std::fs::read_dir(cache.join("previews"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let map: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cached[0]).unwrap()).unwrap();
+    assert_eq!(map["channels"], 16);
+    assert_eq!(map["weights"].as_array().unwrap().len(), 3 * 16);
+    assert!(map["r2"].as_f64().unwrap() > 0.0, "{map}");
+    // A folder that does not exist is refused before anything loads.
+    let output = Command::new(env!("CARGO_BIN_EXE_zimage"))
+        .args(["generate", "x", "--preview", "/nonexistent-folder/p.png"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--preview `/nonexistent-folder/p.png`")
+    );
+}

@@ -261,11 +261,21 @@ def cancel(page):
         timeout=GENERATION_MS,
     )
     summary["cancel_running_status"] = status_text(page)
+    # The running step's picture shows while the job runs, and goes when it ends.
+    page.wait_for_function(
+        "() => { const p = document.getElementById('preview');"
+        " return !p.hidden && p.src.startsWith('data:image/png') && p.complete && p.naturalWidth > 0; }",
+        timeout=GENERATION_MS,
+    )
+    summary["cancel_preview_size"] = page.evaluate(
+        "() => [document.getElementById('preview').naturalWidth, document.getElementById('preview').naturalHeight]"
+    )
     page.keyboard.press("Escape")
     wait_for_status(page, r"cancel")
     page.wait_for_function(
         "() => document.getElementById('cancel').disabled && !document.getElementById('generate').disabled"
     )
+    check(page.is_hidden("#preview"), "the running step's picture should go when the job ends")
     summary["cancel_status"] = status_text(page)
     after = [e["file"] for e in gallery(page)]
     check(after == before, f"a cancelled job should add no image; the gallery gained {set(after) - set(before)}")

@@ -756,3 +756,39 @@ fn a_page_job_with_guidance_options_and_a_hires_pass_is_the_command_lines() {
     assert_eq!(status, 400, "{answer}");
     assert!(answer.contains("hires_scale"), "{answer}");
 }
+
+#[test]
+fn a_running_page_job_shows_its_steps_picture_as_it_changes() {
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let port = server.port;
+    let long = serde_json::json!({"prompt": "a long one", "width": 64, "height": 48, "steps": 300});
+    let (_, id) = post(port, "/ui/api/jobs", &long.to_string());
+    let id = json(&id)["id"].as_str().unwrap().to_string();
+    let mut first: Option<(u64, String)> = None;
+    let start = Instant::now();
+    let (step, picture) = loop {
+        let s = json(&get(port, &format!("/ui/api/jobs/{id}")).1);
+        let step = s["progress"]["step"].as_u64().unwrap_or(0);
+        if let Some(picture) = s["preview"].as_str() {
+            match &first {
+                None => first = Some((step, picture.to_string())),
+                Some((_, seen)) if seen != picture => break (step, picture.to_string()),
+                Some(_) => {}
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{s}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(step > first.unwrap().0);
+    let png = picture
+        .strip_prefix("data:image/png;base64,")
+        .expect("a PNG data URL");
+    let (w, h, _) = common::server::pixels(&common::server::b64(png));
+    // One pixel per latent cell: an eighth of the image each way.
+    assert_eq!((w, h), (8, 6));
+    post(port, &format!("/ui/api/jobs/{id}/cancel"), "");
+    let ended = wait_job(port, &id);
+    assert_eq!(ended["state"], "cancelled", "{ended}");
+    assert_eq!(ended["preview"], serde_json::Value::Null);
+}

@@ -3,6 +3,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{mpsc, Arc};
 use zimage::diffusers_dir::DiffusersDir;
 use zimage::generation::{
     self, Cancel, ControlJob, ControlNetChoice, Engine, Hires, Job, ModelChoice, Picture,
@@ -13,6 +14,7 @@ use zimage::memory_plan::gb;
 use zimage::mlx::fast::Products;
 use zimage::mlx::Dtype;
 use zimage::models::Residency;
+use zimage::preview::Preview;
 use zimage::store::{ImportOptions, Store};
 
 #[derive(clap::Args, Debug)]
@@ -144,6 +146,10 @@ pub struct GenerateArgs {
     /// with --verbose, the later runs' phases time a warm process.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
+    /// Write each denoising step's latents as a small PNG to this file (replaced atomically
+    /// each step), one pixel per latent cell; the final image is the same with or without.
+    #[arg(long, value_name = "FILE.png")]
+    pub preview: Option<PathBuf>,
 }
 
 pub(super) fn lora_arg(arg: &str) -> Result<zimage::lora::LoraSpec, String> {
@@ -306,10 +312,10 @@ fn check_flags(a: &GenerateArgs) -> anyhow::Result<()> {
 
 /// Refuses an output path that can never be written, before any work: a directory, or a
 /// file in a folder that does not exist.
-fn check_output(path: &Path) -> anyhow::Result<()> {
+fn check_output(path: &Path, flag: &str) -> anyhow::Result<()> {
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         bail!(
-            "--output `{}` is a directory; give the path of a PNG file",
+            "{flag} `{}` is a directory; give the path of a PNG file",
             path.display()
         );
     }
@@ -319,7 +325,7 @@ fn check_output(path: &Path) -> anyhow::Result<()> {
         .unwrap_or(Path::new("."));
     if std::fs::symlink_metadata(path).is_err() && !folder.is_dir() {
         bail!(
-            "--output `{}`: folder `{}` does not exist; create it first",
+            "{flag} `{}`: folder `{}` does not exist; create it first",
             path.display(),
             folder.display()
         );
@@ -372,6 +378,7 @@ fn settings(a: &GenerateArgs, model: ModelChoice) -> Job {
             strength: a.hires_strength.unwrap_or(Hires::DEFAULT_STRENGTH),
             steps: a.hires_steps,
         }),
+        preview: a.preview.is_some(),
         ..Job::new(model, a.prompt.clone())
     }
 }
@@ -412,7 +419,10 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     // Every bound is checked before a file is read or the model found.
     let mut job = settings(&a, ModelChoice::Directory(PathBuf::new()));
     job.check()?;
-    check_output(&a.output)?;
+    check_output(&a.output, "--output")?;
+    if let Some(preview) = &a.preview {
+        check_output(preview, "--preview")?;
+    }
     // Every input picture's header against the budget, summed, before one is decoded.
     let files: Vec<(&Path, &str)> = [
         (&a.image, "--image"),
@@ -454,6 +464,7 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
             .expect("valid template"),
     );
     let mut outcome = None;
+    let mut preview_file = a.preview.clone().map(PreviewFile::start);
     for run in 1..=a.runs {
         bar.reset();
         let out = generation::run(
@@ -467,6 +478,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
                 bar.set_message(label);
                 bar.set_length(p.steps as u64);
                 bar.set_position(p.step as u64);
+                if let (Some(file), Some(preview)) = (preview_file.as_mut(), &p.preview) {
+                    file.send(preview);
+                }
             },
             &Cancel::new(),
         );
@@ -484,6 +498,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
             }
         }
         outcome = Some(out);
+    }
+    if let Some(e) = preview_file.and_then(PreviewFile::finish) {
+        eprintln!("warning: --preview: {e}; the images are written all the same");
     }
     let out = outcome.expect("at least one run");
     let paths = output_paths(&a.output, out.images.len());
@@ -515,6 +532,55 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--preview`'s file, written on a thread of its own with the newest step's picture, so that
+/// no step waits for the disk.
+struct PreviewFile {
+    sender: mpsc::Sender<Arc<Preview>>,
+    writer: std::thread::JoinHandle<Option<String>>,
+    last: Option<Arc<Preview>>,
+}
+
+impl PreviewFile {
+    fn start(path: PathBuf) -> PreviewFile {
+        let (sender, pictures) = mpsc::channel::<Arc<Preview>>();
+        let writer = std::thread::spawn(move || {
+            let mut failed = None;
+            while let Ok(mut picture) = pictures.recv() {
+                // Steps that came while the last was written are passed over for the newest.
+                while let Ok(newer) = pictures.try_recv() {
+                    picture = newer;
+                }
+                if let Err(e) = zimage::files::write_output(&path, &picture.png()) {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+            failed
+        });
+        PreviewFile {
+            sender,
+            writer,
+            last: None,
+        }
+    }
+
+    /// Queues `preview` unless it is the one queued last (phases repeat the step's).
+    fn send(&mut self, preview: &Arc<Preview>) {
+        if self.last.as_ref().is_some_and(|l| Arc::ptr_eq(l, preview)) {
+            return;
+        }
+        self.last = Some(preview.clone());
+        let _ = self.sender.send(preview.clone());
+    }
+
+    /// Waits for the last picture to be written; the first write that failed, if any.
+    fn finish(self) -> Option<String> {
+        drop(self.sender);
+        self.writer
+            .join()
+            .unwrap_or(Some("the writer stopped".into()))
+    }
 }
 
 /// Where each image goes: `output` itself for one, else `stem-1.png` … `stem-N.png` beside it.

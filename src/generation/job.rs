@@ -64,6 +64,8 @@ pub struct Job {
     /// Pictures the model edits from (FLUX.2 [klein]'s references, in order); without a size
     /// the output takes the first one's.
     pub references: Vec<Picture>,
+    /// Report each step's latents as a small picture ([`super::Progress::preview`]).
+    pub preview: bool,
 }
 
 /// A decoded picture, with what the request called it (`--image \`a.png\``, `field \`image\``)
@@ -143,6 +145,7 @@ impl Job {
             residency: None,
             hires: None,
             references: Vec::new(),
+            preview: false,
         }
     }
 

@@ -1,7 +1,8 @@
-//! Progress and cancel as data: what a running job reports (read by the command line's bar,
-//! Ollama's stream, the servers' progress answers) and the switch any front end flips to stop
-//! it at the next step boundary.
+//! Progress and cancel as data: what a running job reports (read by the command line's bar and
+//! preview file, Ollama's stream, the servers' progress answers and the page) and the switch
+//! any front end flips to stop it at the next step boundary.
 
+use crate::preview::Preview;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,9 @@ use std::time::Duration;
 /// Where a job is. Reported when a phase starts and after every denoising step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Progress {
+    /// The latest step's latents of this image as a picture, when the job asked for previews
+    /// ([`super::Job::preview`]); it stays through the phases after that step.
+    pub preview: Option<Arc<Preview>>,
     /// The image being made, 1-based, of `images`.
     pub image: usize,
     pub images: usize,

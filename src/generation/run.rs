@@ -9,7 +9,9 @@ use super::{plan_memory, Cancel, Engine, Error, Hires, Job, Progress};
 use crate::generation_defaults::GenerationDefaults;
 use crate::memory_plan::MemoryPlan;
 use crate::pipeline::{self, ControlInput, ModelSource, PhaseReport, Pipeline, Request};
+use crate::preview::Preview;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One image a job made.
@@ -73,11 +75,13 @@ pub(super) struct Reporter<'a> {
     images: usize,
     pub(super) image: usize,
     phase: &'static str,
+    preview: Option<Arc<Preview>>,
 }
 
 impl Reporter<'_> {
     fn report(&mut self, step: usize, steps: usize) {
         (self.progress)(&Progress {
+            preview: self.preview.clone(),
             image: self.image,
             images: self.images,
             phase: self.phase,
@@ -95,7 +99,16 @@ impl Reporter<'_> {
     pub(super) fn pipeline(&mut self, p: pipeline::Progress) {
         match p {
             pipeline::Progress::Phase(name) => self.phase(name),
-            pipeline::Progress::Step { index, total } => self.report(index, total),
+            pipeline::Progress::Step {
+                index,
+                total,
+                preview,
+            } => {
+                if let Some(p) = preview {
+                    self.preview = Some(Arc::new(p));
+                }
+                self.report(index, total)
+            }
         }
     }
 }
@@ -123,6 +136,7 @@ pub fn run(
         images: job.count as usize,
         image: 1,
         phase: "load",
+        preview: None,
     };
     reporter.phase("load");
     engine.load(&job.model)?;
@@ -144,6 +158,7 @@ pub fn run(
 
     let first = first_pass(job, &loaded.pipeline, &loaded.defaults)?;
     let pipeline = &mut loaded.pipeline;
+    pipeline.set_previews(job.preview)?;
     let hires = match &job.hires {
         Some(h) => Some(hires_request(job, h, pipeline, &first.req)?),
         None => None,
@@ -173,6 +188,7 @@ pub fn run(
     for k in 0..job.count as usize {
         let image = k + 1;
         reporter.image = image;
+        reporter.preview = None;
         let seed = job.seed.wrapping_add(k as u64);
         let mut req = first.req.clone();
         req.seed = seed;

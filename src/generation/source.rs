@@ -167,4 +167,7 @@ impl ModelSource for Source {
     fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
         either!(self, s => s.loras())
     }
+    fn component_digest(&self, component: &str) -> Option<String> {
+        either!(self, s => s.component_digest(component))
+    }
 }

@@ -9,6 +9,7 @@ use super::{Error, Progress};
 use crate::mlx::Array;
 use crate::models::transformer::Prepared;
 use crate::models::ZImageTransformer;
+use crate::preview::{RgbMap, StepPreviews};
 use crate::scheduler::Schedule;
 use std::ops::ControlFlow;
 
@@ -53,7 +54,8 @@ fn guided(pos: &Array, neg: &Array, scale: f32, normalize: bool) -> Result<Array
 }
 
 /// Runs steps `first..` of `schedule` on `latents`. `progress` hears of each step as
-/// `index` of the steps run; answering `Break` stops with [`Error::Stopped`].
+/// `index` of the steps run, with the latents drawn by `preview` when given (within a small
+/// share of the time, see [`StepPreviews`]); answering `Break` stops with [`Error::Stopped`].
 #[allow(clippy::too_many_arguments)]
 pub fn denoise(
     transformer: &ZImageTransformer,
@@ -63,9 +65,11 @@ pub fn denoise(
     guidance: &Guidance,
     mut control: Option<&mut Control>,
     inpaint: Option<&Inpaint>,
+    preview: Option<&RgbMap>,
     progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
 ) -> Result<Array, Error> {
     let total = schedule.steps() - first;
+    let mut previews = preview.map(StepPreviews::new);
     let _reuse = crate::platform::ReuseFreedMemory::start();
     for i in first..schedule.steps() {
         let t = schedule.t_model(i);
@@ -87,6 +91,10 @@ pub fn denoise(
         let step = Progress::Step {
             index: i + 1 - first,
             total,
+            preview: match previews.as_mut() {
+                Some(p) => p.step(&latents, i + 1 == schedule.steps())?,
+                None => None,
+            },
         };
         if progress(step).is_break() {
             return Err(Error::Stopped {

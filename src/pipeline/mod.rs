@@ -23,6 +23,7 @@ use crate::models::{
     self, Checkpoint, ControlNet, DitConfig, Qwen3Config, Qwen3Encoder, Residency, VaeConfig,
     VaeDecoder, VaeEncoder, ZImageTransformer,
 };
+use crate::preview::{LatentFormat, Preview, RgbMap};
 use crate::scheduler::{Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
 use std::ops::ControlFlow;
@@ -55,6 +56,11 @@ pub trait ModelSource {
     /// The LoRAs the model itself carries (a derived model's), read and checked.
     fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
         Ok(Vec::new())
+    }
+    /// A digest of one component's weights that changes when any of them does, where the
+    /// source knows one without reading them (the store's blob digests).
+    fn component_digest(&self, _component: &str) -> Option<String> {
+        None
     }
 }
 
@@ -168,7 +174,12 @@ pub struct PhaseReport {
 /// Progress callbacks from [`Pipeline::generate`].
 pub enum Progress {
     Phase(&'static str),
-    Step { index: usize, total: usize },
+    Step {
+        index: usize,
+        total: usize,
+        /// The step's latents as a picture, with previews on ([`Pipeline::set_previews`]).
+        preview: Option<Preview>,
+    },
 }
 
 /// A generated image and how it was made.
@@ -213,6 +224,10 @@ pub struct Pipeline<S: ModelSource> {
     controlnet: Option<Box<dyn ControlNetLoader>>,
     controlnet_sizes: Vec<TensorSize>,
     controlnet_model: Option<ControlNet>,
+    /// The latents → RGB map each step's preview is drawn with, once fitted.
+    rgb_map: Option<RgbMap>,
+    /// Whether steps report previews.
+    previews: bool,
 }
 
 pub use crate::models::{MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE};
@@ -334,6 +349,8 @@ impl<S: ModelSource> Pipeline<S> {
             controlnet: None,
             controlnet_sizes: Vec::new(),
             controlnet_model: None,
+            rgb_map: None,
+            previews: false,
         })
     }
 
@@ -628,6 +645,41 @@ impl<S: ModelSource> Pipeline<S> {
         Ok(())
     }
 
+    /// How the denoiser lays out its latents.
+    pub fn latent_format(&self) -> LatentFormat {
+        LatentFormat {
+            name: "z-image",
+            channels: self.configs.transformer.in_channels as usize,
+            cell: self.configs.vae.scale_factor() as u32,
+        }
+    }
+
+    /// Turns each step's preview on or off. The first time on, the preview map is read from
+    /// the cache or fitted against the VAE (see [`crate::preview`]).
+    pub fn set_previews(&mut self, on: bool) -> Result<(), Error> {
+        if on && self.rgb_map.is_none() {
+            let vae = match self.vae.take() {
+                Some(v) => v,
+                None => self.load_vae()?,
+            };
+            let digest = self.source.component_digest("vae");
+            let map = RgbMap::cached_or_fit(&self.latent_format(), digest.as_deref(), &mut |z| {
+                vae.decode(z)
+            });
+            if self.keep_models {
+                self.vae = Some(vae);
+            }
+            self.rgb_map = Some(map?);
+        }
+        self.previews = on;
+        Ok(())
+    }
+
+    /// The fitted preview map, if previews were ever turned on.
+    pub fn rgb_map(&self) -> Option<&RgbMap> {
+        self.rgb_map.as_ref()
+    }
+
     /// `[C, H/8, W/8]`.
     pub fn latent_shape(&self, req: &Request) -> [i32; 3] {
         let f = self.configs.vae.scale_factor() as u32;
@@ -819,6 +871,7 @@ impl<S: ModelSource> Pipeline<S> {
                 &guidance,
                 steering.as_mut(),
                 inpaint.as_ref(),
+                self.rgb_map.as_ref().filter(|_| self.previews),
                 progress,
             );
             control_seconds = steering.map(|s| s.seconds);

@@ -100,4 +100,8 @@ impl ModelSource for StoreSource {
     fn loras(&self) -> Result<Vec<crate::lora::Input>, crate::lora::Error> {
         crate::lora::stored::read(&self.store, &self.model)
     }
+
+    fn component_digest(&self, component: &str) -> Option<String> {
+        Some(self.model.manifest.component_identity(component))
+    }
 }

@@ -716,6 +716,28 @@ pub fn stored(state: &AppState, name: &crate::store::ModelName) -> crate::genera
     }
 }
 
+/// `$job` with the size, steps and guidance that `$body` names: a request body with fields of
+/// those names, as Ollama's generate and the page's form have them. A macro, since the bodies
+/// are different types (the page's refuses unknown fields, so they cannot share a flattened
+/// struct).
+macro_rules! with_request_numbers {
+    ($job:expr, $body:expr) => {
+        crate::generation::Job {
+            width: $body.width,
+            height: $body.height,
+            // A count beyond usize is out of range all the same.
+            steps: $body
+                .steps
+                .map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
+            guidance: $body.guidance,
+            cfg_normalization: $body.cfg_normalization,
+            cfg_truncation: $body.cfg_truncation,
+            ..$job
+        }
+    };
+}
+pub(crate) use with_request_numbers;
+
 /// A job's checks as an answer: the command line's flags named as the API's fields.
 pub fn check_job(api: Api, job: &crate::generation::Job) -> Result<(), ApiError> {
     job.check().map_err(|e| job_error(api, e.into()))

@@ -357,18 +357,12 @@ pub async fn generate(
         _ => super::random_seed(),
     };
     // The numbers are checked first, as the command line checks its flags before any file.
-    let mut job = crate::generation::Job {
+    let job = crate::generation::Job {
         negative_prompt: body.negative_prompt.clone(),
-        width: body.width,
-        height: body.height,
-        // A count beyond usize is out of range all the same.
-        steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
-        guidance: body.guidance,
-        cfg_normalization: body.cfg_normalization,
-        cfg_truncation: body.cfg_truncation,
         seed,
         ..crate::generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };
+    let mut job = super::with_request_numbers!(job, body);
     super::check_job(API, &job)?;
     let keep_alive = body
         .keep_alive

@@ -156,20 +156,29 @@ impl Manifest {
     /// config layers do. sha256 over the tensor layers sorted by name, each contributing
     /// `name`, a NUL byte, the digest string (`sha256:<hex>`) and a newline.
     pub fn model_identity(&self) -> String {
-        let mut pairs: Vec<(&str, &str)> = self
-            .tensor_layers()
-            .map(|l| (l.name.as_deref().unwrap_or(""), l.digest.as_str()))
-            .collect();
-        pairs.sort();
-        let mut h = Sha256::new();
-        for (name, digest) in pairs {
-            h.update(name.as_bytes());
-            h.update([0u8]);
-            h.update(digest.as_bytes());
-            h.update(b"\n");
-        }
-        format!("{:x}", h.finalize())
+        identity_of(self.tensor_layers())
     }
+
+    /// The same identity over one component's tensor layers: it changes when a tensor of that
+    /// component changes.
+    pub fn component_identity(&self, component: &str) -> String {
+        identity_of(self.component_layers(component))
+    }
+}
+
+fn identity_of<'a>(layers: impl Iterator<Item = &'a Layer>) -> String {
+    let mut pairs: Vec<(&str, &str)> = layers
+        .map(|l| (l.name.as_deref().unwrap_or(""), l.digest.as_str()))
+        .collect();
+    pairs.sort();
+    let mut h = Sha256::new();
+    for (name, digest) in pairs {
+        h.update(name.as_bytes());
+        h.update([0u8]);
+        h.update(digest.as_bytes());
+        h.update(b"\n");
+    }
+    format!("{:x}", h.finalize())
 }
 
 /// The manifest's `config` blob (Ollama's `ConfigV2`), in Go's field order.

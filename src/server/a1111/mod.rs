@@ -155,7 +155,11 @@ async fn generate(
     super::open_model(&state, API, &model, true).await?;
     let started = SystemTime::now();
     let label = format!("POST {} {}", kind.path(), model.short().escape_debug());
-    let generate = job.clone();
+    // A1111's clients show the running step's picture from `progress`.
+    let generate = generation::Job {
+        preview: true,
+        ..job.clone()
+    };
     let (mut guard, mut rx) = super::queue(&state, API, |cancel, events| Job {
         model: model.clone(),
         generate: Some(generate),

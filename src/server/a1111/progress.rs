@@ -2,14 +2,21 @@
 
 use crate::generation;
 use crate::server::AppState;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::Json;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// `GET /sdapi/v1/progress`: the worker's running job, whichever API sent it. No picture of
-/// the running step is made (`current_image` is null): decoding one would slow every step.
-pub async fn progress(State(state): State<Arc<AppState>>) -> Json<Value> {
+/// `GET /sdapi/v1/progress`: the worker's running job, whichever API sent it, with the latest
+/// step's preview as `current_image` (a base64 PNG) when the job draws previews and the query
+/// does not say `skip_current_image=true`.
+pub async fn progress(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> Json<Value> {
+    let skip_image = query
+        .as_deref()
+        .is_some_and(|q| q.split('&').any(|pair| pair == "skip_current_image=true"));
     let running = state.worker.running();
     let job_count = state.worker.queued() + usize::from(running.is_some());
     let Some(r) = running else {
@@ -47,7 +54,10 @@ pub async fn progress(State(state): State<Arc<AppState>>) -> Json<Value> {
             "sampling_step": p.map_or(0, |p| p.step),
             "sampling_steps": p.map_or(0, |p| p.steps),
         },
-        "current_image": null,
+        "current_image": p
+            .and_then(|p| p.preview.as_ref())
+            .filter(|_| !skip_image)
+            .map(|preview| preview.png_base64()),
         "textinfo": p.map(|p| format!("{}: image {} of {}, step {} of {}", p.phase, p.image, p.images, p.step, p.steps)),
     }))
 }

@@ -86,7 +86,11 @@ impl PageJobs {
             );
             worker::Job {
                 model,
-                generate: Some(job),
+                // The page shows the running step's picture.
+                generate: Some(generation::Job {
+                    preview: true,
+                    ..job
+                }),
                 keep_alive: None,
                 cancel,
                 events,
@@ -134,6 +138,10 @@ impl PageJobs {
                 "fraction": p.fraction(),
                 "elapsed": p.elapsed.as_secs_f64(),
             })),
+            "preview": job.progress.as_ref()
+                .and_then(|p| p.preview.as_ref())
+                .filter(|_| job.state == State::Running)
+                .map(|p| format!("data:image/png;base64,{}", p.png_base64())),
             "images": images,
             "error": job.error,
         }))

@@ -299,12 +299,6 @@ async fn submit(
     // The numbers and prompts are checked before any picture is admitted or decoded.
     let job = generation::Job {
         negative_prompt: body.negative_prompt.clone().filter(|n| !n.is_empty()),
-        width: body.width,
-        height: body.height,
-        steps: body.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
-        guidance: body.guidance,
-        cfg_normalization: body.cfg_normalization,
-        cfg_truncation: body.cfg_truncation,
         // Random seeds stay within 2³², as A1111 draws them, so the page's JavaScript numbers
         // hold them exactly.
         seed: body
@@ -315,6 +309,7 @@ async fn submit(
         hires: hires(&body)?,
         ..generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };
+    let job = super::with_request_numbers!(job, body);
     super::check_job(API, &job)?;
     let inputs = crate::input_budget::Input::given(&[
         ("field", "picture", picture.as_deref()),

@@ -696,6 +696,8 @@ function showJob(job, status) {
       if (!job.cancelling) showStatus(status.position > 0 ? `queued (${status.position} ahead)` : "queued");
       break;
     case "running":
+      // Between images the last picture stays until the next image's first step.
+      if (status.preview) showPreview(status.preview);
       showProgress(status.progress ? status.progress.fraction : null);
       if (!job.cancelling) showStatus(status.progress ? progressText(status.progress) : "running");
       break;
@@ -715,6 +717,18 @@ function showJob(job, status) {
       showProgress(0);
       showStatus(status.error || "The job failed without saying why.");
       endJob();
+  }
+}
+
+// The latest step's picture while the job runs; the finished images replace it.
+function showPreview(dataUrl) {
+  const img = $("preview");
+  if (dataUrl) {
+    if (img.getAttribute("src") !== dataUrl) img.src = dataUrl;
+    img.hidden = false;
+  } else {
+    img.hidden = true;
+    img.removeAttribute("src");
   }
 }
 
@@ -745,6 +759,7 @@ function jobDone(job, images) {
 
 function endJob() {
   page.job = null;
+  showPreview(null);
   rememberJob(null);
   const hadFocus = document.activeElement;
   $("cancel").disabled = true;
