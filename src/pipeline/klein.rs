@@ -492,9 +492,11 @@ impl<S: ModelSource> KleinPipeline<S> {
                     x = ((((&mask * -1.0)? + 1.0)? * kept)? + (&mask * &x)?)?;
                 }
                 x.eval()?;
+                // FLUX.2's packed latents have no preview map yet.
                 if progress(Progress::Step {
                     index: i,
                     total: schedule.steps(),
+                    preview: None,
                 })
                 .is_break()
                 {
