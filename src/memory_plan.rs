@@ -299,8 +299,10 @@ fn vae_uses(name: &str) -> bool {
     !(name.starts_with("encoder.") || name.starts_with("quant_conv."))
 }
 
+/// `n` rounded up to a multiple of `m`, saturating: a size a hostile file states can be near
+/// `u64::MAX`.
 fn round_up(n: u64, m: u64) -> u64 {
-    n.div_ceil(m) * m
+    n.div_ceil(m).saturating_mul(m)
 }
 
 impl ModelSizes<'_> {

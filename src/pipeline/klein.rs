@@ -239,12 +239,14 @@ impl<S: ModelSource> KleinPipeline<S> {
         )?)
     }
 
-    pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
-        Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
-    }
-
+    /// The VAE's encoder, for reference pictures and the picture an inpaint starts from.
     pub fn load_vae_encoder(&self) -> Result<VaeEncoder, Error> {
         Ok(VaeEncoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+    }
+
+    /// The VAE's decoder.
+    pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
+        Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
     }
 
     /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the

@@ -65,38 +65,30 @@ impl Flux2Config {
                 self.in_channels
             ));
         }
-        check_range(WHAT, "num_layers", self.num_layers, 0..=MAX_COUNT)?;
-        check_range(
-            WHAT,
-            "num_single_layers",
-            self.num_single_layers,
-            0..=MAX_COUNT,
-        )?;
-        check_range(
-            WHAT,
-            "attention_head_dim",
-            self.attention_head_dim,
-            2..=4096,
-        )?;
-        check_range(
-            WHAT,
-            "num_attention_heads",
-            self.num_attention_heads,
-            1..=MAX_COUNT,
-        )?;
-        check_range(WHAT, "dim", self.dim(), 1..=MAX_WIDTH)?;
-        check_range(
-            WHAT,
-            "joint_attention_dim",
-            self.joint_attention_dim,
-            1..=MAX_WIDTH * 4,
-        )?;
-        check_range(
-            WHAT,
-            "timestep_guidance_channels",
-            self.timestep_guidance_channels,
-            2..=MAX_WIDTH,
-        )?;
+        let sizes = [
+            ("num_layers", self.num_layers, 0..=MAX_COUNT),
+            ("num_single_layers", self.num_single_layers, 0..=MAX_COUNT),
+            ("attention_head_dim", self.attention_head_dim, 2..=4096),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                1..=MAX_COUNT,
+            ),
+            ("dim", self.dim(), 1..=MAX_WIDTH),
+            (
+                "joint_attention_dim",
+                self.joint_attention_dim,
+                1..=MAX_WIDTH * 4,
+            ),
+            (
+                "timestep_guidance_channels",
+                self.timestep_guidance_channels,
+                2..=MAX_WIDTH,
+            ),
+        ];
+        for (key, value, range) in sizes {
+            check_range(WHAT, key, value, range)?;
+        }
         check_finite(WHAT, "mlp_ratio", self.mlp_ratio as f64, true)?;
         check_range(WHAT, "mlp hidden size", self.mlp_dim(), 1..=MAX_WIDTH * 4)?;
         check_finite(WHAT, "rope_theta", self.rope_theta, true)?;
