@@ -255,14 +255,5 @@ pub(super) fn run(
             infotext,
         });
     }
-    Ok(Outcome {
-        images: out,
-        skipped: ends.skipped,
-        stopped: ends.stopped,
-        plan,
-        load,
-        model_name,
-        loras: Vec::new(),
-        controlnet_weights: None,
-    })
+    Ok(ends.outcome(out, plan, load, model_name))
 }

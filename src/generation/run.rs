@@ -321,14 +321,9 @@ pub fn run(
         None => None,
     };
     Ok(Outcome {
-        images: out,
-        skipped: ends.skipped,
-        stopped: ends.stopped,
-        plan,
-        load,
-        model_name,
         loras: pipeline.adapters().applied.clone(),
         controlnet_weights,
+        ..ends.outcome(out, plan, load, model_name)
     })
 }
 
@@ -361,6 +356,26 @@ impl BatchEnds {
                 Ok(None)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// The job's outcome: its `images` and how the batch ended, with no LoRA or ControlNet.
+    pub(super) fn outcome(
+        self,
+        images: Vec<Image>,
+        plan: MemoryPlan,
+        load: Duration,
+        model_name: String,
+    ) -> Outcome {
+        Outcome {
+            images,
+            skipped: self.skipped,
+            stopped: self.stopped,
+            plan,
+            load,
+            model_name,
+            loras: Vec::new(),
+            controlnet_weights: None,
         }
     }
 }
