@@ -65,7 +65,7 @@ pub struct RgbMap {
 /// milliseconds, some steps go without one.
 const TIME_SHARE: f64 = 0.01;
 
-/// Draws a denoise's step previews within [`TIME_SHARE`] of its time.
+/// Draws a denoise's step previews within a small share (1%) of its time.
 pub struct StepPreviews<'a> {
     map: &'a RgbMap,
     started: Instant,

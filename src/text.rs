@@ -39,7 +39,7 @@ pub fn chat_template(prompt: &str) -> String {
     format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
 }
 
-/// The prompt as FLUX.2 [klein] feeds it: thinking disabled, so Qwen3's template closes an
+/// The prompt as FLUX.2 \[klein\] feeds it: thinking disabled, so Qwen3's template closes an
 /// empty think block after the generation prompt (klein-spec §2.1).
 pub fn chat_template_no_thinking(prompt: &str) -> String {
     format!("{}<think>\n\n</think>\n\n", chat_template(prompt))

@@ -84,7 +84,7 @@ pub(super) struct Loaded {
     controlnet: Option<String>,
 }
 
-/// A loaded FLUX.2 [klein] model (its family's pipeline; no LoRAs or ControlNet).
+/// A loaded FLUX.2 \[klein\] model (its family's pipeline; no LoRAs or ControlNet).
 pub(super) struct LoadedKlein {
     pub key: ModelKey,
     pub pipeline: KleinPipeline<Source>,
@@ -97,7 +97,7 @@ pub struct Engine {
     /// Keep the transformer and VAE between images (more memory, no reload).
     keep_models: bool,
     loaded: Option<Loaded>,
-    /// The loaded model when it is a FLUX.2 [klein] one (then `loaded` is `None`).
+    /// The loaded model when it is a FLUX.2 \[klein\] one (then `loaded` is `None`).
     klein: Option<LoadedKlein>,
 }
 
@@ -176,7 +176,7 @@ impl Engine {
         Ok(true)
     }
 
-    /// The loaded model when it is a FLUX.2 [klein] one.
+    /// The loaded model when it is a FLUX.2 \[klein\] one.
     pub(super) fn klein(&mut self) -> Option<&mut LoadedKlein> {
         self.klein.as_mut()
     }

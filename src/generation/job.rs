@@ -61,7 +61,7 @@ pub struct Job {
     pub residency: Option<Residency>,
     /// A second pass at a larger size (generate, upscale, refine).
     pub hires: Option<Hires>,
-    /// Pictures the model edits from (FLUX.2 [klein]'s references, in order); without a size
+    /// Pictures the model edits from (FLUX.2 \[klein\]'s references, in order); without a size
     /// the output takes the first one's.
     pub references: Vec<Picture>,
     /// Report each step's latents as a small picture ([`super::Progress::preview`]).

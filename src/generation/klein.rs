@@ -1,4 +1,4 @@
-//! The runner's path for FLUX.2 [klein] models: the job's options the family takes, the
+//! The runner's path for FLUX.2 \[klein\] models: the job's options the family takes, the
 //! model's defaults for what the job leaves unsaid, one image per seed, and the same PNG
 //! metadata as every other image. Options klein lacks are refused by name before any weights
 //! load.

@@ -1,6 +1,6 @@
 //! Models straight from a Hugging Face Hub: `hf.co/OWNER/REPO[:REVISION]`.
 //!
-//! - [`env`]: the endpoint, cache folder and token, as huggingface_hub reads them;
+//! - [`mod@env`]: the endpoint, cache folder and token, as huggingface_hub reads them;
 //! - [`api`]: a revision's file list, and the files of a diffusers pipeline in it;
 //! - [`cache`]: Hugging Face's cache layout, shared with the `hf` tool and diffusers;
 //! - [`http`]: requests with the token sent to the Hub's origin only;

@@ -1,4 +1,4 @@
-//! The model components on MLX: Z-Image's here, FLUX.2 [klein]'s own in [`flux2`] (which reuses
+//! The model components on MLX: Z-Image's here, FLUX.2 \[klein\]'s own in [`flux2`] (which reuses
 //! Qwen3, the VAE blocks and the attention helpers below).
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);

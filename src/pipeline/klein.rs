@@ -1,4 +1,4 @@
-//! Text → image with FLUX.2 [klein]: Qwen3's hidden states after layers 9, 18 and 27 over the
+//! Text → image with FLUX.2 \[klein\]: Qwen3's hidden states after layers 9, 18 and 27 over the
 //! padded prompt, the flow-match Euler schedule shifted by the empirical μ, denoising in
 //! BatchNorm-normalised token space (with classifier-free guidance on base models), then the
 //! BatchNorm un-normalise, unpatchify and the shared VAE decoder.

@@ -379,7 +379,7 @@ pub struct EditForm {
     pub body: ImagesBody,
     pub image: Option<Vec<u8>>,
     /// `image[]` files after the first: clients send several to newer models, which take them
-    /// as references. A FLUX.2 [klein] model does, without a mask; otherwise zimage edits the
+    /// as references. A FLUX.2 \[klein\] model does, without a mask; otherwise zimage edits the
     /// first and leaves these out (the answer says so).
     pub extra_images: Vec<Vec<u8>>,
     pub mask: Option<Vec<u8>>,

@@ -1,4 +1,4 @@
-//! FLUX.2 [klein]'s own networks on MLX: the [`transformer`] (double-stream then single-stream
+//! FLUX.2 \[klein\]'s own networks on MLX: the [`transformer`] (double-stream then single-stream
 //! blocks with shared modulation) and its 4-axis [`rope`] tables. What klein shares with
 //! Z-Image (Qwen3, the VAE blocks, attention, the interleaved rotation) lives one level up.
 //!
