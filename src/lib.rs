@@ -1,4 +1,4 @@
-//! zimage: diffusion image models (Z-Image) on Apple's MLX, from Rust.
+//! zimage: diffusion image models (Z-Image, FLUX.2 \[klein\]) on Apple's MLX, from Rust.
 //!
 //! The crate is layered bottom-up:
 //! - [`mlx`]: a safe wrapper over MLX's C++ API (through the `mlx-sys-shim` C shim);
@@ -11,7 +11,7 @@
 //! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
 //! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
 //! - [`layouts`]: ComfyUI / original-layout checkpoints mapped to diffusers names, and back;
-//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the Z-Image generation pipeline;
+//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the generation pipelines of both families (Z-Image, FLUX.2 \[klein\], told apart by [`family`]);
 //! - [`number`]: the one check of the numbers a request gives;
 //! - [`preview`]: each denoising step's latents as a small picture, mapped linearly;
 //! - [`generation`]: the path from a request to a PNG that the command line and the server share;
