@@ -13,6 +13,8 @@ import sys
 
 from playwright.sync_api import sync_playwright
 
+import chromium
+
 GENERATION_MS = 60_000
 PROMPT = "a red fox in snow"
 SEED = "7"
@@ -311,12 +313,7 @@ def phone(browser):
 def main():
     os.makedirs(out_dir, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-        )
+        browser = chromium.launch(p)
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         page = context.new_page()
         page.set_default_timeout(30_000)

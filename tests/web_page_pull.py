@@ -9,6 +9,8 @@ import sys
 
 from playwright.sync_api import sync_playwright
 
+import chromium
+
 base, name, out_dir = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
 
 
@@ -58,11 +60,7 @@ def scenario(page):
 def main():
     os.makedirs(out_dir, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-        )
+        browser = chromium.launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_default_timeout(30_000)
         errors = []
