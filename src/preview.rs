@@ -81,15 +81,20 @@ impl<'a> StepPreviews<'a> {
         }
     }
 
-    /// The preview of this step's `latents`, unless previews have had their share of the time
-    /// so far; the `last` step's is always drawn.
-    pub fn step(&mut self, latents: &Array, last: bool) -> mlx::Result<Option<Preview>> {
+    /// The preview of this step's latents `[C, h, w]`, which `latents` computes (its time counts
+    /// as the preview's), unless previews have had their share of the time so far; the `last`
+    /// step's is always drawn.
+    pub fn step(
+        &mut self,
+        last: bool,
+        latents: impl FnOnce() -> mlx::Result<Array>,
+    ) -> mlx::Result<Option<Preview>> {
         let budget = self.started.elapsed().mul_f64(TIME_SHARE);
         if !last && self.spent > budget {
             return Ok(None);
         }
         let t = Instant::now();
-        let preview = self.map.preview(latents)?;
+        let preview = self.map.preview(&latents()?)?;
         self.spent += t.elapsed();
         Ok(Some(preview))
     }

@@ -80,6 +80,40 @@ fn a_stored_klein_generates_what_the_library_makes() {
         ours, made.rgb,
         "the stored klein's picture differs from the directory's"
     );
+
+    // Live previews: the last step's picture at the VAE's scale (4 in the tiny model, whose VAE
+    // is one level shallower than the real one), fitted on its 16 latent channels; the image's
+    // bytes unchanged.
+    let preview = tmp.path().join("preview.png");
+    let with = tmp.path().join("with-preview.png");
+    let mut flags = args.to_vec();
+    flags.truncate(flags.len() - 1);
+    flags.extend([s(&with), "--preview", s(&preview), "-v"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zimage"))
+        .env("ZIMAGE_CACHE_DIR", tmp.path().join("cache"))
+        .arg("--store")
+        .arg(&store)
+        .args(&flags)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        std::fs::read(&png).unwrap() == std::fs::read(&with).unwrap(),
+        "--preview changed the image"
+    );
+    let picture = image::open(&preview).unwrap();
+    assert_eq!((picture.width(), picture.height()), (24, 16));
+    let cached: Vec<_> = std::fs::read_dir(tmp.path().join("cache/previews"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let map: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cached[0]).unwrap()).unwrap();
+    assert_eq!(
+        (map["format"].as_str(), map["channels"].as_u64()),
+        (Some("flux2"), Some(16))
+    );
 }
 
 #[test]

@@ -183,6 +183,7 @@ pub(super) fn run(
     klein.pipeline.validate(&first)?;
     let plan = weights_plan(klein, dtype)?;
     let p = &mut klein.pipeline;
+    p.set_previews(job.preview)?;
     let prompt_tokens = p.token_ids(&job.prompt)?.len();
     let model_name = p.source().name();
     let identity = p.source().identity();
@@ -197,7 +198,7 @@ pub(super) fn run(
     let mut ends = BatchEnds::default();
     for k in 0..job.count as usize {
         let image = k + 1;
-        reporter.image = image;
+        reporter.start_image(image);
         let seed = job.seed.wrapping_add(k as u64);
         let req = Request {
             seed,

@@ -73,7 +73,7 @@ pub(super) struct Reporter<'a> {
     progress: &'a mut dyn FnMut(&Progress),
     started: Instant,
     images: usize,
-    pub(super) image: usize,
+    image: usize,
     phase: &'static str,
     preview: Option<Arc<Preview>>,
 }
@@ -89,6 +89,12 @@ impl Reporter<'_> {
             steps,
             elapsed: self.started.elapsed(),
         })
+    }
+
+    /// Reports on image `image` of the batch from here on, without the last one's preview.
+    pub(super) fn start_image(&mut self, image: usize) {
+        self.image = image;
+        self.preview = None;
     }
 
     fn phase(&mut self, name: &'static str) {
@@ -187,8 +193,7 @@ pub fn run(
     let mut ends = BatchEnds::default();
     for k in 0..job.count as usize {
         let image = k + 1;
-        reporter.image = image;
-        reporter.preview = None;
+        reporter.start_image(image);
         let seed = job.seed.wrapping_add(k as u64);
         let mut req = first.req.clone();
         req.seed = seed;

@@ -92,7 +92,7 @@ pub fn denoise(
             index: i + 1 - first,
             total,
             preview: match previews.as_mut() {
-                Some(p) => p.step(&latents, i + 1 == schedule.steps())?,
+                Some(p) => p.step(i + 1 == schedule.steps(), || Ok(latents.clone()))?,
                 None => None,
             },
         };

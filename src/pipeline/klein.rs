@@ -15,6 +15,7 @@ use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
 use crate::models::{
     self, Checkpoint, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder, VaeEncoder,
 };
+use crate::preview::{LatentFormat, RgbMap, StepPreviews};
 use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
 use crate::text::PromptTokenizer;
 use std::ops::ControlFlow;
@@ -125,6 +126,10 @@ pub struct KleinPipeline<S: ModelSource> {
     tokenizer: PromptTokenizer,
     pad_id: u32,
     dtype: Dtype,
+    /// The latents → RGB map each step's preview is drawn with, once fitted.
+    rgb_map: Option<RgbMap>,
+    /// Whether steps report previews.
+    previews: bool,
 }
 
 impl<S: ModelSource> KleinPipeline<S> {
@@ -199,6 +204,8 @@ impl<S: ModelSource> KleinPipeline<S> {
             tokenizer,
             pad_id,
             dtype,
+            rgb_map: None,
+            previews: false,
         })
     }
 
@@ -292,6 +299,32 @@ impl<S: ModelSource> KleinPipeline<S> {
         let states =
             encoder.encode_padded(&ids, self.pad_id, MAX_SEQUENCE_LENGTH, &flux2::TEXT_LAYERS)?;
         Ok(ops::concatenate(&states.iter().collect::<Vec<_>>(), 1)?)
+    }
+
+    /// The latents a preview is drawn from: the VAE's own `[C, 2h, 2w]` (the tokens' BatchNorm
+    /// undone and their 2×2 patches unpacked, both exact and cheap), so that the map is fitted
+    /// on 32 channels at the VAE's scale rather than 128 at twice it.
+    pub fn latent_format(&self) -> LatentFormat {
+        LatentFormat {
+            name: "flux2",
+            channels: self.configs.vae.latent_channels as usize,
+            cell: self.configs.vae.scale_factor() as u32,
+        }
+    }
+
+    /// Turns each step's preview on or off. The first time on, the preview map is read from
+    /// the cache or fitted against the VAE (see [`crate::preview`]).
+    pub fn set_previews(&mut self, on: bool) -> Result<(), Error> {
+        if on && self.rgb_map.is_none() {
+            let vae = self.load_vae()?;
+            let digest = self.source.component_digest("vae");
+            let map = RgbMap::cached_or_fit(&self.latent_format(), digest.as_deref(), &mut |z| {
+                vae.decode(z)
+            })?;
+            self.rgb_map = Some(map);
+        }
+        self.previews = on;
+        Ok(())
     }
 
     /// Pixels per token along each side: the VAE's scale times the 2×2 packing.
@@ -465,6 +498,13 @@ impl<S: ModelSource> KleinPipeline<S> {
             let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &ref_grids);
             let cfg = &self.configs.transformer;
             let rope = flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
+            let statistics = match self.previews {
+                true => Some(self.latent_statistics()?),
+                false => None,
+            };
+            let mut previews = (self.rgb_map.as_ref())
+                .filter(|_| self.previews)
+                .map(StepPreviews::new);
             for i in first..schedule.steps() {
                 let t = schedule.timesteps[i];
                 let tokens = match &ref_tokens {
@@ -494,15 +534,25 @@ impl<S: ModelSource> KleinPipeline<S> {
                     x = ((((&mask * -1.0)? + 1.0)? * kept)? + (&mask * &x)?)?;
                 }
                 x.eval()?;
-                // FLUX.2's packed latents have no preview map yet.
+                let preview = match (previews.as_mut(), &statistics) {
+                    (Some(p), Some(stats)) => {
+                        p.step(i + 1 == schedule.steps(), || unpack(&x, (h, w), stats))?
+                    }
+                    _ => None,
+                };
+                // Counted as the Z-Image pipeline counts: the steps this image runs.
+                let total = schedule.steps() - first;
                 if progress(Progress::Step {
-                    index: i,
-                    total: schedule.steps(),
-                    preview: None,
+                    index: i + 1 - first,
+                    total,
+                    preview,
                 })
                 .is_break()
                 {
-                    return Err(stopped(i + 1));
+                    return Err(Error::Stopped {
+                        step: i + 1 - first,
+                        total,
+                    });
                 }
             }
             Ok::<_, Error>(x)
@@ -592,18 +642,22 @@ impl<S: ModelSource> KleinPipeline<S> {
 
     /// Packed normalised latents `[N, 4C]` → the VAE's `[C, 2h, 2w]` (f32): the BatchNorm
     /// statistics undone in the latents' dtype, then the 2×2 patches unpacked (klein-spec §8.1).
-    pub fn vae_latents(&self, latents: &Array, (h, w): (i32, i32)) -> Result<Array, Error> {
-        let (mean, std) = self.latent_statistics()?;
-        let c4 = latents.dim(1);
-        let p = ((latents * std.astype(latents.dtype())?)? + mean.astype(latents.dtype())?)?;
-        let c = c4 / 4;
-        // Row n = i·w + j, feature c·4 + 2·dy + dx → [c, 2i + dy, 2j + dx].
-        let z = p
-            .reshape(&[h, w, c, 2, 2])?
-            .transpose(&[2, 0, 3, 1, 4])?
-            .reshape(&[c, 2 * h, 2 * w])?;
-        Ok(z.astype(Dtype::F32)?)
+    pub fn vae_latents(&self, latents: &Array, grid: (i32, i32)) -> Result<Array, Error> {
+        Ok(unpack(latents, grid, &self.latent_statistics()?)?)
     }
+}
+
+/// Packed normalised latents `[h·w, 4C]` → `[C, 2h, 2w]` (f32), given the BatchNorm
+/// statistics `(mean, std)`.
+fn unpack(latents: &Array, (h, w): (i32, i32), (mean, std): &(Array, Array)) -> mlx::Result<Array> {
+    let c4 = latents.dim(1);
+    let p = ((latents * std.astype(latents.dtype())?)? + mean.astype(latents.dtype())?)?;
+    let c = c4 / 4;
+    // Row n = i·w + j, feature c·4 + 2·dy + dx → [c, 2i + dy, 2j + dx].
+    p.reshape(&[h, w, c, 2, 2])?
+        .transpose(&[2, 0, 3, 1, 4])?
+        .reshape(&[c, 2 * h, 2 * w])?
+        .astype(Dtype::F32)
 }
 
 /// VAE latents `[C, 2h, 2w]` → token space `[4C, h, w]`, channel `c·4 + 2·dy + dx` holding
