@@ -1,21 +1,20 @@
 //! zimage: diffusion image models (Z-Image, FLUX.2 \[klein\]) on Apple's MLX, from Rust.
 //!
-//! The crate is layered bottom-up:
-//! - [`mlx`]: a safe wrapper over MLX's C++ API (through the `mlx-sys-shim` C shim);
-//! - [`safetensors`]: a strict safetensors header parser and writer;
-//! - [`ggml`]: ggml's tensor types and their exact or nearest MLX quantization;
-//! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs), import and gc;
-//! - [`registry`]: models pulled from and pushed to a Docker-v2 registry, as Ollama moves them;
-//! - [`hub`]: diffusers models pulled from a Hugging Face Hub through its cache;
-//! - [`loader`]: stored models to MLX arrays, with load profiling;
-//! - [`formats`]: other model-file formats (zTensor, DFSN, weight-inspect hashing, model hashes, PNG metadata);
-//! - [`lora`]: LoRA files in every layout, applied unfused to the linear layers;
-//! - [`layouts`]: ComfyUI / original-layout checkpoints mapped to diffusers names, and back;
-//! - [`models`], [`scheduler`], [`text`], [`pipeline`], [`image_in`], [`image_out`]: the generation pipelines of both families (Z-Image, FLUX.2 \[klein\], told apart by [`family`]);
-//! - [`number`]: the one check of the numbers a request gives;
-//! - [`preview`]: each denoising step's latents as a small picture, mapped linearly;
-//! - [`generation`]: the path from a request to a PNG that the command line and the server share;
-//! - [`server`]: `zimage serve`, Ollama's and OpenAI's image APIs over HTTP.
+//! # The API
+//!
+//! - [`start`]: prepares MLX for the process; call it first;
+//! - [`generation`]: a [`generation::Job`] (what to make) run on an [`generation::Engine`] (the
+//!   loaded model), reporting [`generation::Progress`] with [`preview`]s, giving PNGs;
+//! - [`store`]: the Ollama-style model store (manifests and per-tensor blobs): names, imports,
+//!   [`store::Store::locate`];
+//! - [`diffusers_dir`]: a diffusers directory read in place, as a model source;
+//! - [`loader`]: a stored model's components as MLX arrays, with load profiling;
+//! - [`mlx`]: the safe wrapper over MLX's C++ API those arrays live in;
+//! - [`family`]: the model families (Z-Image, FLUX.2 \[klein\]) and what each takes.
+//!
+//! The other modules are the `zimage` program's and its tests': the formats, layouts,
+//! pipelines, servers and the rest. They are hidden from this documentation and are not a
+//! stable API.
 //!
 //! # Making an image
 //!
@@ -41,39 +40,64 @@
 //! `examples/generate.rs` is the same program with arguments, and `examples/load_weights.rs`
 //! loads one component's tensors from the store as MLX arrays.
 
+#[doc(hidden)]
 pub mod component;
+#[doc(hidden)]
 pub mod controlnet_source;
 pub mod diffusers_dir;
+#[doc(hidden)]
 pub mod dtype;
+#[doc(hidden)]
 pub mod embedded;
 pub mod family;
+#[doc(hidden)]
 pub mod files;
+#[doc(hidden)]
 pub mod formats;
 pub mod generation;
+#[doc(hidden)]
 pub mod generation_defaults;
+#[doc(hidden)]
 pub mod ggml;
+#[doc(hidden)]
 pub mod hub;
+#[doc(hidden)]
 pub mod image_in;
+#[doc(hidden)]
 pub mod image_out;
+#[doc(hidden)]
 pub mod import_check;
+#[doc(hidden)]
 pub mod input_budget;
+#[doc(hidden)]
 pub mod layouts;
 pub mod loader;
+#[doc(hidden)]
 pub mod lora;
+#[doc(hidden)]
 pub mod memory_plan;
 pub mod mlx;
+#[doc(hidden)]
 pub mod models;
-pub mod number;
+mod number;
+#[doc(hidden)]
 pub mod pipeline;
+#[doc(hidden)]
 pub mod platform;
 pub mod preview;
+#[doc(hidden)]
 pub mod registry;
+#[doc(hidden)]
 pub mod safetensors;
+#[doc(hidden)]
 pub mod scheduler;
+#[doc(hidden)]
 pub mod server;
+#[doc(hidden)]
 pub mod shown;
 pub mod store;
-pub mod text;
+mod text;
+#[doc(hidden)]
 pub mod torch_rng;
 
 /// Prepares MLX for this process: opens MLX where the build opens it at start (the CUDA

@@ -21,6 +21,17 @@ pub struct LatentFormat {
     pub cell: u32,
 }
 
+impl LatentFormat {
+    /// The format `name` of `channels` per cell, decoded by a VAE of configuration `vae`.
+    pub fn decoded_by(name: &'static str, channels: i32, vae: &crate::models::VaeConfig) -> Self {
+        LatentFormat {
+            name,
+            channels: channels as usize,
+            cell: vae.scale_factor() as u32,
+        }
+    }
+}
+
 /// One step's picture: row-major RGB bytes, one pixel per latent cell.
 #[derive(Clone, PartialEq)]
 pub struct Preview {

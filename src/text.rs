@@ -8,7 +8,7 @@
 //! thinking enabled), which renders to a fixed string, so no template engine is needed.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::unicode::NFC;
@@ -51,27 +51,6 @@ pub struct PromptTokenizer {
 }
 
 impl PromptTokenizer {
-    /// Loads from a diffusers `tokenizer/` directory.
-    pub fn from_dir(dir: &Path) -> Result<PromptTokenizer, Error> {
-        let read = |name: &str| {
-            let path = dir.join(name);
-            if !path.exists() {
-                return Ok(None);
-            }
-            let (limit, what) = file_limit(name);
-            crate::files::read_bounded(&path, limit, what)
-                .map(Some)
-                .map_err(|e| e.to_string())
-        };
-        PromptTokenizer::from_files(read).map_err(|e| match e {
-            Error::Load { reason, .. } => Error::Load {
-                dir: dir.to_path_buf(),
-                reason,
-            },
-            other => other,
-        })
-    }
-
     /// Loads from the tokenizer files `read(name)` returns (`None` when absent), as stored in
     /// a model's `tokenizer/` folder; a file that cannot be read is an error, not an absence.
     pub fn from_files(

@@ -122,6 +122,12 @@ impl Hires {
 }
 
 impl Job {
+    /// The batch's images, numbered from 1, each with its seed: the job's seed, then one more
+    /// per image.
+    pub fn images(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        (0..self.count as usize).map(|k| (k + 1, self.seed.wrapping_add(k as u64)))
+    }
+
     /// A text → image job of one image with every setting left to the model.
     pub fn new(model: ModelChoice, prompt: impl Into<String>) -> Job {
         Job {

@@ -191,10 +191,8 @@ pub fn run(
 
     let mut out = Vec::with_capacity(job.count as usize);
     let mut ends = BatchEnds::default();
-    for k in 0..job.count as usize {
-        let image = k + 1;
+    for (image, seed) in job.images() {
         reporter.start_image(image);
-        let seed = job.seed.wrapping_add(k as u64);
         let mut req = first.req.clone();
         req.seed = seed;
         let generated = run_pass(

@@ -229,31 +229,37 @@ impl<S: ModelSource> KleinPipeline<S> {
             .with_quantized(weights.quantized))
     }
 
+    /// A component's model, made from its checkpoint.
+    fn load<M>(
+        &self,
+        component: &str,
+        make: impl FnOnce(Checkpoint) -> Result<M, models::ModelError>,
+    ) -> Result<M, Error> {
+        Ok(make(self.checkpoint(component)?)?)
+    }
+
     /// Qwen3 bound up to the deepest layer klein reads.
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
         let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
-        Ok(Qwen3Encoder::with_layers(
-            &self.configs.text_encoder,
-            self.checkpoint("text_encoder")?,
-            layers,
-        )?)
+        self.load("text_encoder", |c| {
+            Qwen3Encoder::with_layers(&self.configs.text_encoder, c, layers)
+        })
     }
 
     pub fn load_transformer(&self) -> Result<Flux2Transformer, Error> {
-        Ok(Flux2Transformer::new(
-            &self.configs.transformer,
-            self.checkpoint("transformer")?,
-        )?)
+        self.load("transformer", |c| {
+            Flux2Transformer::new(&self.configs.transformer, c)
+        })
     }
 
     /// The VAE's encoder, for reference pictures and the picture an inpaint starts from.
     pub fn load_vae_encoder(&self) -> Result<VaeEncoder, Error> {
-        Ok(VaeEncoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+        self.load("vae", |c| VaeEncoder::new(&self.configs.vae, c))
     }
 
     /// The VAE's decoder.
     pub fn load_vae(&self) -> Result<VaeDecoder, Error> {
-        Ok(VaeDecoder::new(&self.configs.vae, self.checkpoint("vae")?)?)
+        self.load("vae", |c| VaeDecoder::new(&self.configs.vae, c))
     }
 
     /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the
@@ -303,25 +309,18 @@ impl<S: ModelSource> KleinPipeline<S> {
 
     /// The latents a preview is drawn from: the VAE's own `[C, 2h, 2w]` (the tokens' BatchNorm
     /// undone and their 2×2 patches unpacked, both exact and cheap), so that the map is fitted
-    /// on 32 channels at the VAE's scale rather than 128 at twice it.
+    /// on the VAE's channels at its scale rather than four times as many at twice it.
     pub fn latent_format(&self) -> LatentFormat {
-        LatentFormat {
-            name: "flux2",
-            channels: self.configs.vae.latent_channels as usize,
-            cell: self.configs.vae.scale_factor() as u32,
-        }
+        let vae = &self.configs.vae;
+        LatentFormat::decoded_by("flux2", vae.latent_channels, vae)
     }
 
-    /// Turns each step's preview on or off. The first time on, the preview map is read from
-    /// the cache or fitted against the VAE (see [`crate::preview`]).
+    /// Turns each step's preview on or off, fitting (or reading from the cache) the map the
+    /// first time.
     pub fn set_previews(&mut self, on: bool) -> Result<(), Error> {
         if on && self.rgb_map.is_none() {
-            let vae = self.load_vae()?;
-            let digest = self.source.component_digest("vae");
-            let map = RgbMap::cached_or_fit(&self.latent_format(), digest.as_deref(), &mut |z| {
-                vae.decode(z)
-            })?;
-            self.rgb_map = Some(map);
+            let map = super::preview_map(&self.source, &self.latent_format(), &self.load_vae()?);
+            self.rgb_map = Some(map?);
         }
         self.previews = on;
         Ok(())
@@ -418,22 +417,13 @@ impl<S: ModelSource> KleinPipeline<S> {
         if progress(Progress::Phase("text")).is_break() {
             return Err(stopped(0));
         }
-        let (prompt, negative) = measure(&mut phases, "text", || {
-            let encoder = self.load_text_encoder()?;
-            let pos = self.prompt_embeds(&encoder, &req.prompt)?;
-            let neg = match guided {
-                true => {
-                    let text = req.negative_prompt.as_deref().unwrap_or("");
-                    Some(self.prompt_embeds(&encoder, text)?)
-                }
-                false => None,
-            };
-            let mut outs = vec![&pos];
-            outs.extend(neg.as_ref());
-            mlx::eval(&outs)?;
-            Ok::<_, Error>((pos, neg))
-        })?;
-        release_freed_memory();
+        let (prompt, negative) = super::encode_prompts(
+            &mut phases,
+            req,
+            guided,
+            || self.load_text_encoder(),
+            |encoder, text| self.prompt_embeds(encoder, text),
+        )?;
 
         // 2. Encode the picture an image task starts from (itself the first reference) and the
         //    references, then release the encoder.
@@ -557,16 +547,10 @@ impl<S: ModelSource> KleinPipeline<S> {
             }
             Ok::<_, Error>(x)
         })?;
-        check_finite(&latents, "denoise", "latents")?;
-        drop(prompt);
-        drop(negative);
-        drop(ref_tokens);
-        release_freed_memory();
+        let held = (prompt, negative, ref_tokens);
+        super::to_decode(&latents, held, progress, stopped(req.steps))?;
 
         // 4. Un-normalise, unpatchify, decode and quantise.
-        if progress(Progress::Phase("decode")).is_break() {
-            return Err(stopped(req.steps));
-        }
         let rgb = measure(&mut phases, "decode", || {
             let vae = self.load_vae()?;
             let z = self.vae_latents(&latents, (h, w))?;
@@ -574,15 +558,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             check_finite(&image, "decode", "pixels")?;
             Ok::<_, Error>(models::vae::to_rgb8(&image)?)
         })?;
-        release_freed_memory();
-        Ok(Generated {
-            rgb,
-            width: req.width,
-            height: req.height,
-            phases,
-            latents,
-            control_seconds: None,
-        })
+        Ok(Generated::decoded(rgb, req, phases, latents, None))
     }
 
     /// The references as the transformer reads them: each encoded (the VAE's mean), patchified,

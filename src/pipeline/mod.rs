@@ -189,10 +189,31 @@ pub struct Generated {
     pub width: u32,
     pub height: u32,
     pub phases: Vec<PhaseReport>,
-    /// Final latents `[16, H/8, W/8]` (f32).
+    /// The denoiser's final latents, as it lays them out.
     pub latents: Array,
     /// Seconds the ControlNet's hints took over the whole denoise (`None` without control).
     pub control_seconds: Option<f64>,
+}
+
+impl Generated {
+    /// `req`'s image once decoded to `rgb`, the decode's memory handed back first.
+    fn decoded(
+        rgb: Vec<u8>,
+        req: &Request,
+        phases: Vec<PhaseReport>,
+        latents: Array,
+        control_seconds: Option<f64>,
+    ) -> Generated {
+        release_freed_memory();
+        Generated {
+            rgb,
+            width: req.width,
+            height: req.height,
+            phases,
+            latents,
+            control_seconds,
+        }
+    }
 }
 
 /// The model's configuration, read once from its json files.
@@ -647,11 +668,8 @@ impl<S: ModelSource> Pipeline<S> {
 
     /// How the denoiser lays out its latents.
     pub fn latent_format(&self) -> LatentFormat {
-        LatentFormat {
-            name: "z-image",
-            channels: self.configs.transformer.in_channels as usize,
-            cell: self.configs.vae.scale_factor() as u32,
-        }
+        let channels = self.configs.transformer.in_channels;
+        LatentFormat::decoded_by("z-image", channels, &self.configs.vae)
     }
 
     /// Turns each step's preview on or off. The first time on, the preview map is read from
@@ -662,10 +680,7 @@ impl<S: ModelSource> Pipeline<S> {
                 Some(v) => v,
                 None => self.load_vae()?,
             };
-            let digest = self.source.component_digest("vae");
-            let map = RgbMap::cached_or_fit(&self.latent_format(), digest.as_deref(), &mut |z| {
-                vae.decode(z)
-            });
+            let map = preview_map(&self.source, &self.latent_format(), &vae);
             if self.keep_models {
                 self.vae = Some(vae);
             }
@@ -736,23 +751,13 @@ impl<S: ModelSource> Pipeline<S> {
         if progress(Progress::Phase("text")).is_break() {
             return Err(stopped(0));
         }
-        let (caption, negative) = measure(&mut phases, "text", || {
-            let encoder = self.load_text_encoder()?;
-            let pos = encoder.encode(&self.token_ids(&req.prompt)?)?;
-            let neg = if cfg_on {
-                Some(
-                    encoder
-                        .encode(&self.token_ids(req.negative_prompt.as_deref().unwrap_or(""))?)?,
-                )
-            } else {
-                None
-            };
-            let mut outs = vec![&pos];
-            outs.extend(neg.as_ref());
-            mlx::eval(&outs)?;
-            Ok::<_, Error>((pos, neg))
-        })?;
-        release_freed_memory();
+        let (caption, negative) = encode_prompts(
+            &mut phases,
+            req,
+            cfg_on,
+            || self.load_text_encoder(),
+            |encoder, text| Ok(encoder.encode(&self.token_ids(text)?)?),
+        )?;
 
         // 2. Encode the picture an image task starts from, or the control image (with a
         //    picture to repaint, that picture too), then release the encoder. An image task's
@@ -881,17 +886,10 @@ impl<S: ModelSource> Pipeline<S> {
             }
             out
         })?;
-        check_finite(&latents, "denoise", "latents")?;
-        drop(caption);
-        drop(negative);
-        drop(image_latents);
-        drop(control_latents);
-        release_freed_memory();
+        let held = (caption, negative, image_latents, control_latents);
+        to_decode(&latents, held, progress, stopped(req.steps))?;
 
         // 4. Decode and quantise.
-        if progress(Progress::Phase("decode")).is_break() {
-            return Err(stopped(req.steps));
-        }
         let rgb = measure(&mut phases, "decode", || {
             let vae = match self.vae.take() {
                 Some(v) => v,
@@ -908,15 +906,13 @@ impl<S: ModelSource> Pipeline<S> {
             }
             Ok::<_, Error>(rgb)
         })?;
-        release_freed_memory();
-        Ok(Generated {
+        Ok(Generated::decoded(
             rgb,
-            width: req.width,
-            height: req.height,
+            req,
             phases,
             latents,
             control_seconds,
-        })
+        ))
     }
 }
 
@@ -978,6 +974,68 @@ pub fn request_range_error_in(
 }
 
 /// Hands a finished phase's buffers back to the system, so the next phase starts lean.
+/// The text phase: the prompt's features, and with `guided` the negative prompt's (the empty
+/// prompt when the request gives none), from the encoder `load` gives, evaluated; the encoder
+/// is let go and its memory handed back before the next phase.
+fn encode_prompts<E>(
+    phases: &mut Vec<PhaseReport>,
+    req: &Request,
+    guided: bool,
+    load: impl FnOnce() -> Result<E, Error>,
+    encode: impl Fn(&E, &str) -> Result<Array, Error>,
+) -> Result<(Array, Option<Array>), Error> {
+    let features = measure(phases, "text", || {
+        let encoder = load()?;
+        let pos = encode(&encoder, &req.prompt)?;
+        let neg = match guided {
+            true => Some(encode(
+                &encoder,
+                req.negative_prompt.as_deref().unwrap_or(""),
+            )?),
+            false => None,
+        };
+        let mut outs = vec![&pos];
+        outs.extend(neg.as_ref());
+        mlx::eval(&outs)?;
+        Ok::<_, Error>((pos, neg))
+    })?;
+    release_freed_memory();
+    Ok(features)
+}
+
+/// From the denoise to the decode phase: the latents checked, what the denoise read (`held`)
+/// let go and its memory handed back before the decoder loads, then the decode announced;
+/// `stop` is the error when `progress` stops there.
+fn to_decode<T>(
+    latents: &Array,
+    held: T,
+    progress: &mut dyn FnMut(Progress) -> ControlFlow<()>,
+    stop: Error,
+) -> Result<(), Error> {
+    check_finite(latents, "denoise", "latents")?;
+    drop(held);
+    release_freed_memory();
+    match progress(Progress::Phase("decode")).is_break() {
+        true => Err(stop),
+        false => Ok(()),
+    }
+}
+
+/// The preview map of latents laid out as `format` and decoded by `vae`: the one cached for
+/// the VAE's weights, else fitted now (see [`crate::preview`]).
+fn preview_map(
+    source: &impl ModelSource,
+    format: &LatentFormat,
+    vae: &VaeDecoder,
+) -> Result<RgbMap, Error> {
+    let digest = source.component_digest("vae");
+    Ok(RgbMap::cached_or_fit(
+        format,
+        digest.as_deref(),
+        &mut |z| vae.decode(z),
+    )?)
+}
+
 fn release_freed_memory() {
     mlx::memory::clear_cache();
     crate::platform::trim_freed_memory();
