@@ -1,6 +1,7 @@
 //! `zimage pull hf.co/OWNER/REPO` against a Hub-like server on 127.0.0.1 serving the demo
 //! model (`tests/common/hub.rs`): a fresh pull, a resumed one, one from a full Hugging Face
-//! cache, a file whose sha256 is not the Hub's, a gated model, and the one-line failures.
+//! cache, a file whose sha256 or git blob id is not the Hub's, a gated model, and the one-line
+//! failures.
 
 mod common;
 
@@ -235,6 +236,22 @@ fn a_file_whose_sha256_is_not_the_hubs_is_refused_and_nothing_is_stored() {
             .all(|n| !n.starts_with(vae) && !n.starts_with("0000")),
         "{names:?}"
     );
+}
+
+#[test]
+fn a_file_outside_lfs_whose_bytes_are_not_its_git_blob_is_refused() {
+    let t = Setup::new(None);
+    let config = "transformer/config.json";
+    *t.hub.state.altered.lock().unwrap() = Some(config.to_string());
+    let err = one_line_error(&t.pull(&[]));
+    let listed = &t.hub.file(config).blob_id;
+    assert!(
+        err.contains(config) && err.contains(&format!("git blob id {listed}")),
+        "{err}"
+    );
+    assert!(err.contains("nothing was stored"), "{err}");
+    assert!(!stored_models(&t.store()).contains("hf.co"));
+    assert!(!t.cached_repo().join("blobs").join(listed).exists());
 }
 
 #[test]

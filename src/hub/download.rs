@@ -1,6 +1,7 @@
 //! One file into the cache: appended to `blobs/<etag>.incomplete` (continued with `Range` from
 //! what an earlier run left, as huggingface_hub continues), hashed as it arrives, and renamed
-//! to `blobs/<etag>` only when its size and (for LFS files) sha256 are the Hub's.
+//! to `blobs/<etag>` only when its size and hash (an LFS file's sha256, another's git blob id)
+//! are the Hub's.
 
 use super::cache::RepoCache;
 use super::http::Hub;
@@ -93,14 +94,21 @@ pub fn download(
             Err(e) => return Err(e),
         }
     }
-    let actual = format!("{:x}", part.hasher.clone().finalize());
-    let expected = f.sha256.clone().unwrap_or_else(|| actual.clone());
-    if part.len != f.size || actual != expected {
+    // An LFS file is checked against the sha256 the Hub states, any other against its git
+    // blob id.
+    let (hash, actual) = match &f.sha256 {
+        Some(_) => ("sha256", format!("{:x}", part.hasher.clone().finalize())),
+        None => ("git blob id", git_blob_id(&path, part.len, f.etag.len())?),
+    };
+    let expected = f.sha256.clone().unwrap_or_else(|| f.etag.clone());
+    let got = part.len;
+    if got != f.size || actual != expected {
         drop(part);
         let _ = std::fs::remove_file(&path);
         return Err(HubError::Mismatch {
             path: f.path.clone(),
-            size: f.size,
+            size: got,
+            hash,
             actual,
             expected_size: f.size,
             expected,
@@ -111,6 +119,30 @@ pub fn download(
     let blob = cache.blob(&f.etag);
     std::fs::rename(&path, &blob).map_err(FileError::io(&blob))?;
     Ok(had)
+}
+
+/// The git object id of a file's `len` bytes as a blob, `"blob <len>\0"` and the bytes hashed
+/// with sha1 (a 40-digit id) or sha256 (64, a repository in git's sha256 format): what the Hub
+/// lists for a file outside LFS.
+fn git_blob_id(path: &Path, len: u64, id_digits: usize) -> Result<String, HubError> {
+    fn hashed<D: Digest>(path: &Path, len: u64) -> std::io::Result<Vec<u8>> {
+        let mut digest = D::new();
+        digest.update(format!("blob {len}\0"));
+        let mut file = File::open(path)?;
+        let mut buf = vec![0u8; BUFFER];
+        loop {
+            match file.read(&mut buf)? {
+                0 => return Ok(digest.finalize().to_vec()),
+                n => digest.update(&buf[..n]),
+            }
+        }
+    }
+    let id = match id_digits {
+        64 => hashed::<Sha256>(path, len),
+        _ => hashed::<sha1::Sha1>(path, len),
+    };
+    let id = id.map_err(FileError::io(path))?;
+    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Where a file comes from: its repository, the commit the list named, its `resolve` URL.

@@ -77,13 +77,15 @@ pub enum HubError {
         detail: String,
     },
     #[error(
-        "`{path}` downloads as {size} bytes hashing to sha256 {actual}, but the Hub states \
-         {expected_size} bytes with sha256 {expected}; refused, nothing was stored (run the \
+        "`{path}` downloads as {size} bytes hashing to {hash} {actual}, but the Hub states \
+         {expected_size} bytes with {hash} {expected}; refused, nothing was stored (run the \
          pull again; if it repeats, the file on the Hub is damaged)"
     )]
     Mismatch {
         path: String,
         size: u64,
+        /// What was hashed: `sha256` (an LFS file) or `git blob id`.
+        hash: &'static str,
         actual: String,
         expected_size: u64,
         expected: String,
