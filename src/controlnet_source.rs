@@ -246,6 +246,7 @@ impl TensorSource for ControlNetSource {
                     offset: data + t.data_offsets.0,
                     nbytes: t.nbytes(),
                     encoding: crate::store::Encoding::Plain,
+                    roll: 0,
                 })
             })
             .collect()

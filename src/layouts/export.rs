@@ -104,7 +104,7 @@ pub fn export_comfy(
             .map(|(n, t)| (n.clone(), t.shape.clone()))
             .collect();
         let joined = match component {
-            Component::Transformer => super::transformer::to_original(&shapes),
+            Component::Transformer => super::transformer_to_original(&shapes),
             Component::TextEncoder => super::text_encoder::to_original(&shapes),
             Component::Vae => super::vae::to_original(&shapes),
         };
@@ -135,6 +135,16 @@ pub fn export_comfy(
     Ok(written)
 }
 
+/// A stored tensor's bytes.
+fn read_stored(p: &Stored) -> Result<Vec<u8>, Error> {
+    let io = FileError::io(&p.file);
+    let mut f = std::fs::File::open(&p.file).map_err(&io)?;
+    f.seek(SeekFrom::Start(p.offset)).map_err(&io)?;
+    let mut bytes = vec![0u8; p.nbytes as usize];
+    f.read_exact(&mut bytes).map_err(&io)?;
+    Ok(bytes)
+}
+
 /// Writes one safetensors file to a temporary file beside `path`; returns it and its size.
 fn write_file(
     path: &Path,
@@ -158,7 +168,7 @@ fn write_file(
         let dtype = parts[0].dtype;
         if parts
             .iter()
-            .any(|p| p.dtype != dtype || p.shape[1..] != parts[0].shape[1..])
+            .any(|p| p.dtype != dtype || p.shape.get(1..) != parts[0].shape.get(1..))
         {
             return Err(fail(format!(
                 "the tensors that make `{}` ({}) differ in dtype or row shape",
@@ -186,9 +196,20 @@ fn write_file(
     let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut tmp);
     out.write_all(&header).map_err(&io)?;
     let mut total = header.len() as u64;
-    for (spec, parts) in specs.iter().zip(&sources) {
+    for ((spec, parts), j) in specs.iter().zip(&sources).zip(joined) {
         let mut n = 0;
-        for p in parts {
+        if j.roll_rows > 0 {
+            // A rolled tensor (a small one: a modulation) is put together in memory.
+            let mut bytes = Vec::new();
+            for p in parts {
+                bytes.extend(read_stored(p)?);
+            }
+            let rows = spec.shape.first().copied().unwrap_or(1);
+            super::roll_rows(&mut bytes, rows, j.roll_rows);
+            out.write_all(&bytes).map_err(&io)?;
+            n = bytes.len() as u64;
+        }
+        for p in parts.iter().filter(|_| j.roll_rows == 0) {
             let pio = FileError::io(&p.file);
             let mut f = std::fs::File::open(&p.file).map_err(&pio)?;
             f.seek(SeekFrom::Start(p.offset)).map_err(&pio)?;

@@ -427,7 +427,7 @@ pub fn export_gguf(
     let shapes: Vec<(String, Vec<u64>)> = (stored.iter())
         .map(|(n, t)| (n.clone(), t.shape.clone()))
         .collect();
-    let joined = super::transformer::to_original(&shapes);
+    let joined = super::transformer_to_original(&shapes);
 
     // Every tensor's type, decided before anything is written: the header comes first.
     let mut heads = Vec::with_capacity(joined.len());
@@ -460,10 +460,15 @@ pub fn export_gguf(
         .ok_or_else(|| fail("has no `transformer/config.json`".into()))?;
     let config: serde_json::Value = serde_json::from_slice(&config)
         .map_err(|e| fail(format!("`transformer/config.json` is not JSON: {e}")))?;
+    // ComfyUI-GGUF's names for the two families' transformers.
+    let architecture = match joined.iter().any(|j| j.name.starts_with("double_blocks.")) {
+        true => "flux",
+        false => "lumina2",
+    };
     let mut metadata = vec![
         (
             "general.architecture".to_string(),
-            Value::String("lumina2".into()),
+            Value::String(architecture.into()),
         ),
         ("general.quantization_version".to_string(), Value::U32(2)),
     ];
@@ -487,13 +492,23 @@ pub fn export_gguf(
     let mut max_error: Option<(String, f32)> = None;
     for (j, head) in joined.iter().zip(&heads) {
         let mut n = 0u64;
+        let mut rolled = Vec::new();
         for p in &j.parts {
             let (bytes, err) = convert(&stored[p], head.ggml_type)?;
             if err > 0.0 && max_error.as_ref().is_none_or(|(_, e)| err > *e) {
                 max_error = Some((p.clone(), err));
             }
-            out.write_all(&bytes).map_err(&io)?;
             n += bytes.len() as u64;
+            match j.roll_rows {
+                0 => out.write_all(&bytes).map_err(&io)?,
+                _ => rolled.extend(bytes),
+            }
+        }
+        if j.roll_rows > 0 {
+            // ggml rows are whole blocks, so the rows roll as bytes.
+            let rows = head.shape.first().copied().unwrap_or(1);
+            super::roll_rows(&mut rolled, rows, j.roll_rows);
+            out.write_all(&rolled).map_err(&io)?;
         }
         let want = head.nbytes().map_err(|e| fail(e.to_string()))?;
         if n != want {

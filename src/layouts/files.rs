@@ -240,8 +240,8 @@ pub struct ComponentOrigin {
     pub dropped: Vec<String>,
 }
 
-/// A model assembled from component checkpoints over a base (a diffusers directory, or
-/// Z-Image-Turbo's tokenizer and scheduler when there is none).
+/// A model assembled from component checkpoints over a base (a diffusers directory, or when
+/// there is none Qwen's tokenizer and the family's scheduler: Z-Image-Turbo's or klein's).
 #[derive(Debug, Clone)]
 pub struct ComposedModel {
     pub tensors: Vec<SourceTensor>,
@@ -259,6 +259,36 @@ pub fn turbo_defaults(embedded: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
         })
         .map(|(p, b)| (p.to_string(), b.to_vec()))
         .collect()
+}
+
+/// `model_index.json` and the scheduler config of a FLUX.2 \[klein\] model composed without a
+/// base directory: a base model when the transformer's file says so in its name, as Black
+/// Forest Labs names them (`flux-2-klein-base-4b.safetensors`), else the step-distilled one.
+fn klein_defaults(transformer_source: &str) -> Vec<(String, Vec<u8>)> {
+    let distilled = !transformer_source.to_ascii_lowercase().contains("base");
+    let index = serde_json::json!({
+        "_class_name": "Flux2KleinPipeline",
+        "_diffusers_version": "0.42.1",
+        "is_distilled": distilled,
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        "text_encoder": ["transformers", "Qwen3ForCausalLM"],
+        "tokenizer": ["transformers", "Qwen2Tokenizer"],
+        "transformer": ["diffusers", "Flux2Transformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKLFlux2"],
+    });
+    let scheduler = serde_json::json!({
+        "_class_name": "FlowMatchEulerDiscreteScheduler",
+        "_diffusers_version": "0.42.1",
+        "num_train_timesteps": 1000,
+        "shift": 3.0,
+        "time_shift_type": "exponential",
+        "use_dynamic_shifting": true,
+    });
+    let json = |v: serde_json::Value| serde_json::to_vec_pretty(&v).expect("JSON values serialize");
+    vec![
+        ("model_index.json".into(), json(index)),
+        ("scheduler/scheduler_config.json".into(), json(scheduler)),
+    ]
 }
 
 impl ComposedModel {
@@ -283,6 +313,16 @@ impl ComposedModel {
                         "without --from, a model needs every component: {} missing (give --transformer, --text-encoder and --vae)",
                         missing.join(", ")
                     )));
+                }
+                let klein = components.iter().find(|(m, _)| {
+                    m.component == Component::Transformer
+                        && m.config["_class_name"] == "Flux2Transformer2DModel"
+                });
+                let mut defaults = defaults;
+                if let Some((_, source)) = klein {
+                    // The tokenizer is Qwen's for both families; the rest is klein's own.
+                    defaults.retain(|(p, _)| p.starts_with("tokenizer/"));
+                    defaults.extend(klein_defaults(source));
                 }
                 (Vec::new(), defaults)
             }

@@ -18,6 +18,7 @@
 pub mod export;
 pub mod export_gguf;
 pub mod files;
+pub mod flux2;
 pub mod resolve;
 pub mod text_encoder;
 pub mod transformer;
@@ -97,6 +98,9 @@ pub struct Joined {
     pub shape: Vec<u64>,
     /// Diffusers names, concatenated along the first axis.
     pub parts: Vec<String>,
+    /// Rows the concatenation is rotated by: it is written from this row on, then its first
+    /// rows (0: as it is).
+    pub roll_rows: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +142,7 @@ pub fn to_diffusers(
     hint: Option<&serde_json::Value>,
 ) -> Result<Mapped, LayoutError> {
     let mut mapped = match component {
+        Component::Transformer if flux2::is_flux2(&tensors) => flux2::to_diffusers(tensors, what)?,
         Component::Transformer => transformer::to_diffusers(tensors, what)?,
         Component::TextEncoder => text_encoder::to_diffusers(tensors, what)?,
         Component::Vae => vae::to_diffusers(tensors, what)?,
@@ -148,6 +153,25 @@ pub fn to_diffusers(
     }
     mapped.hint = hint.cloned();
     Ok(mapped)
+}
+
+/// `bytes` of `rows` equal rows rotated so that row `by` comes first (a [`Joined`]'s roll).
+pub(crate) fn roll_rows(bytes: &mut [u8], rows: u64, by: u64) {
+    let at = bytes.len() as u64 / rows.max(1) * by;
+    let at = (at as usize).min(bytes.len());
+    bytes.rotate_left(at);
+}
+
+/// The original layout of a stored transformer's (diffusers-named) tensors: FLUX.2's or
+/// Z-Image's, told apart by the names.
+pub fn transformer_to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
+    match tensors
+        .iter()
+        .any(|(n, _)| n.starts_with("single_transformer_blocks."))
+    {
+        true => flux2::to_original(tensors),
+        false => transformer::to_original(tensors),
+    }
 }
 
 fn check_unique(tensors: &[SourceTensor], what: &str) -> Result<(), LayoutError> {

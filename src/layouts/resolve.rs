@@ -5,6 +5,8 @@
 //! `create` stores is one `generate` runs.
 
 use super::{Component, LayoutError, Mapped};
+use crate::family::Family;
+use crate::models::flux2::Flux2Config;
 use crate::models::{DitConfig, Qwen3Config, VaeConfig};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -212,9 +214,20 @@ pub fn check_model_configs(configs: &[(String, Vec<u8>)]) -> Result<(), String> 
         validate(&config).map_err(|e| format!("`{path}`: {e}"))?;
         Ok(config)
     }
+    let index = configs
+        .iter()
+        .find(|(p, _)| p == "model_index.json")
+        .ok_or("the model would have no `model_index.json`")?;
+    let family = Family::from_model_index(&index.1)?;
     let text: Qwen3Config = parse(configs, "text_encoder/config.json", Qwen3Config::validate)?;
-    let dit: DitConfig = parse(configs, "transformer/config.json", DitConfig::validate)?;
     let vae: VaeConfig = parse(configs, "vae/config.json", VaeConfig::validate)?;
+    if family == Family::Flux2Klein {
+        let transformer: Flux2Config =
+            parse(configs, "transformer/config.json", Flux2Config::validate)?;
+        return crate::models::flux2::check_configs(&text, &transformer, &vae)
+            .map_err(|(path, reason)| format!("`{path}` {reason}"));
+    }
+    let dit: DitConfig = parse(configs, "transformer/config.json", DitConfig::validate)?;
     if dit.cap_feat_dim != text.hidden_size {
         return Err(format!(
             "the transformer reads captions {} wide (`cap_feat_dim`), but the text encoder's `hidden_size` is {}",

@@ -129,6 +129,7 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
             name: name.clone(),
             shape: shape.clone(),
             parts: vec![name.clone()],
+            roll_rows: 0,
         })
         .collect()
 }

@@ -224,6 +224,7 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
                 name: format!("{stem}.attention.qkv.weight"),
                 shape: fused,
                 parts: vec![part("q"), part("k"), part("v")],
+                roll_rows: 0,
             });
         } else if name.ends_with(".attention.to_k.weight")
             || name.ends_with(".attention.to_v.weight")
@@ -234,6 +235,7 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
                 name: diffusers_to_original(name),
                 shape: shape.clone(),
                 parts: vec![name.clone()],
+                roll_rows: 0,
             });
         }
     }

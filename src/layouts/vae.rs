@@ -71,7 +71,8 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
 fn ldm_to_diffusers(name: &str, ups: u64) -> Option<String> {
     let (half, rest) = name.split_once('.')?;
     if !matches!(half, "encoder" | "decoder") {
-        return matches!(half, "quant_conv" | "post_quant_conv").then(|| name.to_string());
+        // FLUX.2's VAE normalises latents with a BatchNorm's running statistics.
+        return matches!(half, "quant_conv" | "post_quant_conv" | "bn").then(|| name.to_string());
     }
     let mapped = if let Some(r) = rest.strip_prefix("norm_out.") {
         format!("conv_norm_out.{r}")
@@ -200,6 +201,35 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
     let layers = t.count("encoder.down_blocks.0.resnets.");
     let latent = t.dim("decoder.conv_in.weight", 4, 1)?;
     let kind = |k: &'static str| vec![k; blocks as usize];
+    // FLUX.2's VAE: 2×2 patches normalised by a BatchNorm's statistics, no scale or shift.
+    if t.map.contains_key("bn.running_mean") {
+        let config = serde_json::json!({
+            "_class_name": "AutoencoderKLFlux2",
+            "_diffusers_version": "0.42.1",
+            "act_fn": "silu",
+            "batch_norm_eps": 1e-4,
+            "batch_norm_momentum": 0.1,
+            "block_out_channels": channels,
+            "decoder_block_out_channels": null,
+            "down_block_types": kind("DownEncoderBlock2D"),
+            "force_upcast": true,
+            "in_channels": t.dim("encoder.conv_in.weight", 4, 1)?,
+            "latent_channels": latent,
+            "layers_per_block": layers,
+            "mid_block_add_attention": t.map.contains_key("decoder.mid_block.attentions.0.to_q.weight"),
+            "norm_num_groups": 32,
+            "out_channels": t.dim("decoder.conv_out.weight", 4, 0)?,
+            "patch_size": [2, 2],
+            "sample_size": 1024,
+            "up_block_types": kind("UpDecoderBlock2D"),
+            "use_post_quant_conv": t.map.contains_key("post_quant_conv.weight"),
+            "use_quant_conv": t.map.contains_key("quant_conv.weight"),
+        });
+        return Ok(Inferred {
+            config,
+            shape_keys: shape_keys().to_vec(),
+        });
+    }
     let config = serde_json::json!({
         "_class_name": "AutoencoderKL",
         "_diffusers_version": "0.42.1",
@@ -222,7 +252,15 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
         "use_post_quant_conv": t.map.contains_key("post_quant_conv.weight"),
         "use_quant_conv": t.map.contains_key("quant_conv.weight"),
     });
-    let shape_keys = [
+    Ok(Inferred {
+        config,
+        shape_keys: shape_keys().to_vec(),
+    })
+}
+
+/// The VAE config keys the shapes tell, each with the tensor that tells it.
+fn shape_keys() -> [(&'static str, String); 8] {
+    [
         (
             "block_out_channels",
             "encoder.down_blocks.N.resnets.0.conv2.weight",
@@ -237,11 +275,8 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
         ("out_channels", "decoder.conv_out.weight"),
         ("use_post_quant_conv", "post_quant_conv.weight"),
         ("use_quant_conv", "quant_conv.weight"),
-    ];
-    Ok(Inferred {
-        config,
-        shape_keys: shape_keys.map(|(k, t)| (k, t.to_string())).to_vec(),
-    })
+    ]
+    .map(|(k, t)| (k, t.to_string()))
 }
 
 /// The LDM layout of stored (diffusers-named) tensors; attention weights become 1×1 convolutions.
@@ -265,6 +300,7 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
                 name: diffusers_to_ldm(name, ups),
                 shape,
                 parts: vec![name.clone()],
+                roll_rows: 0,
             }
         })
         .collect()

@@ -151,44 +151,8 @@ impl<S: ModelSource> KleinPipeline<S> {
             path: path.into(),
             reason,
         };
-        let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
         let (t, e, v) = (&configs.transformer, &configs.text_encoder, &configs.vae);
-        for (key, ours, theirs, value) in [
-            (
-                "joint_attention_dim",
-                t.joint_attention_dim,
-                "3 × the text encoder's `hidden_size`",
-                3 * e.hidden_size,
-            ),
-            (
-                "in_channels",
-                t.in_channels,
-                "4 × the VAE's `latent_channels`",
-                4 * v.latent_channels,
-            ),
-        ] {
-            if ours != value {
-                return Err(bad(
-                    "transformer/config.json",
-                    format!("`{key}` {ours} differs from {theirs} {value}"),
-                ));
-            }
-        }
-        if e.num_hidden_layers < layers {
-            return Err(bad(
-                "text_encoder/config.json",
-                format!(
-                    "`num_hidden_layers` is {}; FLUX.2 [klein] reads the hidden state after layer {layers}",
-                    e.num_hidden_layers
-                ),
-            ));
-        }
-        if v.batch_norm_eps.is_none() {
-            return Err(bad(
-                "vae/config.json",
-                "has no `batch_norm_eps`: not a FLUX.2 VAE (AutoencoderKLFlux2)".into(),
-            ));
-        }
+        flux2::check_configs(e, t, v).map_err(|(path, reason)| bad(path, reason))?;
         let tokenizer = PromptTokenizer::from_files(|name| {
             read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
         })?;

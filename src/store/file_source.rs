@@ -57,6 +57,7 @@ impl TensorSource for SafetensorsFile {
                 offset: data + t.data_offsets.0,
                 nbytes: t.nbytes(),
                 encoding: Default::default(),
+                roll: 0,
             })
             .collect()
     }

@@ -45,6 +45,7 @@ impl TensorSource for DiffusersDir {
                 offset: t.offset,
                 nbytes: t.info.nbytes(),
                 encoding: Encoding::Plain,
+                roll: 0,
             })
             .collect()
     }

@@ -23,6 +23,10 @@ pub struct SourceTensor {
     pub offset: u64,
     pub nbytes: u64,
     pub encoding: Encoding,
+    /// The tensor's bytes start this far into the range and wrap around to its start: the
+    /// range's halves swapped, say, when a layout orders a tensor's row blocks the other way
+    /// (0 for a tensor read as it lies).
+    pub roll: u64,
 }
 
 /// How a source tensor's bytes encode its values.
@@ -38,10 +42,10 @@ pub enum Encoding {
 impl SourceTensor {
     /// Rows `start..end` along the first (torch) axis, without reading anything: rows are
     /// contiguous in every encoding (ggml blocks never cross a row). `None` when the range is
-    /// outside the tensor or the tensor has no axis.
+    /// outside the tensor, the tensor has no axis or its bytes are rolled.
     pub fn rows(&self, start: u64, end: u64) -> Option<SourceTensor> {
         let first = *self.shape.first()?;
-        if start > end || end > first {
+        if start > end || end > first || self.roll != 0 {
             return None;
         }
         let row_bytes = self.nbytes.checked_div(first).unwrap_or(0);
@@ -73,9 +77,13 @@ pub(super) fn tensor_layer(
 
 pub(super) fn open_range(t: &SourceTensor) -> Result<impl Read, StoreError> {
     let io = FileError::io(&t.file);
-    let mut f = std::fs::File::open(&t.file).map_err(&io)?;
-    f.seek(SeekFrom::Start(t.offset)).map_err(&io)?;
-    Ok(std::io::BufReader::with_capacity(1 << 20, f).take(t.nbytes))
+    let roll = t.roll.min(t.nbytes);
+    let part = |start: u64, len: u64| -> Result<_, StoreError> {
+        let mut f = std::fs::File::open(&t.file).map_err(&io)?;
+        f.seek(SeekFrom::Start(t.offset + start)).map_err(&io)?;
+        Ok(std::io::BufReader::with_capacity(1 << 20, f).take(len))
+    };
+    Ok(part(roll, t.nbytes - roll)?.chain(part(0, roll)?))
 }
 
 /// The first value of `bytes` (little-endian `dtype`) that is NaN or infinite: its index and

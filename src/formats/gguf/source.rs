@@ -56,6 +56,7 @@ impl GgufSource {
                 offset: t.offset,
                 nbytes: t.nbytes,
                 encoding,
+                roll: 0,
             });
         }
         let meta: serde_json::Map<String, serde_json::Value> = g

@@ -59,6 +59,7 @@ impl ZtSource {
                 offset,
                 nbytes: t.dense_len,
                 encoding: Default::default(),
+                roll: 0,
             });
         }
         if let Some((tmp, _)) = &mut decoded {

@@ -1,0 +1,309 @@
+//! FLUX.2 [klein] from the files people have: Black Forest Labs' single transformer file
+//! (original names, fused q|k|v, the final modulation's halves the other way round), ComfyUI's
+//! three files and GGUF transformers, imported with `create --transformer/--text-encoder/--vae`
+//! and written back with `export --format comfy|gguf`.
+//!
+//! The original-layout file is written here from the tiny model's diffusers file through the
+//! spec's name table (klein-spec §10.4), spelled out below, not through zimage's own mapping.
+
+mod common;
+
+use common::{s, write_safetensors, zimage_in};
+use std::path::{Path, PathBuf};
+use zimage::safetensors::{self, Dtype};
+
+fn tiny() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/flux2-klein-tiny")
+}
+
+fn ok(out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The original name of a diffusers tensor that keeps its bytes, per the spec's table.
+fn original_name(diffusers: &str) -> Option<String> {
+    let top = [
+        ("x_embedder.weight", "img_in.weight"),
+        ("context_embedder.weight", "txt_in.weight"),
+        (
+            "time_guidance_embed.timestep_embedder.linear_1.weight",
+            "time_in.in_layer.weight",
+        ),
+        (
+            "time_guidance_embed.timestep_embedder.linear_2.weight",
+            "time_in.out_layer.weight",
+        ),
+        (
+            "double_stream_modulation_img.linear.weight",
+            "double_stream_modulation_img.lin.weight",
+        ),
+        (
+            "double_stream_modulation_txt.linear.weight",
+            "double_stream_modulation_txt.lin.weight",
+        ),
+        (
+            "single_stream_modulation.linear.weight",
+            "single_stream_modulation.lin.weight",
+        ),
+        ("proj_out.weight", "final_layer.linear.weight"),
+    ];
+    if let Some((_, o)) = top.iter().find(|(d, _)| *d == diffusers) {
+        return Some(o.to_string());
+    }
+    let (kind, rest) = diffusers.split_once("blocks.")?;
+    let (n, inner) = rest.split_once('.')?;
+    let inner = match (kind, inner) {
+        ("transformer_", "attn.norm_q.weight") => "img_attn.norm.query_norm.scale",
+        ("transformer_", "attn.norm_k.weight") => "img_attn.norm.key_norm.scale",
+        ("transformer_", "attn.norm_added_q.weight") => "txt_attn.norm.query_norm.scale",
+        ("transformer_", "attn.norm_added_k.weight") => "txt_attn.norm.key_norm.scale",
+        ("transformer_", "attn.to_out.0.weight") => "img_attn.proj.weight",
+        ("transformer_", "attn.to_add_out.weight") => "txt_attn.proj.weight",
+        ("transformer_", "ff.linear_in.weight") => "img_mlp.0.weight",
+        ("transformer_", "ff.linear_out.weight") => "img_mlp.2.weight",
+        ("transformer_", "ff_context.linear_in.weight") => "txt_mlp.0.weight",
+        ("transformer_", "ff_context.linear_out.weight") => "txt_mlp.2.weight",
+        ("single_transformer_", "attn.to_qkv_mlp_proj.weight") => "linear1.weight",
+        ("single_transformer_", "attn.to_out.weight") => "linear2.weight",
+        ("single_transformer_", "attn.norm_q.weight") => "norm.query_norm.scale",
+        ("single_transformer_", "attn.norm_k.weight") => "norm.key_norm.scale",
+        _ => return None,
+    };
+    let block = match kind {
+        "transformer_" => "double_blocks",
+        _ => "single_blocks",
+    };
+    Some(format!("{block}.{n}.{inner}"))
+}
+
+/// The tiny model's transformer as Black Forest Labs lays it out, under `prefix`.
+fn write_original(path: &Path, prefix: &str) {
+    let file = tiny().join("transformer/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(file).unwrap();
+    let header = safetensors::parse(&bytes).unwrap();
+    let data = |name: &str| {
+        let t = header.tensors.iter().find(|t| t.name == name).unwrap();
+        let start = (header.data_start() + t.data_offsets.0) as usize;
+        (t, bytes[start..start + t.nbytes() as usize].to_vec())
+    };
+    let mut out: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = Vec::new();
+    for t in &header.tensors {
+        let name = t.name.as_str();
+        if let Some(o) = original_name(name) {
+            out.push((o, t.dtype, t.shape.clone(), data(name).1));
+        } else if name == "norm_out.linear.weight" {
+            // diffusers holds (scale, shift); the original (shift, scale).
+            let (_, b) = data(name);
+            let half = b.len() / 2;
+            let swapped = [&b[half..], &b[..half]].concat();
+            out.push((
+                "final_layer.adaLN_modulation.1.weight".into(),
+                t.dtype,
+                t.shape.clone(),
+                swapped,
+            ));
+        }
+    }
+    let blocks = header
+        .tensors
+        .iter()
+        .filter(|t| t.name.ends_with(".attn.to_q.weight") && t.name.starts_with("transformer_"))
+        .count();
+    for b in 0..blocks {
+        for (stream, parts) in [
+            ("img", ["to_q", "to_k", "to_v"]),
+            ("txt", ["add_q_proj", "add_k_proj", "add_v_proj"]),
+        ] {
+            let mut fused = Vec::new();
+            let mut shape = Vec::new();
+            for p in parts {
+                let (t, b) = data(&format!("transformer_blocks.{b}.attn.{p}.weight"));
+                fused.extend(b);
+                shape = vec![t.shape[0] * 3, t.shape[1]];
+            }
+            out.push((
+                format!("double_blocks.{b}.{stream}_attn.qkv.weight"),
+                Dtype::BF16,
+                shape,
+                fused,
+            ));
+        }
+    }
+    let tensors: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = out
+        .into_iter()
+        .map(|(n, d, s, b)| (format!("{prefix}{n}"), d, s, b))
+        .collect();
+    let borrowed: Vec<(&str, Dtype, Vec<u64>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+        .collect();
+    write_safetensors(path, &borrowed);
+}
+
+/// The pixels of a 64² picture the stored model `model` makes from seed 3.
+fn pixels(store: &Path, model: &str, dir: &Path) -> Vec<u8> {
+    let png = dir.join(format!("{}.png", model.replace('/', "_")));
+    ok(&zimage_in(
+        store,
+        &[
+            "generate",
+            "a fox",
+            "--model",
+            model,
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--seed",
+            "3",
+            "-o",
+            s(&png),
+        ],
+    ));
+    image::open(&png).unwrap().to_rgb8().into_raw()
+}
+
+#[test]
+fn the_original_single_file_imports_as_the_diffusers_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    ok(&zimage_in(
+        &store,
+        &["create", "klein", "--from", s(&tiny())],
+    ));
+    let original = tmp.path().join("flux-2-klein-tiny.safetensors");
+    write_original(&original, "model.diffusion_model.");
+
+    // The directory gives what shapes cannot tell (the tiny model's RoPE split); every
+    // tensor of the file is then one the directory's model already holds, byte for byte.
+    let out = ok(&zimage_in(
+        &store,
+        &[
+            "create",
+            "from-bfl",
+            "--from",
+            s(&tiny()),
+            "--transformer",
+            s(&original),
+        ],
+    ));
+    assert!(out.contains("original layout"), "{out}");
+    assert!(out.contains(" 0 blobs written"), "{out}");
+    assert_eq!(
+        pixels(&store, "from-bfl", tmp.path()),
+        pixels(&store, "klein", tmp.path())
+    );
+
+    // A file named as a base model's makes a base model when nothing else says.
+    let base = tmp.path().join("flux-2-klein-base-tiny.safetensors");
+    std::fs::copy(&original, &base).unwrap();
+    let comfy = tmp.path().join("comfy");
+    ok(&zimage_in(
+        &store,
+        &["export", "--format", "comfy", "klein", s(&comfy)],
+    ));
+    let te = comfy.join("text_encoders/klein.safetensors");
+    let vae = comfy.join("vae/klein.safetensors");
+    let out = ok(&zimage_in(
+        &store,
+        &[
+            "create",
+            "base",
+            "--transformer",
+            s(&base),
+            "--text-encoder",
+            s(&te),
+            "--vae",
+            s(&vae),
+        ],
+    ));
+    assert!(out.contains("created base"), "{out}");
+    let shown = ok(&zimage_in(&store, &["show", "base"]));
+    assert!(shown.contains("family      FLUX.2 [klein]"), "{shown}");
+    assert!(
+        shown.contains("50 steps, guidance 4 (base model)"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn comfy_and_gguf_exports_import_back_to_the_same_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    ok(&zimage_in(
+        &store,
+        &["create", "klein", "--from", s(&tiny())],
+    ));
+    let comfy = tmp.path().join("comfy");
+    ok(&zimage_in(
+        &store,
+        &["export", "--format", "comfy", "klein", s(&comfy)],
+    ));
+    let file = |dir: &str, ext: &str| comfy.join(format!("{dir}/klein.{ext}"));
+
+    // The exported transformer is in the original layout.
+    let header = safetensors::read_header_file(&file("diffusion_models", "safetensors")).unwrap();
+    let names: Vec<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+    for name in [
+        "double_blocks.0.img_attn.qkv.weight",
+        "single_blocks.2.linear1.weight",
+        "final_layer.adaLN_modulation.1.weight",
+    ] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+
+    // The three files alone (their metadata carries the configs) make the same model.
+    let from_files = |name: &str, transformer: &Path| {
+        ok(&zimage_in(
+            &store,
+            &[
+                "create",
+                name,
+                "--transformer",
+                s(transformer),
+                "--text-encoder",
+                s(&file("text_encoders", "safetensors")),
+                "--vae",
+                s(&file("vae", "safetensors")),
+            ],
+        ))
+    };
+    let out = from_files("from-comfy", &file("diffusion_models", "safetensors"));
+    assert!(out.contains(" 0 blobs written"), "{out}");
+    let want = pixels(&store, "klein", tmp.path());
+    assert_eq!(pixels(&store, "from-comfy", tmp.path()), want);
+
+    // GGUF: the bf16 transformer comes back exact.
+    let out = ok(&zimage_in(
+        &store,
+        &["export", "--format", "gguf", "klein", s(&comfy)],
+    ));
+    assert!(out.contains("(exact)"), "{out}");
+    let out = from_files("from-gguf", &file("diffusion_models", "gguf"));
+    assert!(out.contains(" 0 blobs written"), "{out}");
+    assert_eq!(pixels(&store, "from-gguf", tmp.path()), want);
+
+    // A quantized klein goes out as ggml blocks and comes back as a model that runs.
+    ok(&zimage_in(
+        &store,
+        &["create", "k4", "--from", s(&tiny()), "--quantize", "int4"],
+    ));
+    let q = tmp.path().join("q");
+    let out = ok(&zimage_in(
+        &store,
+        &["export", "--format", "gguf", "k4", s(&q)],
+    ));
+    assert!(out.contains("Q4_1"), "{out}");
+    let gguf = q.join("diffusion_models/k4.gguf");
+    let out = from_files("from-q4", &gguf);
+    assert!(out.contains("created from-q4"), "{out}");
+    let shown = ok(&zimage_in(&store, &["show", "from-q4"]));
+    assert!(shown.contains("quantized"), "{shown}");
+    assert_eq!(pixels(&store, "from-q4", tmp.path()).len(), 64 * 64 * 3);
+}
