@@ -14,14 +14,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// Components whose weights a Z-Image pipeline stores, in the order Ollama writes them.
-pub const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", "vae"];
+pub(crate) const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", "vae"];
 
 /// zimage's record of the settings a model is meant to run with (see
 /// `generation_defaults`), at the model's root.
-pub const DEFAULTS_FILE: &str = "generation_defaults.json";
+pub(crate) const DEFAULTS_FILE: &str = "generation_defaults.json";
 
 /// Files other than weights that a pipeline needs, relative to the model directory.
-pub const CONFIG_FILES: [&str; 11] = [
+pub(crate) const CONFIG_FILES: [&str; 11] = [
     "model_index.json",
     DEFAULTS_FILE,
     "scheduler/scheduler_config.json",
@@ -37,30 +37,48 @@ pub const CONFIG_FILES: [&str; 11] = [
 
 /// The most bytes a model's JSON config (`model_index.json`, `*/config.json`, a shard index)
 /// may hold: real ones are a few kilobytes, a shard index about 100 KB.
-pub const CONFIG_LIMIT: u64 = 16 << 20;
+pub(crate) const CONFIG_LIMIT: u64 = 16 << 20;
 
 /// The most bytes the config or tokenizer file at `path` (diffusers layout) may hold, and
 /// what to call it in errors.
-pub fn config_limit(path: &str) -> (u64, &'static str) {
+pub(crate) fn config_limit(path: &str) -> (u64, &'static str) {
     match path.strip_prefix("tokenizer/") {
         Some(name) => crate::text::file_limit(name),
         None => (CONFIG_LIMIT, "config file"),
     }
 }
 
+/// Why a directory cannot be read as a diffusers model.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The directory lacks what every diffusers model has (`model_index.json`, weights).
     #[error("`{}` is not a diffusers model directory: {reason}", dir.display())]
-    NotAModel { dir: PathBuf, reason: String },
+    NotAModel {
+        /// The directory given.
+        dir: PathBuf,
+        /// What is missing or wrong.
+        reason: String,
+    },
+    /// A shard index (`*.safetensors.index.json`) that does not match its shards.
     #[error("`{}`: {reason}", path.display())]
-    Index { path: PathBuf, reason: String },
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// How it disagrees with the shards.
+        reason: String,
+    },
+    /// A safetensors file whose header cannot be read.
     #[error(transparent)]
     Header(#[from] safetensors::Error),
+    /// A file or folder that cannot be read.
     #[error("`{}`: {cause}", path.display())]
     Io {
+        /// The file or folder.
         path: PathBuf,
+        /// The system's error.
         cause: std::io::Error,
     },
+    /// A file that is too large, or not a regular file, or cannot be read.
     #[error(transparent)]
     File(#[from] crate::files::FileError),
 }
@@ -68,9 +86,13 @@ pub enum Error {
 /// One tensor of a component: where its bytes are.
 #[derive(Debug, Clone)]
 pub struct TensorLocation {
+    /// The component folder it is in (`transformer`).
     pub component: String,
+    /// Its name in the file (`layers.0.attention.qkv.weight`).
     pub name: String,
+    /// The safetensors file that holds it.
     pub file: PathBuf,
+    /// Its dtype, shape and byte range in the file's data section.
     pub info: safetensors::TensorInfo,
     /// File offset of the tensor's first byte.
     pub offset: u64,
@@ -79,6 +101,7 @@ pub struct TensorLocation {
 /// A scanned diffusers directory.
 #[derive(Debug, Clone)]
 pub struct DiffusersDir {
+    /// The directory, as given.
     pub root: PathBuf,
     /// Per component, its tensors sorted by (file, name).
     pub tensors: BTreeMap<String, Vec<TensorLocation>>,
@@ -87,6 +110,8 @@ pub struct DiffusersDir {
 }
 
 impl DiffusersDir {
+    /// Scans a model directory: its config files and every tensor's place, checking shards
+    /// against their indexes. Reads headers, never tensor data.
     pub fn open(root: &Path) -> Result<DiffusersDir, Error> {
         let not_a_model = |reason: String| Error::NotAModel {
             dir: root.to_path_buf(),

@@ -6,21 +6,31 @@
 /// A model family zimage runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Family {
+    /// Tongyi's Z-Image (Turbo and base): a Qwen3 text encoder, a single-stream transformer,
+    /// Flux's VAE.
     ZImage,
+    /// Black Forest Labs' FLUX.2 \[klein\]: a Qwen3 text encoder, FLUX.2's transformer and
+    /// VAE, reference images.
     Flux2Klein,
 }
 
 /// A request option some families do not take, named as the command line names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feature {
+    /// Steering by a control image through a ControlNet.
     ControlNet,
+    /// Guidance switched off once the model time passes a threshold (`--cfg-truncation`).
     CfgTruncation,
+    /// Each guided prediction capped at the norm of the prompt's own (`--cfg-normalization`).
     CfgNormalization,
+    /// A prompt to steer away from.
     NegativePrompt,
+    /// Reference images the model sees while it draws.
     References,
 }
 
 impl Feature {
+    /// The command-line option that asks for the feature, for messages.
     pub fn flag(self) -> &'static str {
         match self {
             Feature::ControlNet => "--controlnet/--control",

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 pub const DEFAULT_STEPS: usize = 8;
 
 /// The file, at the model's root (a diffusers directory's, or a config layer of the store).
-pub use crate::diffusers_dir::DEFAULTS_FILE;
+pub(crate) use crate::diffusers_dir::DEFAULTS_FILE;
 
 /// What a model says a request should use when it names nothing (`None`: zimage's default).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]

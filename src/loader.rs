@@ -36,9 +36,13 @@ pub enum ReadPath {
 
 /// One component's tensors, lazy until evaluated.
 pub struct LoadedComponent {
+    /// Plain tensors by their name inside the component.
     pub tensors: BTreeMap<String, Array>,
+    /// Quantized weights by name, kept packed as MLX multiplies them.
     pub quantized: BTreeMap<String, QuantizedTensor>,
+    /// Blobs read.
     pub blobs: usize,
+    /// Their bytes on disk.
     pub bytes: u64,
     /// Time spent reading and checking blob headers.
     pub header_seconds: f64,
@@ -59,6 +63,7 @@ impl LoadedComponent {
     }
 
     /// The tensors by name, quantized weights kept packed: what a model binds to.
+    #[doc(hidden)]
     pub fn into_weights(self) -> ComponentWeights {
         let release = (!self.maps.is_empty()).then(|| release_maps(self.maps));
         ComponentWeights {
@@ -393,9 +398,9 @@ fn page_size() -> u64 {
 }
 
 /// One component's tensors read and materialised in one batched evaluation, before any
-/// computation asks for them: the path both a pipeline ([`StoreSource`]) and [`profile`] take,
+/// computation asks for them: the path both a pipeline (`StoreSource`) and [`profile`] take,
 /// so that what `profile` measures is what a generation pays.
-pub fn materialise_component(
+pub(crate) fn materialise_component(
     store: &Store,
     model: &StoredModel,
     component: &str,
@@ -409,14 +414,23 @@ pub fn materialise_component(
 /// One component's load profile.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ComponentProfile {
+    /// The component (`transformer`).
     pub component: String,
+    /// Blobs it is stored in.
     pub blobs: usize,
+    /// Their bytes on disk.
     pub bytes: u64,
+    /// Blobs mapped without a copy (the `Mmap` path on aligned blobs).
     pub mapped_blobs: usize,
+    /// Time spent reading and checking blob headers.
     pub header_seconds: f64,
+    /// Time from the headers to every array evaluated.
     pub materialise_seconds: f64,
+    /// `bytes` over `materialise_seconds`, in GB/s.
     pub materialise_gbps: f64,
+    /// A plain sequential read of the same blobs into fresh memory: the disk's pace, to compare.
     pub sequential_read_seconds: f64,
+    /// `bytes` over `sequential_read_seconds`, in GB/s.
     pub sequential_read_gbps: f64,
     /// The same reads through one reused buffer (no fresh memory).
     pub streaming_read_seconds: f64,
@@ -494,6 +508,7 @@ pub fn profile(
 /// The sizes of one component's tensors from the manifest alone. A layer is packed when it is
 /// not a float dtype, is a v1 companion (`_scale`, `_qbias`), or its blob is much smaller than
 /// its logical float tensor (a v2 quantized blob lists the tensor it stands for).
+#[doc(hidden)]
 pub fn tensor_sizes(model: &StoredModel, component: &str) -> Vec<crate::memory_plan::TensorSize> {
     model
         .manifest
@@ -524,6 +539,7 @@ pub fn tensor_sizes(model: &StoredModel, component: &str) -> Vec<crate::memory_p
 }
 
 /// A stored model as a pipeline source.
+#[doc(hidden)]
 pub struct StoreSource {
     pub store: Store,
     pub model: StoredModel,

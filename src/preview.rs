@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 /// How a model family's denoiser lays out its latents: what a preview map is fitted for.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct LatentFormat {
     /// Names the format in the cache (`z-image`).
     pub name: &'static str,
@@ -23,7 +24,11 @@ pub struct LatentFormat {
 
 impl LatentFormat {
     /// The format `name` of `channels` per cell, decoded by a VAE of configuration `vae`.
-    pub fn decoded_by(name: &'static str, channels: i32, vae: &crate::models::VaeConfig) -> Self {
+    pub(crate) fn decoded_by(
+        name: &'static str,
+        channels: i32,
+        vae: &crate::models::VaeConfig,
+    ) -> Self {
         LatentFormat {
             name,
             channels: channels as usize,
@@ -35,8 +40,11 @@ impl LatentFormat {
 /// One step's picture: row-major RGB bytes, one pixel per latent cell.
 #[derive(Clone, PartialEq)]
 pub struct Preview {
+    /// Pixels across: the latent grid's width.
     pub width: u32,
+    /// Pixels down: the latent grid's height.
     pub height: u32,
+    /// `width × height × 3` bytes, red, green, blue.
     pub rgb: Vec<u8>,
 }
 
@@ -62,6 +70,7 @@ impl Preview {
 
 /// `rgb = weights·latent + bias` for one latent cell, in the decoder's output units ([-1, 1]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[doc(hidden)]
 pub struct RgbMap {
     pub format: String,
     pub channels: usize,
@@ -77,6 +86,7 @@ pub struct RgbMap {
 const TIME_SHARE: f64 = 0.01;
 
 /// Draws a denoise's step previews within a small share (1%) of its time.
+#[doc(hidden)]
 pub struct StepPreviews<'a> {
     map: &'a RgbMap,
     started: Instant,

@@ -237,11 +237,13 @@ impl Array {
         })
     }
 
+    /// A 0-dimensional array holding `v`.
     #[track_caller]
     pub fn scalar<T: ArrayElement>(v: T) -> Result<Array> {
         Array::from_slice(&[v], &[])
     }
 
+    /// An array of `shape` with every element `value`, as `dtype`.
     #[track_caller]
     pub fn full(shape: &[i32], value: f32, dtype: Dtype) -> Result<Array> {
         let code = dtype.code("full")?;
@@ -251,22 +253,26 @@ impl Array {
         )
     }
 
+    /// An array of `shape` filled with 0.
     #[track_caller]
     pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
         Array::full(shape, 0.0, dtype)
     }
 
+    /// An array of `shape` filled with 1.
     #[track_caller]
     pub fn ones(shape: &[i32], dtype: Dtype) -> Result<Array> {
         Array::full(shape, 1.0, dtype)
     }
 
+    /// `start, start + step, …` up to but not including `stop`, as a 1-D array.
     #[track_caller]
     pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
         let code = dtype.code("arange")?;
         shim_call!("arange", mlxs_arange(start, stop, step, code))
     }
 
+    /// The size of each axis.
     pub fn shape(&self) -> Vec<i32> {
         let n = self.ndim();
         if n == 0 {
@@ -295,22 +301,27 @@ impl Array {
         shape[i as usize]
     }
 
+    /// The number of axes.
     pub fn ndim(&self) -> usize {
         self.fact(ffi::mlxs_array_ndim)
     }
 
+    /// The number of elements.
     pub fn size(&self) -> usize {
         self.fact(ffi::mlxs_array_size)
     }
 
+    /// The bytes the elements take.
     pub fn nbytes(&self) -> usize {
         self.fact(ffi::mlxs_array_nbytes)
     }
 
+    /// The element type.
     pub fn dtype(&self) -> Dtype {
         Dtype::from_code(self.fact(ffi::mlxs_array_dtype))
     }
 
+    /// Runs the graph that makes this array, so that its data exists.
     #[track_caller]
     pub fn eval(&self) -> Result<()> {
         super::eval(&[self])

@@ -51,6 +51,7 @@ impl Dtype {
 
 /// Rust element types that map one-to-one onto an MLX dtype.
 pub trait ArrayElement: Copy + Default + 'static {
+    /// The MLX dtype of this element type.
     const DTYPE: Dtype;
 }
 

@@ -7,11 +7,15 @@ use std::panic::Location;
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{op}: {message} (at {location})")]
 pub struct Error {
+    /// The wrapper that called MLX (`reshape`, `random::normal`).
     pub op: &'static str,
+    /// MLX's own text of what went wrong.
     pub message: String,
+    /// Where our code called the op: the line to look at.
     pub location: &'static Location<'static>,
 }
 
+/// What every MLX op returns.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {

@@ -34,12 +34,19 @@ pub fn rms_norm_residual(
 /// (`cos`, `sin`: S·D/2 angles), q times `q_scale`.
 #[derive(Debug, Clone, Copy)]
 pub struct QkvHeads<'a> {
+    /// q's RMS-norm weight, D values.
     pub q_weight: &'a Array,
+    /// k's RMS-norm weight, D values.
     pub k_weight: &'a Array,
+    /// RoPE's cosines, S·D/2 angles.
     pub cos: &'a Array,
+    /// RoPE's sines, S·D/2 angles.
     pub sin: &'a Array,
+    /// Attention heads in the projections.
     pub heads: i32,
+    /// The norms' epsilon.
     pub eps: f32,
+    /// What q is multiplied by after the rotation (attention's `1/sqrt(D)`, say).
     pub q_scale: f32,
 }
 
@@ -157,10 +164,15 @@ pub fn conv2d(
 /// How a quantized weight is packed: per-group scales (and biases, in affine mode).
 #[derive(Debug, Clone, Copy)]
 pub struct Packing<'a> {
+    /// One scale per group.
     pub scales: &'a Array,
+    /// One offset per group, in affine mode.
     pub biases: Option<&'a Array>,
+    /// Values per group.
     pub group_size: i32,
+    /// Bits per value.
     pub bits: i32,
+    /// How codes, scales and biases make values.
     pub mode: super::QuantMode,
 }
 
@@ -290,7 +302,9 @@ pub fn rope(
 /// The attention mask of [`scaled_dot_product_attention`].
 #[derive(Debug, Clone, Copy)]
 pub enum Mask<'a> {
+    /// Every query attends to every key.
     None,
+    /// Each query attends to its own and earlier positions only.
     Causal,
     /// Boolean (true = attend) or additive, broadcastable to `[B, H, Lq, Lk]`.
     Array(&'a Array),

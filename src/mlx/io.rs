@@ -15,7 +15,9 @@ use std::path::Path;
 /// Tensors and metadata of one safetensors file.
 #[derive(Debug)]
 pub struct Safetensors {
+    /// Each tensor by its name in the file, lazy until evaluated.
     pub tensors: HashMap<String, Array>,
+    /// The file's `__metadata__` entries.
     pub metadata: HashMap<String, String>,
 }
 
@@ -24,6 +26,7 @@ fn c_path(op: &'static str, path: &Path) -> Result<CString> {
         .map_err(|_| Error::new(op, format!("path `{}` contains a NUL byte", path.display())))
 }
 
+/// Reads a safetensors file's header now and its tensors when they are evaluated.
 #[track_caller]
 pub fn load_safetensors(path: &Path) -> Result<Safetensors> {
     let cpath = c_path("load_safetensors", path)?;
@@ -74,6 +77,7 @@ pub fn load_safetensors(path: &Path) -> Result<Safetensors> {
     Ok(Safetensors { tensors, metadata })
 }
 
+/// Evaluates `tensors` and writes them, with `metadata`, as one safetensors file.
 #[track_caller]
 pub fn save_safetensors(
     path: &Path,

@@ -14,6 +14,7 @@ pub fn peak_memory() -> usize {
 pub fn cache_memory() -> usize {
     no_args(ffi::mlxs_get_cache_memory)
 }
+/// Starts `peak_memory` again from what is active now.
 pub fn reset_peak_memory() {
     no_args(ffi::mlxs_reset_peak_memory)
 }

@@ -29,7 +29,9 @@ use std::ffi::CStr;
 /// Where MLX runs new work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
+    /// The CPU backend (BLAS and MLX's own kernels).
     Cpu,
+    /// The GPU backend: Metal, or CUDA.
     Gpu,
 }
 
@@ -41,6 +43,8 @@ fn no_args<T>(f: unsafe extern "C" fn() -> T) -> T {
     unsafe { f() }
 }
 
+/// Makes `device` where new arrays and ops run; fails where this build or machine has no such
+/// device.
 #[track_caller]
 pub fn set_default_device(device: Device) -> Result<()> {
     let gpu = (device == Device::Gpu) as i32;
@@ -51,6 +55,7 @@ pub fn set_default_device(device: Device) -> Result<()> {
     })
 }
 
+/// Where new work runs now.
 pub fn default_device() -> Device {
     if no_args(ffi::mlxs_default_device_is_gpu) != 0 {
         Device::Gpu
@@ -64,7 +69,8 @@ pub fn gpu_available() -> bool {
     no_args(ffi::mlxs_gpu_available) != 0
 }
 
-/// Whether this CPU can multiply with bf16 inputs ([`fast::Products::Bf16`]): AVX512-BF16.
+/// Whether this CPU can multiply with bf16 inputs (`fast::Products::Bf16`): AVX512-BF16.
+#[doc(hidden)]
 pub fn bf16_products_available() -> bool {
     no_args(ffi::mlxs_bf16_products_available) != 0
 }
@@ -79,6 +85,7 @@ pub fn version() -> String {
 
 /// How many explicit evaluations ([`eval`] and [`Array::eval`]) this thread has run, and of how
 /// many arrays in all: what tells two code paths' materialisation apart.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EvalCount {
     pub calls: u64,
@@ -91,7 +98,8 @@ thread_local! {
     };
 }
 
-/// This thread's [`EvalCount`] so far.
+/// This thread's `EvalCount` so far.
+#[doc(hidden)]
 pub fn eval_count() -> EvalCount {
     EVALS.with(|c| c.get())
 }
@@ -126,6 +134,7 @@ pub struct BuildInfo {
     pub source: &'static str,
 }
 
+/// Which MLX this binary was built against, and where it loads it from.
 pub fn build_info() -> BuildInfo {
     BuildInfo {
         variant: env!("ZIMAGE_MLX_VARIANT"),
@@ -135,6 +144,7 @@ pub fn build_info() -> BuildInfo {
 }
 
 /// The BLAS library that serves MLX's CPU f32 matmuls, as the dynamic linker resolved it.
+#[doc(hidden)]
 pub fn blas_description() -> String {
     // SAFETY: the shim returns a NUL-terminated text in a buffer of this thread's own, valid
     // until its next call on this thread; it is copied out at once.
@@ -145,6 +155,7 @@ pub fn blas_description() -> String {
 
 /// Calls that BLAS's `sgemm` directly: `c = a @ b` for row-major `a [m, k]`, `b [k, n]`.
 /// The baseline that matmul benchmarks compare MLX against.
+#[doc(hidden)]
 pub fn blas_sgemm(
     m: usize,
     n: usize,

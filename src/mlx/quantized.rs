@@ -8,9 +8,13 @@ use std::ffi::CStr;
 /// with shared per-group exponents or scales and no bias; and one of ours, symmetric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantMode {
+    /// `w = scale · q + bias` per group, unsigned `q` of 2 to 8 bits (Ollama's int8, int4).
     Affine,
+    /// OCP's MX 4-bit floats (e2m1), a shared power-of-two scale per group of 32.
     Mxfp4,
+    /// OCP's MX 8-bit floats (e4m3), a shared power-of-two scale per group of 32.
     Mxfp8,
+    /// NVIDIA's 4-bit floats (e2m1), an fp8 scale per group of 16.
     Nvfp4,
     /// `w = scale · (q − 2^(bits−1))` in f32 per group, unsigned `q` packed as MLX packs affine
     /// weights and no biases: GGUF's Q4_0, Q5_0 and Q8_0 held as they come, their f16 scales
@@ -20,7 +24,8 @@ pub enum QuantMode {
 }
 
 impl QuantMode {
-    pub fn as_cstr(self) -> &'static CStr {
+    /// The mode's name as MLX spells it, for the shim.
+    pub(crate) fn as_cstr(self) -> &'static CStr {
         match self {
             QuantMode::Affine => c"affine",
             QuantMode::Mxfp4 => c"mxfp4",
@@ -31,7 +36,7 @@ impl QuantMode {
     }
 
     /// A stored `quant_type` (Ollama's spellings) as (mode, default group size, bits).
-    pub fn from_quant_type(quant_type: &str) -> Option<(QuantMode, i32, i32)> {
+    pub(crate) fn from_quant_type(quant_type: &str) -> Option<(QuantMode, i32, i32)> {
         Some(match quant_type.to_ascii_lowercase().as_str() {
             "int8" | "q8" => (QuantMode::Affine, 64, 8),
             "int4" | "q4" => (QuantMode::Affine, 64, 4),
@@ -52,11 +57,17 @@ impl QuantMode {
 /// Packed u32 values with per-group scales (and biases, in affine mode), along the last axis.
 #[derive(Debug, Clone)]
 pub struct QuantizedTensor {
+    /// The codes, `bits` each, packed into u32s along the last axis.
     pub weight: Array,
+    /// One scale per group of `group_size` values.
     pub scales: Array,
+    /// One offset per group, in affine mode; `None` in the others.
     pub biases: Option<Array>,
+    /// How many consecutive values share a scale (and bias).
     pub group_size: i32,
+    /// Bits per value.
     pub bits: i32,
+    /// How codes, scales and biases make values.
     pub mode: QuantMode,
 }
 

@@ -4,6 +4,7 @@ use super::array::{shim_call, Array};
 use super::dtype::Dtype;
 use super::error::Result;
 
+/// A random key made from `seed`, for [`normal`]: the same seed gives the same draws.
 #[track_caller]
 pub fn key(seed: u64) -> Result<Array> {
     shim_call!("random::key", mlxs_random_key(seed))

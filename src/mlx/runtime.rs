@@ -15,9 +15,17 @@ pub enum StartError {
         "no NVIDIA driver found ({0}); install the NVIDIA driver, or build the CPU variant \
          (ZIMAGE_MLX_VARIANT=cpu cargo build --release)"
     )]
+    /// A CUDA build on a machine whose NVIDIA driver (`libcuda.so.1`) cannot be loaded; the
+    /// loader's reason.
     NoDriver(String),
     #[error("cannot open {path}: {reason}; rebuild zimage, or set ZIMAGE_MLX_RUNTIME to its libzimage_mlx.so")]
-    Library { path: PathBuf, reason: String },
+    /// The shared library holding MLX is missing or would not load.
+    Library {
+        /// The library looked for.
+        path: PathBuf,
+        /// The dynamic loader's reason.
+        reason: String,
+    },
     /// MLX opened, but the device could not be chosen (a bad `ZIMAGE_GRAPH`, say).
     #[error("{0}")]
     Device(String),
@@ -27,7 +35,7 @@ pub enum StartError {
 pub const KERNEL_CACHE_VAR: &str = "MLX_PTX_CACHE_DIR";
 
 /// Whether this build opens MLX at start rather than linking it.
-pub const OPENED_AT_START: bool = cfg!(zimage_dlopen);
+pub(crate) const OPENED_AT_START: bool = cfg!(zimage_dlopen);
 
 /// Prepares MLX before its first use: in the variants that open MLX at start, points MLX's
 /// kernel cache into `kernel_cache` (unless the user set [`KERNEL_CACHE_VAR`]) and opens the

@@ -16,29 +16,52 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Prefix of the temporary files blobs are written to before they are renamed into place.
 pub const PARTIAL_PREFIX: &str = ".partial-";
 
+/// Why a blob cannot be named, read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
+    /// A digest that is not `sha256:` and 64 hex digits (a manifest's, or a name's).
     #[error("invalid digest `{0}`: expected `sha256:` and 64 hex digits")]
     BadDigest(String),
+    /// A blob a manifest names is not in the store.
     #[error("blob `{digest}` is missing from `{}`", dir.display())]
-    Missing { digest: String, dir: PathBuf },
+    Missing {
+        /// The blob's digest.
+        digest: String,
+        /// The store's `blobs` folder.
+        dir: PathBuf,
+    },
+    /// A tensor blob whose safetensors header cannot be read.
     #[error("blob `{digest}`: {cause}")]
     Header {
+        /// The blob's digest.
         digest: String,
+        /// What is wrong with the header.
         cause: safetensors::Error,
     },
+    /// A tensor blob laid out in none of the ways a store holds tensors.
     #[error("blob `{digest}`: {reason}")]
-    Layout { digest: String, reason: String },
+    Layout {
+        /// The blob's digest.
+        digest: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A blob that arrived (from a registry, say) with other bytes than its digest promised.
     #[error(
         "blob `{expected}` ({expected_size} bytes) arrived as {size} bytes that hash to `{digest}`; \
          the source's copy is damaged, so nothing was kept"
     )]
     Mismatch {
+        /// The digest asked for.
         expected: String,
+        /// The size asked for.
         expected_size: u64,
+        /// What the bytes that came hash to.
         digest: String,
+        /// How many bytes came.
         size: u64,
     },
+    /// A blob file that cannot be read or written.
     #[error(transparent)]
     File(#[from] FileError),
 }

@@ -8,12 +8,16 @@ use crate::safetensors;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+/// One safetensors file (or one inside a container) whose tensors all import as one component.
 #[derive(Debug, Clone)]
 pub struct SafetensorsFile {
+    /// The file.
     pub path: PathBuf,
+    /// The component its tensors go under (`transformer`).
     pub component: String,
     /// Where the safetensors bytes start in `path`.
     pub offset: u64,
+    /// Its header, read and checked by [`SafetensorsFile::open`].
     pub header: safetensors::Header,
     /// Extra JSON to store as `<component>/metadata.json` (the container's metadata, say).
     pub extra_metadata: Option<serde_json::Value>,

@@ -11,8 +11,9 @@ pub use super::import_ggml::GgmlReport;
 use super::manifest::{
     config_blob, Layer, Manifest, CONFIG_MEDIA_TYPE, JSON_MEDIA_TYPE, MAX_MANIFEST_BYTES,
 };
-pub use super::source_tensor::{describe_non_finite, first_non_finite, Encoding, SourceTensor};
+pub(crate) use super::source_tensor::{describe_non_finite, first_non_finite};
 use super::source_tensor::{non_finite, open_range, tensor_layer};
+pub use super::source_tensor::{Encoding, SourceTensor};
 use super::{Store, StoreError};
 use crate::diffusers_dir::DiffusersDir;
 use crate::files::FileError;
@@ -26,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Anything an import can read: tensors as byte ranges of files, plus config files.
 pub trait TensorSource {
+    /// Every tensor to import, each under its component, with where its bytes are.
     fn tensors(&self) -> Vec<SourceTensor>;
     /// `(path in diffusers layout, bytes)`, e.g. `("transformer/config.json", …)`.
     fn config_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
@@ -75,30 +77,38 @@ impl TensorSource for DiffusersDir {
 /// MLX affine quantization as Ollama writes it (group 64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quantization {
+    /// 8 bits a weight (Ollama's `int8`).
     Int8,
+    /// 4 bits a weight (Ollama's `int4`).
     Int4,
 }
 
 impl Quantization {
+    /// Bits per quantized value.
     pub fn bits(self) -> i32 {
         match self {
             Quantization::Int8 => 8,
             Quantization::Int4 => 4,
         }
     }
+    /// The name a stored blob's `quant_type` and `--quantize` give it.
     pub fn name(self) -> &'static str {
         match self {
             Quantization::Int8 => "int8",
             Quantization::Int4 => "int4",
         }
     }
+    /// Weights per group sharing a scale and a bias.
     pub const GROUP_SIZE: i32 = 64;
 }
 
+/// How an import writes tensors; the default keeps them as they are in the source.
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
     /// Convert float tensors to this dtype (BF16, F16 or F32); `None` keeps them as stored.
     pub dtype: Option<Dtype>,
+    /// Quantize the weights Ollama's rule picks (float matrices outside the VAE, not embeddings
+    /// or norms); `None` keeps every tensor a float.
     pub quantize: Option<Quantization>,
     /// Data offset alignment of written blobs (8, or a page size for zero-copy mapping).
     pub align: u64,
@@ -114,19 +124,25 @@ impl Default for ImportOptions {
     }
 }
 
+/// What an import did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ImportSummary {
+    /// Tensors imported.
     pub tensors: usize,
+    /// Blobs written by this import.
     pub blobs_written: usize,
+    /// Blobs the store already held (the same bytes), reused.
     pub blobs_present: usize,
+    /// Bytes written.
     pub bytes_written: u64,
+    /// Bytes reused.
     pub bytes_present: u64,
     /// What became of each ggml-encoded tensor.
     pub ggml: GgmlReport,
 }
 
 /// Ollama's rule for which tensors a quantized import quantizes.
-pub fn should_quantize(t: &SourceTensor) -> bool {
+pub(crate) fn should_quantize(t: &SourceTensor) -> bool {
     let n = t.name.as_str();
     t.component != "vae"
         && !n.contains("embed")

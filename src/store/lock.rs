@@ -80,7 +80,7 @@ impl Store {
     }
 
     /// The exclusive lock if nobody else holds the store now.
-    pub fn try_lock_for_sweeping(&self) -> Result<StoreLock, StoreError> {
+    pub(crate) fn try_lock_for_sweeping(&self) -> Result<StoreLock, StoreError> {
         let path = self.lock_path();
         let file = self.open_lock_file().map_err(FileError::io(&path))?;
         match file.try_lock() {
@@ -95,7 +95,7 @@ impl Store {
 
     /// The exclusive lock, for sweeping. When other processes hold the store, `waiting` is
     /// called once before this blocks until they finish.
-    pub fn lock_for_sweeping(&self, waiting: &dyn Fn()) -> Result<StoreLock, StoreError> {
+    pub(crate) fn lock_for_sweeping(&self, waiting: &dyn Fn()) -> Result<StoreLock, StoreError> {
         let path = self.lock_path();
         let io = FileError::io(&path);
         let file = self.open_lock_file().map_err(&io)?;

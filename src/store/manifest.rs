@@ -13,8 +13,11 @@ use sha2::{Digest, Sha256};
 /// could not be read back is refused before it writes anything.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
+/// The manifest's own `mediaType`.
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// The `config` layer's: Ollama's model config blob.
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.docker.container.image.v1+json";
+/// A tensor layer's: one tensor of the model, a safetensors blob.
 pub const TENSOR_MEDIA_TYPE: &str = "application/vnd.ollama.image.tensor";
 /// Config files (`model_index.json`, `*/config.json`, tokenizer files), as Ollama writes them.
 pub const JSON_MEDIA_TYPE: &str = "application/vnd.ollama.image.json";
@@ -27,32 +30,45 @@ pub const LORA_TENSOR_MEDIA_TYPE: &str = "application/vnd.zimage.lora.tensor";
 /// and hash, and the file's metadata.
 pub const LORA_JSON_MEDIA_TYPE: &str = "application/vnd.zimage.lora.json";
 
+/// One blob of a model, as the manifest lists it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Layer {
+    /// What the blob holds (a tensor, a config file, …): this module's `*_MEDIA_TYPE` constants name them.
     #[serde(rename = "mediaType")]
     pub media_type: String,
+    /// `sha256:<hex>` of the blob's bytes: its file name in `blobs/`.
     pub digest: String,
+    /// The blob's bytes.
     pub size: u64,
+    /// Where the layer came from, when a writer recorded it (Ollama's field; unused here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// Its path in diffusers layout: `component/tensor` for a tensor, the file's path for a
+    /// config file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A tensor's dtype (`BF16`), as we write tensor layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
+    /// A tensor's shape, as we write tensor layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u64>>,
 }
 
 impl Layer {
+    /// Whether it is one of the model's tensors.
     pub fn is_tensor(&self) -> bool {
         self.media_type == TENSOR_MEDIA_TYPE
     }
+    /// Whether it is a tensor of a LoRA the model carries (not a base weight).
     pub fn is_lora_tensor(&self) -> bool {
         self.media_type == LORA_TENSOR_MEDIA_TYPE
     }
+    /// Whether it is the record of a LoRA the model carries.
     pub fn is_lora_record(&self) -> bool {
         self.media_type == LORA_JSON_MEDIA_TYPE
     }
+    /// Whether it is a config or tokenizer file (under either media type writers use).
     pub fn is_config_file(&self) -> bool {
         self.media_type == JSON_MEDIA_TYPE || self.media_type == CONFIG_FILE_MEDIA_TYPE_ALT
     }
@@ -62,17 +78,23 @@ impl Layer {
     }
 }
 
+/// A model's manifest: its config blob and every other blob, each as a [`Layer`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// Always 2.
     #[serde(rename = "schemaVersion")]
     pub schema_version: u32,
+    /// [`MANIFEST_MEDIA_TYPE`].
     #[serde(rename = "mediaType")]
     pub media_type: String,
+    /// The model config blob (Ollama's `ConfigV2`).
     pub config: Layer,
+    /// Tensors and config files, in the order written.
     pub layers: Vec<Layer>,
 }
 
 impl Manifest {
+    /// A schema-2 manifest of these layers.
     pub fn new(config: Layer, layers: Vec<Layer>) -> Manifest {
         Manifest {
             schema_version: 2,
@@ -111,6 +133,7 @@ impl Manifest {
         v
     }
 
+    /// The layers that are the model's tensors.
     pub fn tensor_layers(&self) -> impl Iterator<Item = &Layer> {
         self.layers.iter().filter(|l| l.is_tensor())
     }
@@ -140,6 +163,7 @@ impl Manifest {
         out
     }
 
+    /// The config file layer at `path` (`transformer/config.json`), if the model has one.
     pub fn config_file(&self, path: &str) -> Option<&Layer> {
         self.layers
             .iter()

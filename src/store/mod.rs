@@ -7,16 +7,19 @@
 //! The root is `--store DIR`, else `$ZIMAGE_MODELS`, else `$OLLAMA_MODELS`, else
 //! `~/.ollama/models`, so models Ollama pulled are found where they are.
 
+#[doc(hidden)]
 pub mod blob;
-pub mod file_source;
+mod file_source;
 pub mod import;
 mod import_ggml;
-pub mod lock;
+mod lock;
 pub mod manifest;
 pub mod name;
+#[doc(hidden)]
 pub mod repair;
 mod source_tensor;
 
+pub use blob::BlobError;
 pub use file_source::SafetensorsFile;
 pub use import::{
     Encoding, ImportOptions, ImportSummary, Quantization, SourceTensor, TensorSource,
@@ -30,81 +33,131 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+/// Why a store operation failed; each message names the model, file or value, and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A model name that is not `[host/][namespace/]model[:tag]`.
     #[error(transparent)]
     Name(#[from] name::NameError),
+    /// No model of this name in the store; the name as shown.
     #[error("model `{0}` not found in the store (see `zimage list`)")]
     NotFound(String),
+    /// A manifest file that is not a manifest (not JSON, a wrong schema, a bad digest).
     #[error("manifest `{}`: {reason}", path.display())]
-    BadManifest { path: PathBuf, reason: String },
+    BadManifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `gc` met a damaged manifest, so it cannot tell which blobs are in use.
     #[error(
         "model `{name}` has a damaged manifest (`{}`: {reason}), so its blobs cannot be told \
          from garbage; remove it with `zimage rm {name}`, or see every problem with `zimage doctor`",
         path.display()
     )]
     Damaged {
+        /// The model its path names.
         name: String,
+        /// The manifest file.
         path: PathBuf,
+        /// What is wrong with it.
         reason: String,
     },
+    /// A file that cannot be read or written, or is too large, or is not a regular file.
     #[error(transparent)]
     File(#[from] crate::files::FileError),
+    /// A blob that is missing, malformed or not what its digest says.
     #[error(transparent)]
     Blob(blob::BlobError),
+    /// A safetensors header (of a source file or a blob) that cannot be read.
     #[error(transparent)]
     Header(#[from] crate::safetensors::Error),
+    /// MLX failed while loading or converting tensors.
     #[error(transparent)]
     Mlx(#[from] crate::mlx::Error),
+    /// The model has no tensors of the component asked for.
     #[error(
         "model `{model}` has no `{component}` tensors (it has: {})",
         list_or_none(have)
     )]
     NoComponent {
+        /// The model.
         model: String,
+        /// The component asked for.
         component: String,
+        /// The components it has.
         have: Vec<String>,
     },
+    /// Loading a component would hold more blobs open than the process may open files.
     #[error(
         "model `{model}`: `{component}` has {blobs} blobs to hold open, but this process may \
          open only {limit} files (the hard limit); raise it, e.g. `ulimit -n {wanted}`"
     )]
     TooManyOpenFiles {
+        /// The model.
         model: String,
+        /// The component being loaded.
         component: String,
+        /// Its blobs.
         blobs: usize,
+        /// The process's hard limit on open files.
         limit: u64,
+        /// A limit that would do.
         wanted: u64,
     },
     /// Ollama's first quantized layout (`X`, `X_scale`, `X_qbias`), with parts that do not fit.
     #[error("`{layer}` {problem}")]
     V1Quantized {
+        /// The layer, `component/name` with its suffix.
         layer: String,
+        /// What does not fit.
         problem: &'static str,
     },
+    /// A tensor layer's blob whose header lists no tensor.
     #[error("blob `{digest}` holds no tensor")]
-    EmptyBlob { digest: String },
+    EmptyBlob {
+        /// The blob's digest.
+        digest: String,
+    },
+    /// No store was given and neither the environment nor `HOME` says where one is.
     #[error("cannot find the store: set --store, ZIMAGE_MODELS or HOME")]
     NoStore,
+    /// The store's path is a file, not a folder.
     #[error(
         "the store `{}` is not a directory; give `--store` (or ZIMAGE_MODELS) a folder",
         path.display()
     )]
-    StoreNotDir { path: PathBuf },
+    StoreNotDir {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The store is locked by another process and this one would not wait.
     #[error("another zimage process is using the store")]
     Busy,
+    /// A leftover temporary file may be another process's work in progress: it is kept.
     #[error(
         "another zimage process is using the store, so `{}` may be its work in progress; run \
          `zimage doctor` again when it has finished",
         path.display()
     )]
-    TemporaryInUse { path: PathBuf },
+    TemporaryInUse {
+        /// The temporary file.
+        path: PathBuf,
+    },
+    /// A manifest larger than [`MAX_MANIFEST_BYTES`]; it is not written.
     #[error(
         "the manifest of `{model}` would be {bytes} bytes, more than the {MAX_MANIFEST_BYTES} a \
          manifest may be; nothing was written"
     )]
-    ManifestTooLarge { model: String, bytes: u64 },
+    ManifestTooLarge {
+        /// The model.
+        model: String,
+        /// The manifest's size.
+        bytes: u64,
+    },
+    /// An import with so many tensors that its manifest would pass [`MAX_MANIFEST_BYTES`]; it
+    /// is refused before it writes anything.
     #[error(
         "`{model}` would have {tensors} tensors and a manifest of about {} MiB, more than the {} \
          MiB a manifest may be; nothing was written (merge tensors, or import the components \
@@ -113,14 +166,30 @@ pub enum StoreError {
         MAX_MANIFEST_BYTES >> 20
     )]
     ImportTooLarge {
+        /// The model.
         model: String,
+        /// Its tensors.
         tensors: usize,
+        /// The manifest's estimated size.
         manifest_bytes: u64,
     },
+    /// A source's JSON config file that does not parse; imports refuse it rather than store it.
     #[error("`{}` is not valid JSON ({reason}); fix or remove it and import again", path.display())]
-    ConfigNotJson { path: PathBuf, reason: String },
+    ConfigNotJson {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message.
+        reason: String,
+    },
+    /// A source's config file that parses but cannot be used (too large, a wrong shape).
     #[error("`{}`: {reason}; fix or remove it and import again", path.display())]
-    BadConfigFile { path: PathBuf, reason: String },
+    BadConfigFile {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A blob this import wrote was gone or changed before its manifest was written.
     #[error(
         "blob `{digest}` written by this import is {} (another program removed it from `{}`?); \
          no manifest was written: run the import again",
@@ -128,11 +197,16 @@ pub enum StoreError {
         blobs.display()
     )]
     BlobVanished {
+        /// The blob's digest.
         digest: String,
+        /// The size it was written with.
         expected: u64,
+        /// Its size now; `None` when it is gone.
         found: Option<u64>,
+        /// The store's `blobs` folder.
         blobs: PathBuf,
     },
+    /// The disk filled up during an import; what was written is taken back.
     #[error(
         "no space left on the disk holding `{}`: the import needs up to {:.1} MB (less what the \
          store already holds), {} are free; no manifest was written and no partial blob is left; \
@@ -142,40 +216,59 @@ pub enum StoreError {
         free.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6))
     )]
     DiskFull {
+        /// The store.
         root: PathBuf,
+        /// Bytes the import needs at most.
         needed: u64,
+        /// Bytes free on the disk, when known.
         free: Option<u64>,
     },
+    /// An import asked to convert tensors to a dtype other than BF16, F16 or F32.
     #[error("`--dtype {}` is not supported; use bf16, f16 or f32", .0.lower_name())]
     UnsupportedDtype(crate::dtype::Dtype),
+    /// An import asked for a blob alignment that is not a power of two of at least 8.
     #[error("alignment {0} must be a power of two ≥ 8")]
     BadAlignment(u64),
+    /// A tensor to quantize with an axis longer than MLX can quantize.
     #[error(
         "`{}`: tensor `{tensor}` has shape {shape:?}, a dimension past what MLX can quantize \
          (2^31 - 1); import it without `--quantize`",
         file.display()
     )]
     Unquantizable {
+        /// The source file.
         file: PathBuf,
+        /// The tensor.
         tensor: String,
+        /// Its shape.
         shape: Vec<u64>,
     },
+    /// A GGUF tensor in a ggml type that imports cannot decode.
     #[error("`{}`: tensor `{tensor}` is {ty}, which cannot be imported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K can)", file.display())]
     GgmlUnsupported {
+        /// The GGUF file.
         file: PathBuf,
+        /// The tensor.
         tensor: String,
+        /// Its ggml type.
         ty: crate::ggml::GgmlType,
     },
+    /// A source tensor holding NaN or an infinity: such a model draws only black, so the import
+    /// stops.
     #[error(
         "`{}`: tensor `{}` ({component}) holds {value} at element {index}; a model with NaN or infinite weights draws nothing but black. Re-export it from a healthy checkpoint",
         crate::shown::path(file), crate::shown::text(tensor)
     )]
     NonFinite {
+        /// The source file.
         file: PathBuf,
+        /// The component being imported.
         component: String,
+        /// The tensor.
         tensor: String,
         /// `NaN`, `+inf` or `-inf`.
         value: String,
+        /// The first such element, counted row-major.
         index: u64,
     },
 }
@@ -206,16 +299,20 @@ impl StoreError {
 /// A store on disk.
 #[derive(Debug, Clone)]
 pub struct Store {
+    /// The folder holding `blobs/` and `manifests/`.
     pub root: PathBuf,
 }
 
 /// A model found in the store.
 #[derive(Debug, Clone)]
 pub struct StoredModel {
+    /// Its full name.
     pub name: ModelName,
+    /// Its manifest: every tensor and config file, as a layer naming a blob.
     pub manifest: Manifest,
     /// sha256 of the manifest file's bytes (what `ollama list` shows as the ID).
     pub manifest_digest: String,
+    /// When the manifest was last written.
     pub modified: SystemTime,
 }
 
@@ -229,8 +326,11 @@ impl StoredModel {
 /// What a check of a model found.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct VerifyReport {
+    /// Blobs re-hashed.
     pub blobs_checked: usize,
+    /// Their bytes.
     pub bytes_checked: u64,
+    /// One line per problem found, naming the layer; empty when the model is sound.
     pub problems: Vec<String>,
 }
 
@@ -239,14 +339,18 @@ pub struct VerifyReport {
 pub struct DamagedModel {
     /// The name its path spells.
     pub name: String,
+    /// The manifest file.
     pub path: PathBuf,
+    /// Why it cannot be read.
     pub reason: String,
 }
 
 /// Everything under `manifests/`.
 #[derive(Debug, Default)]
 pub struct Scan {
+    /// Models whose manifests read well, sorted by name.
     pub models: Vec<StoredModel>,
+    /// Manifests that cannot be read.
     pub damaged: Vec<DamagedModel>,
     /// Manifests that read well at a path that is no model name we accept (another tool's
     /// spelling): their blobs are in use all the same.
@@ -257,7 +361,7 @@ pub struct Scan {
 
 impl Scan {
     /// The hex digest (lowercase) of every blob some readable manifest references.
-    pub fn referenced(&self) -> HashSet<String> {
+    pub(crate) fn referenced(&self) -> HashSet<String> {
         self.models
             .iter()
             .map(|m| &m.manifest)
@@ -271,6 +375,7 @@ impl Scan {
 /// What a `remove` took away.
 #[derive(Debug, Clone)]
 pub struct Removed {
+    /// The model removed.
     pub name: ModelName,
     /// Why the manifest could not be read, when it could not.
     pub damaged: Option<String>,
@@ -279,8 +384,11 @@ pub struct Removed {
 /// What a `gc` swept.
 #[derive(Debug, Clone, Default)]
 pub struct Swept {
+    /// Blobs deleted.
     pub blobs: usize,
+    /// Their bytes.
     pub bytes: u64,
+    /// Leftover temporary files deleted.
     pub temporaries: usize,
 }
 
@@ -306,6 +414,7 @@ impl Store {
         Ok(Store { root })
     }
 
+    /// The store at `root`, as it is (nothing is checked or created).
     pub fn at(root: &Path) -> Store {
         Store {
             root: root.to_path_buf(),
@@ -316,6 +425,7 @@ impl Store {
         move |e| FileError::io(path)(e).into()
     }
 
+    /// Where the blob of `digest` is (or would be); refuses a malformed digest.
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf, StoreError> {
         Ok(blob::blob_path(&self.root, digest)?)
     }
@@ -521,7 +631,7 @@ impl Store {
 
     /// Temporary blob files: an import's, until it renames them into place. Only a holder of
     /// the exclusive lock may take them for leftovers.
-    pub fn partial_blobs(&self) -> Vec<PathBuf> {
+    pub(crate) fn partial_blobs(&self) -> Vec<PathBuf> {
         let Ok(entries) = std::fs::read_dir(self.root.join("blobs")) else {
             return Vec::new();
         };
@@ -658,7 +768,7 @@ fn read_dirs(dir: &Path, temporaries: &mut Vec<PathBuf>) -> Result<Vec<PathBuf>,
 }
 
 /// The largest config layer read (`tokenizer.json` of Qwen3 is 11 MB).
-pub const CONFIG_LAYER_LIMIT: u64 = 64 << 20;
+const CONFIG_LAYER_LIMIT: u64 = 64 << 20;
 
 /// Prefix of the temporary files manifests are written to before they are renamed.
 const MANIFEST_TEMP_PREFIX: &str = ".zimage-";
@@ -680,7 +790,7 @@ fn remove_if_present(path: &Path) -> Result<bool, StoreError> {
 }
 
 /// Two digests name the same blob, however they are spelled (`sha256:` or `sha256-`, case).
-pub fn same_digest(a: &str, b: &str) -> bool {
+pub(crate) fn same_digest(a: &str, b: &str) -> bool {
     match (blob::digest_hex(a), blob::digest_hex(b)) {
         (Ok(x), Ok(y)) => x.eq_ignore_ascii_case(y),
         _ => false,
@@ -688,7 +798,7 @@ pub fn same_digest(a: &str, b: &str) -> bool {
 }
 
 /// Writes a file atomically: a temp file in the same folder, fsync, rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let io = Store::io(path);
     let mut tmp = crate::files::TempFile::beside(path, MANIFEST_TEMP_PREFIX).map_err(&io)?;
     std::io::Write::write_all(&mut tmp, bytes).map_err(&io)?;
@@ -700,10 +810,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
 /// Per-component summary of a model, for `show`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ComponentSummary {
+    /// Tensor layers.
     pub tensors: usize,
+    /// Values in them: the product of each tensor's shape, as its layer or blob gives it.
     pub parameters: u64,
+    /// Their blobs' bytes.
     pub bytes: u64,
+    /// Tensors per dtype, as the layer (else the blob's header) names it.
     pub dtypes: BTreeMap<String, usize>,
+    /// Tensors stored quantized.
     pub quantized_tensors: usize,
 }
 

@@ -8,26 +8,39 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// The host of a name that gives none: Ollama's registry.
 pub const DEFAULT_HOST: &str = "registry.ollama.ai";
+/// The namespace of a name that gives none.
 pub const DEFAULT_NAMESPACE: &str = "library";
+/// The tag of a name that gives none.
 pub const DEFAULT_TAG: &str = "latest";
 
+/// A model's full name, every part present and checked; [`ModelName::short`] spells it back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModelName {
+    /// The registry (`registry.ollama.ai`, or `host:port`).
     pub host: String,
+    /// The namespace (`library`, or a user's).
     pub namespace: String,
+    /// The model (`z-image-turbo`).
     pub model: String,
+    /// The tag (`latest`, `bf16`).
     pub tag: String,
 }
 
+/// A name that cannot be a model's.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid model name `{name}`: {reason}")]
 pub struct NameError {
+    /// The name given, with characters that cannot be shown escaped.
     pub name: String,
+    /// Which part is wrong, and how.
     pub reason: String,
 }
 
 impl ModelName {
+    /// Parses a name as Ollama does (`z-image`, `x/z-image:tiny`, `host:port/ns/model:tag`),
+    /// filling in the defaults.
     pub fn parse(name: &str) -> Result<ModelName, NameError> {
         let err = |reason: &str| NameError {
             name: printable(name),

@@ -59,6 +59,7 @@ impl Store {
     /// Everything [`Damage`] in the store. Temporary files are listed only when no other
     /// process holds the store (they may be an import's work in progress); blobs are checked
     /// by presence and size (`verify` re-hashes them).
+    #[doc(hidden)]
     pub fn examine(&self) -> Result<Vec<Damage>, StoreError> {
         let scan = {
             let _lock = self.lock_for_reading()?;
@@ -98,6 +99,7 @@ impl Store {
     }
 
     /// Removes one piece of damage found by [`Store::examine`].
+    #[doc(hidden)]
     pub fn repair(&self, damage: &Damage) -> Result<(), StoreError> {
         let path = match damage {
             Damage::Manifest(d) => {

@@ -13,15 +13,21 @@ use std::path::PathBuf;
 /// One tensor to import and where its little-endian bytes are.
 #[derive(Debug, Clone)]
 pub struct SourceTensor {
+    /// The component it goes under (`transformer`).
     pub component: String,
     /// The name inside the component (`model.layers.0.mlp.down_proj.weight`).
     pub name: String,
     /// The element type of plain bytes; for ggml blocks, the type their values widen to (F32).
     pub dtype: Dtype,
+    /// Its shape, in torch's order.
     pub shape: Vec<u64>,
+    /// The file holding its bytes.
     pub file: PathBuf,
+    /// Where in `file` its first byte is.
     pub offset: u64,
+    /// How many bytes it takes there.
     pub nbytes: u64,
+    /// How those bytes encode its values.
     pub encoding: Encoding,
     /// The tensor's bytes start this far into the range and wrap around to its start: the
     /// range's halves swapped, say, when a layout orders a tensor's row blocks the other way

@@ -21,18 +21,31 @@ macro_rules! unary_methods {
 }
 
 unary_methods! {
+    /// `-x`.
     neg => mlxs_negative,
+    /// `e^x`.
     exp => mlxs_exp,
+    /// The natural logarithm.
     log => mlxs_log,
+    /// The sine, in radians.
     sin => mlxs_sin,
+    /// The cosine, in radians.
     cos => mlxs_cos,
+    /// The hyperbolic tangent.
     tanh => mlxs_tanh,
+    /// `1 / (1 + e^-x)`.
     sigmoid => mlxs_sigmoid,
+    /// The square root.
     sqrt => mlxs_sqrt,
+    /// `1 / sqrt(x)`.
     rsqrt => mlxs_rsqrt,
+    /// `x · x`.
     square => mlxs_square,
+    /// `|x|`.
     abs => mlxs_abs,
+    /// The Gauss error function.
     erf => mlxs_erf,
+    /// `!x` on booleans.
     logical_not => mlxs_logical_not,
     /// `x · sigmoid(x)`. On the CPU, float32 runs a vectorised kernel of the shim's own, since
     /// MLX's CPU exp is scalar on x86-64 (about 10× slower).
@@ -40,6 +53,7 @@ unary_methods! {
 }
 
 impl Array {
+    /// Converts the values to `dtype` (rounding, for a narrower float).
     #[track_caller]
     pub fn astype(&self, dtype: Dtype) -> Result<Array> {
         let code = dtype.code("astype")?;
@@ -67,20 +81,35 @@ macro_rules! binary_fns {
 }
 
 binary_fns! {
+    /// `a + b`.
     add => mlxs_add,
+    /// `a - b`.
     sub => mlxs_subtract,
+    /// `a · b`.
     mul => mlxs_multiply,
+    /// `a / b`.
     div => mlxs_divide,
+    /// The larger of `a` and `b`.
     maximum => mlxs_maximum,
+    /// The smaller of `a` and `b`.
     minimum => mlxs_minimum,
+    /// `a` to the power `b`.
     power => mlxs_power,
+    /// `a == b`, as booleans.
     equal => mlxs_equal,
+    /// `a != b`, as booleans.
     not_equal => mlxs_not_equal,
+    /// `a < b`, as booleans.
     less => mlxs_less,
+    /// `a <= b`, as booleans.
     less_equal => mlxs_less_equal,
+    /// `a > b`, as booleans.
     greater => mlxs_greater,
+    /// `a >= b`, as booleans.
     greater_equal => mlxs_greater_equal,
+    /// `a && b` on booleans.
     logical_and => mlxs_logical_and,
+    /// `a || b` on booleans.
     logical_or => mlxs_logical_or,
 }
 

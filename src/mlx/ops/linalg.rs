@@ -10,6 +10,7 @@ pub fn matmul(a: &Array, b: &Array) -> Result<Array> {
 }
 
 impl Array {
+    /// `self @ rhs`: the free function [`matmul`] as a method.
     #[track_caller]
     pub fn matmul(&self, rhs: &Array) -> Result<Array> {
         matmul(self, rhs)

@@ -7,6 +7,7 @@ use crate::mlx::ffi;
 use std::ptr::NonNull;
 
 impl Array {
+    /// The same elements in row-major order, as `shape` (one axis may be -1: what is left).
     #[track_caller]
     pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
         shim_call!(
@@ -15,6 +16,7 @@ impl Array {
         )
     }
 
+    /// The axes in the order `axes` gives.
     #[track_caller]
     pub fn transpose(&self, axes: &[i32]) -> Result<Array> {
         shim_call!(
@@ -23,21 +25,25 @@ impl Array {
         )
     }
 
+    /// Axes `a` and `b` exchanged.
     #[track_caller]
     pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
         shim_call!("swapaxes", mlxs_swapaxes(self.as_ptr(), a, b))
     }
 
+    /// A new axis of size 1 at `axis`.
     #[track_caller]
     pub fn expand_dims(&self, axis: i32) -> Result<Array> {
         shim_call!("expand_dims", mlxs_expand_dims(self.as_ptr(), axis))
     }
 
+    /// Axis `axis`, of size 1, removed.
     #[track_caller]
     pub fn squeeze(&self, axis: i32) -> Result<Array> {
         shim_call!("squeeze", mlxs_squeeze(self.as_ptr(), axis))
     }
 
+    /// The array repeated to `shape` by numpy's broadcasting rules, without copying.
     #[track_caller]
     pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
         shim_call!(
@@ -106,6 +112,7 @@ impl Array {
         shim_call!("take", mlxs_take(self.as_ptr(), indices.as_ptr(), axis))
     }
 
+    /// Picks elements along `axis` with `indices` of the same rank (numpy's `take_along_axis`).
     #[track_caller]
     pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
         shim_call!(
@@ -115,6 +122,7 @@ impl Array {
     }
 }
 
+/// Joins arrays end to end along an existing `axis`.
 #[track_caller]
 pub fn concatenate(xs: &[&Array], axis: i32) -> Result<Array> {
     let ptrs: Vec<_> = xs.iter().map(|x| x.as_ptr()).collect();
@@ -124,6 +132,7 @@ pub fn concatenate(xs: &[&Array], axis: i32) -> Result<Array> {
     )
 }
 
+/// Joins same-shaped arrays along a new `axis`.
 #[track_caller]
 pub fn stack(xs: &[&Array], axis: i32) -> Result<Array> {
     let ptrs: Vec<_> = xs.iter().map(|x| x.as_ptr()).collect();
