@@ -91,8 +91,11 @@ const SINGLE: [(&str, &str); 4] = [
     ("norm.key_norm.scale", "attn.norm_k.weight"),
 ];
 
+/// Original → diffusers names, each a pair.
+type Renames = &'static [(&'static str, &'static str)];
+
 /// The blocks' prefixes, original and diffusers, with their renames.
-const BLOCKS: [(&str, &str, &[(&str, &str)]); 2] = [
+const BLOCKS: [(&str, &str, Renames); 2] = [
     ("double_blocks.", "transformer_blocks.", &DOUBLE),
     ("single_blocks.", "single_transformer_blocks.", &SINGLE),
 ];
@@ -210,7 +213,7 @@ fn split_thirds(
         reason,
     };
     let total = t.shape.first().copied().unwrap_or(0);
-    if total == 0 || total % 3 != 0 {
+    if total == 0 || !total.is_multiple_of(3) {
         return Err(bad(format!(
             "has {total} rows, which are not three equal projections"
         )));
@@ -223,7 +226,7 @@ fn split_thirds(
 /// The final modulation with its (shift, scale) halves read as diffusers' (scale, shift).
 fn swapped_halves(t: &SourceTensor, what: &str) -> Result<SourceTensor, LayoutError> {
     let total = t.shape.first().copied().unwrap_or(0);
-    if total == 0 || total % 2 != 0 || t.nbytes % 2 != 0 {
+    if total == 0 || !total.is_multiple_of(2) || !t.nbytes.is_multiple_of(2) {
         return Err(LayoutError::Tensor {
             what: what.to_string(),
             tensor: t.name.clone(),
@@ -306,7 +309,7 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
     for (name, shape) in tensors {
         let fused = FUSED.iter().find_map(|(fused, parts)| {
             let (index, rest) = name.strip_prefix("transformer_blocks.")?.split_once('.')?;
-            (rest == parts[0]).then(|| (index, *fused, parts))
+            (rest == parts[0]).then_some((index, *fused, parts))
         });
         if let Some((index, fused, parts)) = fused {
             let parts = parts.map(|p| format!("transformer_blocks.{index}.{p}"));
