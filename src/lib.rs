@@ -40,6 +40,8 @@
 //! `examples/generate.rs` is the same program with arguments, and `examples/load_weights.rs`
 //! loads one component's tensors from the store as MLX arrays.
 
+#![warn(missing_docs)]
+
 #[doc(hidden)]
 pub mod component;
 #[doc(hidden)]

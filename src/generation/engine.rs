@@ -19,7 +19,12 @@ pub enum ControlNetChoice {
     /// A diffusers directory or a published single file (the command line allows paths).
     Path(PathBuf),
     /// A ControlNet in `store`, by name.
-    Stored { store: Store, name: String },
+    Stored {
+        /// The store holding it.
+        store: Store,
+        /// Its name there.
+        name: String,
+    },
 }
 
 impl ControlNetChoice {
@@ -112,6 +117,7 @@ impl Engine {
         }
     }
 
+    /// The dtype the engine computes in.
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }

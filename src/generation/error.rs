@@ -20,38 +20,50 @@ pub enum ErrorClass {
     Internal,
 }
 
+/// Why a job failed; [`Error::class`] says whose fault it is.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request itself is wrong; the message names the flag or field.
     #[error("{0}")]
     Request(String),
+    /// A model or ControlNet the job names is not where it says.
     #[error("{0}")]
     NotFound(String),
     /// The memory budget setting itself is wrong (`--memory-limit`, `ZIMAGE_MEMORY_LIMIT`).
     #[error("{0}")]
     Budget(String),
+    /// The job needs more memory than the budget allows; the message gives each phase's need.
     #[error(transparent)]
     DoesNotFit(#[from] DoesNotFit),
+    /// The model's steps failed: a bad input picture or LoRA, a cancel, or MLX.
     #[error(transparent)]
     Pipeline(#[from] pipeline::Error),
+    /// The store could not give the model.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// A diffusers directory that cannot be read as a model.
     #[error(transparent)]
     Source(#[from] crate::diffusers_dir::Error),
+    /// A ControlNet that cannot be used with this job or model.
     #[error("{0}")]
     ControlNet(String),
+    /// The finished image could not be written as a PNG.
     #[error("encoding the PNG: {0}")]
     Png(String),
     /// Cancelled at a step boundary: `image` (1-based) of the batch had run `step` of `total`.
     #[error("stopped after step {step} of {total} (image {image})")]
     Stopped {
+        /// The image being made, 1-based.
         image: usize,
+        /// The steps it had run.
         step: usize,
+        /// Its steps in all.
         total: usize,
     },
 }
 
 impl Error {
+    /// Whose fault the error is, and so how a front end answers it.
     pub fn class(&self) -> ErrorClass {
         use crate::store::StoreError;
         match self {

@@ -22,15 +22,19 @@ pub const DEFAULT_MASKED_PADDING: u32 = 32;
 pub const MIN_HIRES_SCALE: f32 = 1.0;
 pub const MAX_HIRES_SCALE: f32 = 4.0;
 
+/// Everything one generation request asks for; `None` fields take the model's defaults.
 #[derive(Debug, Clone)]
 pub struct Job {
+    /// The model to draw with.
     pub model: ModelChoice,
+    /// What to draw.
     pub prompt: String,
     /// Used only with guidance > 0.
     pub negative_prompt: Option<String>,
     /// `None`: from the input picture (rounded as diffusers rounds it), else the model's
     /// default size.
     pub width: Option<u32>,
+    /// As `width`.
     pub height: Option<u32>,
     /// `None`: the model's default (Turbo's 8).
     pub steps: Option<usize>,
@@ -50,6 +54,7 @@ pub struct Job {
     pub noise: Option<PathBuf>,
     /// The picture to start from (image-to-image, or inpainting with a mask).
     pub input: Option<PictureInput>,
+    /// A control image and the ControlNet that steers the denoise with it.
     pub control: Option<ControlJob>,
     /// LoRAs applied on top of the model's own, for this job.
     pub loras: Vec<crate::lora::LoraSpec>,
@@ -72,13 +77,16 @@ pub struct Job {
 /// for messages.
 #[derive(Debug, Clone)]
 pub struct Picture {
+    /// The decoded pixels.
     pub image: image::DynamicImage,
+    /// What the request called it, for messages.
     pub label: String,
 }
 
 /// An image-to-image or inpaint input.
 #[derive(Debug, Clone)]
 pub struct PictureInput {
+    /// The picture to start from.
     pub picture: Picture,
     /// White repaints, black keeps.
     pub mask: Option<Picture>,
@@ -92,8 +100,11 @@ pub struct PictureInput {
 /// A control image and the ControlNet it steers.
 #[derive(Debug, Clone)]
 pub struct ControlJob {
+    /// The ControlNet.
     pub net: ControlNetChoice,
+    /// The control image (edges, depth, pose …) it reads.
     pub image: Picture,
+    /// How strongly its hints count.
     pub scale: f32,
 }
 
@@ -101,6 +112,7 @@ pub struct ControlJob {
 /// reworked by image-to-image at that size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hires {
+    /// How many times larger the second pass is, each way.
     pub scale: f32,
     /// How far the upscaled picture is taken back toward noise, in (0, 1].
     pub strength: f64,

@@ -9,9 +9,13 @@ use image::{GrayImage, RgbImage};
 /// A rectangle of the picture, in pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Region {
+    /// The left edge.
     pub x: u32,
+    /// The top edge.
     pub y: u32,
+    /// Pixels across.
     pub width: u32,
+    /// Pixels down.
     pub height: u32,
 }
 
@@ -20,6 +24,7 @@ pub struct Region {
 pub struct MaskedArea {
     picture: RgbImage,
     mask: Vec<u8>,
+    /// The region inpainted, in the picture's pixels.
     pub region: Region,
 }
 

@@ -9,9 +9,11 @@ use std::path::Path;
 
 /// Where an image came from, for its metadata.
 pub struct Provenance<'a> {
+    /// The model's name as shown.
     pub model_name: &'a str,
     /// The store's model identity (sha256 over the tensor layers).
     pub identity: &'a str,
+    /// The dtype the model computed in.
     pub dtype: Dtype,
     /// The file the initial latents were read from, when they were not drawn from the seed.
     pub noise_file: Option<&'a Path>,
@@ -30,6 +32,7 @@ pub struct ControlProvenance {
     pub controlnet: String,
     /// Its published version (`1.0`, `2.0`, `2.1`).
     pub version: String,
+    /// How strongly its hints counted.
     pub scale: f32,
 }
 
@@ -51,11 +54,15 @@ impl ControlProvenance {
 /// The hires pass an image was refined by, for its metadata.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct HiresProvenance {
+    /// How many times larger the second pass was, each way.
     pub scale: f32,
     /// The second pass's schedule length (`None`: the first pass's).
     pub steps: Option<usize>,
+    /// How far the upscaled picture was taken back toward noise.
     pub strength: f64,
+    /// The first pass's width.
     pub first_width: u32,
+    /// The first pass's height.
     pub first_height: u32,
 }
 

@@ -15,11 +15,13 @@ pub struct Progress {
     pub preview: Option<Arc<Preview>>,
     /// The image being made, 1-based, of `images`.
     pub image: usize,
+    /// Images the job makes.
     pub images: usize,
     /// `load`, `text`, `encode`, `denoise`, `decode`, or `hires` (the second pass's upscale).
     pub phase: &'static str,
     /// Denoising steps done of `steps` in this image's current pass (0 before the first).
     pub step: usize,
+    /// Steps in this image's current pass.
     pub steps: usize,
     /// Since the job started.
     pub elapsed: Duration,
@@ -47,14 +49,17 @@ pub struct Cancel {
 }
 
 impl Cancel {
+    /// Switches that are all off: the job runs to its end.
     pub fn new() -> Cancel {
         Cancel::default()
     }
 
+    /// Stops the job at its next step boundary; it ends as stopped, keeping no image.
     pub fn cancel(&self) {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the job was told to stop.
     pub fn is_cancelled(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }

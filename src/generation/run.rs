@@ -19,13 +19,17 @@ use std::time::{Duration, Instant};
 pub struct Image {
     /// The PNG with its metadata (A1111 infotext and the request as JSON).
     pub png: Vec<u8>,
+    /// Pixels across.
     pub width: u32,
+    /// Pixels down.
     pub height: u32,
+    /// The seed it was drawn from.
     pub seed: u64,
     /// The schedule's length (of the last pass).
     pub steps: usize,
     /// The denoising steps that ran, over every pass.
     pub steps_run: usize,
+    /// The prompt's length in the text encoder's tokens.
     pub prompt_tokens: usize,
     /// Each phase's time and peak memory, the first pass's then the hires pass's.
     pub phases: Vec<PhaseReport>,
@@ -51,6 +55,7 @@ impl Image {
 /// What a job made, and how.
 #[derive(Debug)]
 pub struct Outcome {
+    /// The images made, one per seed not skipped.
     pub images: Vec<Image>,
     /// The seeds of the images skipped while they were made (A1111's skip), in order.
     pub skipped: Vec<u64>,
@@ -61,6 +66,7 @@ pub struct Outcome {
     pub plan: MemoryPlan,
     /// Time spent loading the model's configs and binding LoRAs (zero when all was loaded).
     pub load: Duration,
+    /// The model's name as shown.
     pub model_name: String,
     /// The LoRAs applied, with the keys `lora_lenient` skipped.
     pub loras: Vec<crate::lora::Applied>,

@@ -14,7 +14,12 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone)]
 pub enum ModelChoice {
     /// A model in `store`, by name.
-    Stored { store: Store, name: String },
+    Stored {
+        /// The store holding it.
+        store: Store,
+        /// Its name there.
+        name: String,
+    },
     /// A diffusers directory, read in place.
     Directory(PathBuf),
 }
@@ -23,11 +28,16 @@ pub enum ModelChoice {
 /// another model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelKey {
+    /// A stored model: its store, its name and the manifest it was loaded from.
     Stored {
+        /// The store's root.
         root: PathBuf,
+        /// The model's full name.
         name: String,
+        /// The digest of its manifest file.
         manifest_digest: String,
     },
+    /// A diffusers directory, by its path.
     Directory(PathBuf),
 }
 
