@@ -792,3 +792,64 @@ fn a_running_page_job_shows_its_steps_picture_as_it_changes() {
     assert_eq!(ended["state"], "cancelled", "{ended}");
     assert_eq!(ended["preview"], serde_json::Value::Null);
 }
+
+/// The page with a FLUX.2 [klein] model, in Chromium (`tests/web_page_klein.py`): the form
+/// offers references and hides ControlNet and the CFG options, a reference added in the form
+/// gives its size to the edit, and Z-Image's form has no references. The page's edit is the
+/// command line's `--ref` edit, byte for byte.
+#[test]
+fn the_page_edits_from_a_klein_reference_in_a_real_browser() {
+    ensure_chromium();
+    let python = playwright_python();
+    let page = page_setup();
+    let klein = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/flux2-klein-tiny");
+    let created = zimage_in(&page.store, &["create", "klein", "--from", s(&klein)]);
+    assert!(created.status.success(), "{created:?}");
+    let server = start(&page, &[]);
+    let reference =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs/picture-96x80.png");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page-klein");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web_page_klein.py");
+    let started = Instant::now();
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(server.url())
+        .arg(&shots)
+        .arg(&reference)
+        .env("CHROMIUM", CHROMIUM)
+        .output()
+        .unwrap();
+    eprintln!(
+        "browser script: {:.1} s\n{}\n{}",
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the browser test failed; server log: {:?}",
+        server.log()
+    );
+    let summary = json(&std::fs::read_to_string(shots.join("summary.json")).unwrap());
+    let made = std::fs::read(page.gallery.join(summary["klein_file"].as_str().unwrap())).unwrap();
+    let out = page._dir.path().join("cli-klein.png");
+    let args = [
+        "generate",
+        "make it snowy",
+        "--model",
+        "klein",
+        "--ref",
+        s(&reference),
+        "--seed",
+        "5",
+        "-o",
+        s(&out),
+    ];
+    let cli = zimage_in(&page.store, &args);
+    assert!(cli.status.success(), "{cli:?}");
+    assert!(
+        made == std::fs::read(&out).unwrap(),
+        "the page's edit differs from the command line's"
+    );
+}
