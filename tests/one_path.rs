@@ -967,4 +967,14 @@ fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
             case.name
         );
     }
+    // A1111's fields klein cannot follow are refused by their names.
+    let hires = serde_json::json!({
+        "prompt": PROMPT, "enable_hr": true, "hr_scale": 2,
+        "override_settings": {"sd_model_checkpoint": "klein"},
+    });
+    let answer = a1111(server.port, &("/sdapi/v1/txt2img", hires.to_string()));
+    let Answer::Refused(400, message) = answer else {
+        panic!("A1111 took a hires pass for klein: {answer:?}")
+    };
+    assert!(message.contains("field `enable_hr`"), "{message}");
 }

@@ -1012,6 +1012,7 @@ function reuseSettings(entry) {
   const s = entry.settings || {};
   const models = page.info?.models || [];
   if (s.model && models.some((m) => m.short === s.model)) $("model").value = s.model;
+  showFamilyOptions(currentModel());
   $("prompt").value = s.prompt ?? "";
   $("negative").value = s.negative_prompt ?? "";
   if (s.width && s.height) setSize(s.width, s.height);
