@@ -523,6 +523,15 @@ fn page_job(port: u16, gallery: &Path, body: &str) -> Answer {
     }
 }
 
+/// The JSON object `base` with the fields of `extra` added, as a body.
+fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> String {
+    let (Some(body), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) else {
+        panic!("bodies are JSON objects")
+    };
+    body.extend(extra);
+    base.to_string()
+}
+
 fn data_url(path: &Path) -> String {
     format!("data:image/png;base64,{}", encoded(path))
 }
@@ -533,33 +542,23 @@ fn klein_cases(dir: &Path) -> Vec<KleinCase> {
     let reference = inputs().join("picture-128x128.png");
     let rgba_mask = dir.join("mask-rgba.png");
     alpha_mask(&mask, &rgba_mask);
-    let json_body = |extra: serde_json::Value| {
-        let mut body = serde_json::json!({
+    let json_body = |extra| {
+        let base = serde_json::json!({
             "model": "klein", "prompt": PROMPT, "steps": 2, "seed": 7, "stream": false,
             "options": {"seed": 7},
         });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body.to_string()
+        merged(base, extra)
     };
     let a1111_body = |extra: serde_json::Value| {
-        let mut body = serde_json::json!({
+        let base = serde_json::json!({
             "prompt": PROMPT, "steps": 2, "seed": 7, "sampler_name": "Euler",
             "scheduler": "Automatic", "override_settings": {"sd_model_checkpoint": "klein"},
         });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body.to_string()
+        merged(base, extra)
     };
-    let page_body = |extra: serde_json::Value| {
-        let mut body =
-            serde_json::json!({"model": "klein", "prompt": PROMPT, "steps": 2, "seed": 7});
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body.to_string()
+    let page_body = |extra| {
+        let base = serde_json::json!({"model": "klein", "prompt": PROMPT, "steps": 2, "seed": 7});
+        merged(base, extra)
     };
     let with = |extra: &[&str]| {
         let mut f = flags(&["--model", "klein", "--steps", "2", "--seed", "7"]);
@@ -680,24 +679,16 @@ fn klein_bad_cases(dir: &Path) -> Vec<(KleinCase, &'static str)> {
         .unwrap();
     let text_file = dir.join("notes.png");
     std::fs::write(&text_file, b"a shopping list, not a picture").unwrap();
-    let page = |model: &str, extra: serde_json::Value| {
-        let mut body = serde_json::json!({"model": model, "prompt": PROMPT});
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body.to_string()
-    };
+    let page =
+        |model: &str, extra| merged(serde_json::json!({"model": model, "prompt": PROMPT}), extra);
     let body = |model: &str, extra: serde_json::Value| {
         page(model, extra).replacen('{', r#"{"stream":false,"#, 1)
     };
     let a1111_body = |extra: serde_json::Value| {
-        let mut body = serde_json::json!({
+        let base = serde_json::json!({
             "prompt": PROMPT, "override_settings": {"sd_model_checkpoint": "klein"},
         });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body.to_string()
+        merged(base, extra)
     };
     let klein = |extra: &[&str]| {
         let mut f = flags(&["--model", "klein"]);

@@ -7,14 +7,13 @@ Usage: web_page_klein.py BASE_URL OUT_DIR REFERENCE_PNG. The server holds the Z-
 gallery file of the image it made and the body the page posted) and a screenshot, and exits
 non-zero at the first check that fails, saying which. CHROMIUM names the browser.
 """
-import json
 import os
-import struct
 import sys
 
 from playwright.sync_api import sync_playwright
 
 import chromium
+from chromium import check, finish, png_size
 
 GENERATION_MS = 60_000
 PROMPT = "make it snowy"
@@ -22,21 +21,6 @@ SEED = "5"
 
 base, out_dir, reference = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
 summary = {}
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise CheckFailed(message)
-
-
-def png_size(path):
-    with open(path, "rb") as f:
-        head = f.read(24)
-    return struct.unpack(">II", head[16:24])
 
 
 def family_options(page):
@@ -129,12 +113,7 @@ def main():
                 pass
         finally:
             browser.close()
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
-    if "failed" in summary:
-        print(f"klein page check failed: {summary['failed']}", file=sys.stderr)
-        sys.exit(1)
+    finish(summary, out_dir, "klein page")
 
 
 if __name__ == "__main__":
