@@ -475,3 +475,497 @@ fn a_models_recorded_defaults_hold_wherever_the_request_is_silent() {
         );
     }
 }
+
+/// A FLUX.2 [klein] request as each front end takes it, the page's JSON API and A1111's among
+/// them; `None` where that front end has no way to say it.
+struct KleinCase {
+    name: &'static str,
+    cli: Vec<String>,
+    ollama: Option<String>,
+    openai: Option<OpenAi>,
+    /// `(path, body)`: txt2img or img2img.
+    a1111: Option<(&'static str, String)>,
+    /// The body the page posts to `/ui/api/jobs`.
+    page: Option<String>,
+}
+
+fn a1111(port: u16, (path, body): &(&str, String)) -> Answer {
+    let (status, answer) = post(port, path, body);
+    let v = json(&answer);
+    match status {
+        200 => Answer::Png(b64(v["images"][0].as_str().expect("an image"))),
+        _ => Answer::Refused(status, v["detail"].as_str().unwrap_or_default().into()),
+    }
+}
+
+/// A page job run to its end; its one image, as the gallery keeps it.
+fn page_job(port: u16, gallery: &Path, body: &str) -> Answer {
+    let (status, answer) = post(port, "/ui/api/jobs", body);
+    let v = json(&answer);
+    if status != 200 {
+        return Answer::Refused(status, v["error"].as_str().unwrap_or_default().into());
+    }
+    let id = v["id"].as_str().unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let (_, state) = common::server::get(port, &format!("/ui/api/jobs/{id}"));
+        let state = json(&state);
+        match state["state"].as_str() {
+            Some("queued" | "running") => {}
+            Some("done") => {
+                let file = state["images"][0]["file"].as_str().unwrap();
+                return Answer::Png(std::fs::read(gallery.join(file)).unwrap());
+            }
+            _ => panic!("page job {id} ended without an image: {state}"),
+        }
+        assert!(started.elapsed().as_secs() < 120, "page job {id}: {state}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The JSON object `base` with the fields of `extra` added, as a body.
+fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> String {
+    let (Some(body), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) else {
+        panic!("bodies are JSON objects")
+    };
+    body.extend(extra);
+    base.to_string()
+}
+
+fn data_url(path: &Path) -> String {
+    format!("data:image/png;base64,{}", encoded(path))
+}
+
+fn klein_cases(dir: &Path) -> Vec<KleinCase> {
+    let picture = inputs().join("picture-96x80.png");
+    let mask = inputs().join("mask-96x80.png");
+    let reference = inputs().join("picture-128x128.png");
+    let rgba_mask = dir.join("mask-rgba.png");
+    alpha_mask(&mask, &rgba_mask);
+    let json_body = |extra| {
+        let base = serde_json::json!({
+            "model": "klein", "prompt": PROMPT, "steps": 2, "seed": 7, "stream": false,
+            "options": {"seed": 7},
+        });
+        merged(base, extra)
+    };
+    let a1111_body = |extra: serde_json::Value| {
+        let base = serde_json::json!({
+            "prompt": PROMPT, "steps": 2, "seed": 7, "sampler_name": "Euler",
+            "scheduler": "Automatic", "override_settings": {"sd_model_checkpoint": "klein"},
+        });
+        merged(base, extra)
+    };
+    let page_body = |extra| {
+        let base = serde_json::json!({"model": "klein", "prompt": PROMPT, "steps": 2, "seed": 7});
+        merged(base, extra)
+    };
+    let with = |extra: &[&str]| {
+        let mut f = flags(&["--model", "klein", "--steps", "2", "--seed", "7"]);
+        f.extend(flags(extra));
+        f
+    };
+    let form = |extra: Vec<FormPart>| {
+        let mut parts = vec![
+            text("model", "klein"),
+            text("prompt", PROMPT),
+            text("steps", "2"),
+            text("seed", "7"),
+        ];
+        parts.extend(extra);
+        OpenAi::Edit(parts)
+    };
+    let (pic, refer) = (encoded(&picture), encoded(&reference));
+    vec![
+        KleinCase {
+            name: "text to image",
+            cli: with(&["--width", "64", "--height", "48"]),
+            ollama: Some(json_body(serde_json::json!({"width": 64, "height": 48}))),
+            openai: Some(OpenAi::Json(json_body(
+                serde_json::json!({"size": "64x48"}),
+            ))),
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111_body(serde_json::json!({"width": 64, "height": 48})),
+            )),
+            page: Some(page_body(serde_json::json!({"width": 64, "height": 48}))),
+        },
+        KleinCase {
+            name: "an edit from a reference",
+            cli: with(&["--ref", s(&picture)]),
+            ollama: Some(json_body(serde_json::json!({"images": [pic]}))),
+            openai: Some(form(vec![file("image", &picture)])),
+            // A1111's `init_images[0]` is the picture img2img starts from, never a reference.
+            a1111: None,
+            page: Some(page_body(
+                serde_json::json!({"references": [data_url(&picture)]}),
+            )),
+        },
+        KleinCase {
+            name: "image to image with a reference",
+            cli: with(&[
+                "--image",
+                s(&picture),
+                "--strength",
+                "0.75",
+                "--ref",
+                s(&reference),
+            ]),
+            ollama: None,
+            openai: None,
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111_body(serde_json::json!({
+                    "init_images": [pic, refer], "denoising_strength": 0.75,
+                })),
+            )),
+            page: Some(page_body(serde_json::json!({
+                "picture": data_url(&picture), "strength": 0.75,
+                "references": [data_url(&reference)],
+            }))),
+        },
+        KleinCase {
+            name: "inpaint",
+            cli: with(&[
+                "--image",
+                s(&picture),
+                "--mask",
+                s(&mask),
+                "--strength",
+                "0.7",
+            ]),
+            // Ollama's `images` are a klein model's references; it has no mask.
+            ollama: None,
+            openai: Some(form(vec![
+                file("image", &picture),
+                file("mask", &rgba_mask),
+                text("strength", "0.7"),
+            ])),
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111_body(serde_json::json!({
+                    "init_images": [pic], "mask": encoded(&mask), "denoising_strength": 0.7,
+                })),
+            )),
+            page: Some(page_body(serde_json::json!({
+                "picture": data_url(&picture), "mask": data_url(&mask), "strength": 0.7,
+            }))),
+        },
+        KleinCase {
+            name: "image to image",
+            cli: with(&["--image", s(&picture), "--strength", "0.75"]),
+            ollama: None,
+            // Without a mask, OpenAI's edit gives a klein model references.
+            openai: None,
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111_body(serde_json::json!({"init_images": [pic], "denoising_strength": 0.75})),
+            )),
+            page: Some(page_body(
+                serde_json::json!({"picture": data_url(&picture), "strength": 0.75}),
+            )),
+        },
+    ]
+}
+
+/// Bad klein requests (and a reference for Z-Image), each with the words every front end's
+/// message must hold.
+fn klein_bad_cases(dir: &Path) -> Vec<(KleinCase, &'static str)> {
+    let picture = inputs().join("picture-96x80.png");
+    let control = inputs().join("picture-128x128.png");
+    let small = dir.join("small.png");
+    image::RgbImage::from_pixel(48, 48, image::Rgb([200, 40, 40]))
+        .save(&small)
+        .unwrap();
+    let text_file = dir.join("notes.png");
+    std::fs::write(&text_file, b"a shopping list, not a picture").unwrap();
+    let page =
+        |model: &str, extra| merged(serde_json::json!({"model": model, "prompt": PROMPT}), extra);
+    let body = |model: &str, extra: serde_json::Value| {
+        page(model, extra).replacen('{', r#"{"stream":false,"#, 1)
+    };
+    let a1111_body = |extra: serde_json::Value| {
+        let base = serde_json::json!({
+            "prompt": PROMPT, "override_settings": {"sd_model_checkpoint": "klein"},
+        });
+        merged(base, extra)
+    };
+    let klein = |extra: &[&str]| {
+        let mut f = flags(&["--model", "klein"]);
+        f.extend(flags(extra));
+        f
+    };
+    let form = |extra: Vec<FormPart>| {
+        let mut parts = vec![text("model", "klein"), text("prompt", PROMPT)];
+        parts.extend(extra);
+        OpenAi::Edit(parts)
+    };
+    let unit = serde_json::json!({"controlnet": {"args": [{
+        "enabled": true, "model": "cn", "image": encoded(&control), "weight": 0.9,
+    }]}});
+    vec![
+        (
+            KleinCase {
+                name: "a reference under 64 pixels",
+                cli: klein(&["--ref", s(&small)]),
+                ollama: Some(body(
+                    "klein",
+                    serde_json::json!({"images": [encoded(&small)]}),
+                )),
+                openai: Some(form(vec![file("image", &small)])),
+                a1111: Some((
+                    "/sdapi/v1/img2img",
+                    a1111_body(
+                        serde_json::json!({"init_images": [encoded(&picture), encoded(&small)]}),
+                    ),
+                )),
+                page: Some(page(
+                    "klein",
+                    serde_json::json!({"references": [data_url(&small)]}),
+                )),
+            },
+            "a reference needs at least 64 pixels",
+        ),
+        (
+            KleinCase {
+                name: "a reference that is not a picture",
+                cli: klein(&["--ref", s(&text_file)]),
+                ollama: Some(body(
+                    "klein",
+                    serde_json::json!({"images": [encoded(&text_file)]}),
+                )),
+                openai: Some(form(vec![file("image", &text_file)])),
+                a1111: Some((
+                    "/sdapi/v1/img2img",
+                    a1111_body(serde_json::json!({
+                        "init_images": [encoded(&picture), encoded(&text_file)],
+                    })),
+                )),
+                page: Some(page(
+                    "klein",
+                    serde_json::json!({"references": [data_url(&text_file)]}),
+                )),
+            },
+            "not a PNG, JPEG or WebP image",
+        ),
+        (
+            KleinCase {
+                name: "a ControlNet for klein",
+                cli: klein(&["--control", s(&control), "--controlnet", "cn"]),
+                ollama: Some(body(
+                    "klein",
+                    serde_json::json!({
+                        "controlnet": "cn", "control_image": encoded(&control),
+                    }),
+                )),
+                openai: Some(OpenAi::Json(body(
+                    "klein",
+                    serde_json::json!({
+                        "controlnet": "cn", "control_image": encoded(&control),
+                    }),
+                ))),
+                a1111: Some((
+                    "/sdapi/v1/txt2img",
+                    a1111_body(serde_json::json!({"alwayson_scripts": unit})),
+                )),
+                page: Some(page(
+                    "klein",
+                    serde_json::json!({
+                        "controlnet": "cn", "control_image": data_url(&control),
+                    }),
+                )),
+            },
+            "not available for FLUX.2 [klein] models",
+        ),
+        (
+            KleinCase {
+                name: "a side not a multiple of 16",
+                cli: klein(&["--width", "72", "--height", "64"]),
+                ollama: Some(body(
+                    "klein",
+                    serde_json::json!({"width": 72, "height": 64}),
+                )),
+                openai: Some(OpenAi::Json(body(
+                    "klein",
+                    serde_json::json!({"size": "72x64"}),
+                ))),
+                a1111: Some((
+                    "/sdapi/v1/txt2img",
+                    a1111_body(serde_json::json!({"width": 72, "height": 64})),
+                )),
+                page: Some(page(
+                    "klein",
+                    serde_json::json!({"width": 72, "height": 64}),
+                )),
+            },
+            "width is 72",
+        ),
+        (
+            KleinCase {
+                name: "a reference for Z-Image",
+                cli: flags(&["--model", "tiny", "--ref", s(&picture)]),
+                // Ollama's and OpenAI's pictures are Z-Image's picture to start from, and
+                // A1111 has no references.
+                ollama: None,
+                openai: None,
+                a1111: None,
+                page: Some(page(
+                    "tiny",
+                    serde_json::json!({"references": [data_url(&picture)]}),
+                )),
+            },
+            "--ref is not available for Z-Image models",
+        ),
+    ]
+}
+
+/// Every file under `dir`, to see that a refusal wrote nothing.
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let entries = std::fs::read_dir(dir).map(|d| d.filter_map(Result::ok).map(|e| e.path()));
+    let mut files: Vec<PathBuf> = entries.into_iter().flatten().collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let cn = dir.path().join("cn");
+    common::controlnet::write_tiny_dir("2.1", &cn);
+    for (name, from) in [("klein", models.join("flux2-klein-tiny")), ("cn", cn)] {
+        let created = common::zimage_in(&store, &["create", name, "--from", s(&from)]);
+        assert!(created.status.success(), "{created:?}");
+    }
+    let gallery = dir.path().join("gallery");
+    let server = Server::start(&store, &["--gallery-dir", s(&gallery)], &[]);
+
+    let mut pictures = Vec::new();
+    for case in klein_cases(dir.path()) {
+        let Answer::Png(expected) = cli(&store, dir.path(), &case.cli) else {
+            panic!("{}: the command line refused it", case.name)
+        };
+        let answers = [
+            (
+                "Ollama",
+                case.ollama.as_ref().map(|b| ollama(server.port, b)),
+            ),
+            (
+                "OpenAI",
+                case.openai.as_ref().map(|r| openai(server.port, r)),
+            ),
+            ("A1111", case.a1111.as_ref().map(|r| a1111(server.port, r))),
+            (
+                "the page",
+                case.page
+                    .as_ref()
+                    .map(|b| page_job(server.port, &gallery, b)),
+            ),
+        ];
+        for (front, answer) in answers {
+            match answer {
+                None => {}
+                // The same file, metadata and all.
+                Some(Answer::Png(png)) => {
+                    assert!(png == expected, "{}: {front}'s PNG differs", case.name)
+                }
+                Some(other) => panic!("{}: {front} answered {other:?}", case.name),
+            }
+        }
+        pictures.push(expected);
+    }
+    for (i, a) in pictures.iter().enumerate() {
+        for b in &pictures[i + 1..] {
+            assert!(a != b, "two klein cases gave the same image");
+        }
+    }
+    // The edit names its reference: its pixels' sha256 and size, as the infotext parses back.
+    let edit = &pictures[1];
+    let path = dir.path().join("edit.png");
+    std::fs::write(&path, edit).unwrap();
+    let chunks = zimage::image_out::read_png_text(&path).unwrap();
+    let text = |key: &str| chunks.iter().find(|(k, _)| k == key).unwrap().1.clone();
+    let parsed = zimage::formats::infotext::parse(&text("parameters"));
+    let rgb = image::open(inputs().join("picture-96x80.png"))
+        .unwrap()
+        .to_rgb8();
+    let sha = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(rgb.as_raw()))
+    };
+    assert_eq!(
+        parsed.get("Reference 1 hash"),
+        Some(&sha[..10]),
+        "{parsed:?}"
+    );
+    assert_eq!(parsed.get("Reference 1 size"), Some("96x80"));
+    let recorded = json(&text("zimage"));
+    assert_eq!(
+        recorded["references"],
+        serde_json::json!([{"width": 96, "height": 80, "sha256": sha}])
+    );
+
+    let written = files_in(&gallery);
+    for (case, needle) in klein_bad_cases(dir.path()) {
+        let answers = [
+            ("command line", Some(cli(&store, dir.path(), &case.cli))),
+            (
+                "Ollama",
+                case.ollama.as_ref().map(|b| ollama(server.port, b)),
+            ),
+            (
+                "OpenAI",
+                case.openai.as_ref().map(|r| openai(server.port, r)),
+            ),
+            ("A1111", case.a1111.as_ref().map(|r| a1111(server.port, r))),
+            (
+                "the page",
+                case.page
+                    .as_ref()
+                    .map(|b| page_job(server.port, &gallery, b)),
+            ),
+        ];
+        for (front, answer) in answers {
+            let Some(answer) = answer else { continue };
+            let Answer::Refused(code, message) = answer else {
+                panic!("{}: {front} made an image", case.name)
+            };
+            match front {
+                "command line" => assert_eq!(code, 2, "{}: {message}", case.name),
+                _ => assert!(
+                    (400..500).contains(&code),
+                    "{}: {front}: {code} {message}",
+                    case.name
+                ),
+            }
+            assert!(
+                message.contains(needle),
+                "{}: {front} said `{message}`, without `{needle}`",
+                case.name
+            );
+            assert!(!message.trim().contains('\n'), "{}: {message}", case.name);
+        }
+        assert!(
+            !dir.path().join("cli.png").exists(),
+            "{}: the command line wrote",
+            case.name
+        );
+        assert_eq!(
+            files_in(&gallery),
+            written,
+            "{}: the page kept an image",
+            case.name
+        );
+    }
+    // A1111's fields klein cannot follow are refused by their names.
+    let hires = serde_json::json!({
+        "prompt": PROMPT, "enable_hr": true, "hr_scale": 2,
+        "override_settings": {"sd_model_checkpoint": "klein"},
+    });
+    let answer = a1111(server.port, &("/sdapi/v1/txt2img", hires.to_string()));
+    let Answer::Refused(400, message) = answer else {
+        panic!("A1111 took a hires pass for klein: {answer:?}")
+    };
+    assert!(message.contains("field `enable_hr`"), "{message}");
+}

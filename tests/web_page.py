@@ -5,15 +5,14 @@ folder with `style.safetensors`. The script writes screenshots and OUT_DIR/summa
 it saw, and the gallery files of the images it made), and exits non-zero at the first check
 that fails, saying which. CHROMIUM names the browser (default /usr/bin/chromium).
 """
-import json
 import os
 import re
-import struct
 import sys
 
 from playwright.sync_api import sync_playwright
 
 import chromium
+from chromium import check, finish, png_size
 
 GENERATION_MS = 60_000
 PROMPT = "a red fox in snow"
@@ -21,21 +20,6 @@ SEED = "7"
 
 base, out_dir, picture = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
 summary = {}
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise CheckFailed(message)
-
-
-def png_size(path):
-    with open(path, "rb") as f:
-        head = f.read(24)
-    return struct.unpack(">II", head[16:24])
 
 
 def gallery(page):
@@ -352,12 +336,7 @@ def main():
                 pass
         finally:
             browser.close()
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(json.dumps(summary, indent=2))
-    if "failed" in summary:
-        print(f"web page check failed: {summary['failed']}", file=sys.stderr)
-        sys.exit(1)
+    finish(summary, out_dir, "web page")
 
 
 if __name__ == "__main__":

@@ -89,8 +89,13 @@ fn gallery_png(page: &Page, entry: &serde_json::Value) -> Vec<u8> {
 
 /// The PNG `zimage generate PROMPT --model tiny FLAGS` writes.
 fn cli_png(page: &Page, prompt: &str, flags: &[&str]) -> Vec<u8> {
+    model_cli_png(page, "tiny", prompt, flags)
+}
+
+/// The PNG `zimage generate PROMPT --model MODEL FLAGS` writes.
+fn model_cli_png(page: &Page, model: &str, prompt: &str, flags: &[&str]) -> Vec<u8> {
     let out = page._dir.path().join("cli.png");
-    let mut args = vec!["generate", prompt, "--model", "tiny", "-o", s(&out)];
+    let mut args = vec!["generate", prompt, "--model", model, "-o", s(&out)];
     args.extend(flags);
     let cli = zimage_in(&page.store, &args);
     assert!(
@@ -491,24 +496,25 @@ fn a_gallery_folder_under_a_file_stops_serve_at_start() {
     );
 }
 
-#[test]
-fn the_page_works_in_a_real_browser() {
-    ensure_chromium();
-    let python = playwright_python();
-    let page = page_setup();
-    let server = start(&page, &[]);
-    let picture = page._dir.path().join("picture.png");
-    write_picture(&picture);
-    // The screenshots stay after the run, for a person to look at.
-    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page");
-    std::fs::create_dir_all(&shots).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web_page.py");
+/// Runs the browser script `tests/SCRIPT` against `server` with `picture`, which must pass;
+/// the summary it wrote into `shots` (where its screenshots stay, for a person to look at).
+fn browser_script(
+    python: &Path,
+    script: &str,
+    server: &Server,
+    shots: &Path,
+    picture: &Path,
+) -> serde_json::Value {
+    std::fs::create_dir_all(shots).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
     let started = Instant::now();
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .arg(&script)
         .arg(server.url())
-        .arg(&shots)
-        .arg(&picture)
+        .arg(shots)
+        .arg(picture)
         .env("CHROMIUM", CHROMIUM)
         .output()
         .unwrap();
@@ -523,7 +529,19 @@ fn the_page_works_in_a_real_browser() {
         "the browser test failed; server log: {:?}",
         server.log()
     );
-    let summary = json(&std::fs::read_to_string(shots.join("summary.json")).unwrap());
+    json(&std::fs::read_to_string(shots.join("summary.json")).unwrap())
+}
+
+#[test]
+fn the_page_works_in_a_real_browser() {
+    ensure_chromium();
+    let python = playwright_python();
+    let page = page_setup();
+    let server = start(&page, &[]);
+    let picture = page._dir.path().join("picture.png");
+    write_picture(&picture);
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page");
+    let summary = browser_script(&python, "web_page.py", &server, &shots, &picture);
     // What the page made from seed 7 is the command line's image from seed 7.
     let file = summary["txt2img_file"].as_str().unwrap();
     let made = std::fs::read(page.gallery.join(file)).unwrap();
@@ -791,4 +809,34 @@ fn a_running_page_job_shows_its_steps_picture_as_it_changes() {
     let ended = wait_job(port, &id);
     assert_eq!(ended["state"], "cancelled", "{ended}");
     assert_eq!(ended["preview"], serde_json::Value::Null);
+}
+
+/// The page with a FLUX.2 [klein] model, in Chromium (`tests/web_page_klein.py`): the form
+/// offers references and hides ControlNet and the CFG options, a reference added in the form
+/// gives its size to the edit, and Z-Image's form has no references. The page's edit is the
+/// command line's `--ref` edit, byte for byte.
+#[test]
+fn the_page_edits_from_a_klein_reference_in_a_real_browser() {
+    ensure_chromium();
+    let python = playwright_python();
+    let page = page_setup();
+    let klein = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/flux2-klein-tiny");
+    let created = zimage_in(&page.store, &["create", "klein", "--from", s(&klein)]);
+    assert!(created.status.success(), "{created:?}");
+    let server = start(&page, &[]);
+    let reference =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/reference/inputs/picture-96x80.png");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-page-klein");
+    let summary = browser_script(&python, "web_page_klein.py", &server, &shots, &reference);
+    let made = std::fs::read(page.gallery.join(summary["klein_file"].as_str().unwrap())).unwrap();
+    let cli = model_cli_png(
+        &page,
+        "klein",
+        "make it snowy",
+        &["--ref", s(&reference), "--seed", "5"],
+    );
+    assert!(
+        made == cli,
+        "the page's edit differs from the command line's"
+    );
 }

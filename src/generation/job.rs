@@ -4,6 +4,7 @@
 //! the same answer wherever it came from.
 
 use super::{ControlNetChoice, Error, ModelChoice};
+use crate::family::Feature;
 use crate::models::Residency;
 use crate::pipeline;
 use std::path::PathBuf;
@@ -140,6 +141,41 @@ impl Job {
         (0..self.count as usize).map(|k| (k + 1, self.seed.wrapping_add(k as u64)))
     }
 
+    /// The options of this job that only some model families take.
+    pub fn features(&self) -> Vec<Feature> {
+        let truncated = self
+            .cfg_truncation
+            .is_some_and(|t| t != pipeline::NO_TRUNCATION);
+        let used = [
+            (Feature::ControlNet, self.control.is_some()),
+            (Feature::CfgTruncation, truncated),
+            (
+                Feature::CfgNormalization,
+                self.cfg_normalization == Some(true),
+            ),
+            (Feature::References, !self.references.is_empty()),
+        ];
+        (used.into_iter())
+            .filter_map(|(f, used)| used.then_some(f))
+            .collect()
+    }
+
+    /// The references' count and sizes, which need no model.
+    fn check_references(&self) -> Result<(), Error> {
+        let max = pipeline::klein::MAX_REFERENCES;
+        if self.references.len() > max {
+            return Err(Error::Request(format!(
+                "{} reference pictures given; a model takes at most {max}",
+                self.references.len()
+            )));
+        }
+        for p in &self.references {
+            let (w, h) = (p.image.width(), p.image.height());
+            pipeline::klein::Reference::check_size(w, h, &p.label).map_err(Error::Request)?;
+        }
+        Ok(())
+    }
+
     /// A text → image job of one image with every setting left to the model.
     pub fn new(model: ModelChoice, prompt: impl Into<String>) -> Job {
         Job {
@@ -252,6 +288,7 @@ impl Job {
                 _ => {}
             }
         }
+        self.check_references()?;
         if let Some(h) = &self.hires {
             let scales = crate::number::above(MIN_HIRES_SCALE.into(), MAX_HIRES_SCALE.into());
             if !crate::number::within(h.scale, scales) {

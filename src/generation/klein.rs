@@ -194,6 +194,9 @@ pub(super) fn run(
         },
         first.steps,
     );
+    let reference_pictures: Vec<metadata::ReferenceProvenance> = (job.references.iter())
+        .map(|p| metadata::ReferenceProvenance::of(&p.image))
+        .collect();
     let mut out = Vec::with_capacity(job.count as usize);
     let mut ends = BatchEnds::default();
     for (image, seed) in job.images() {
@@ -229,6 +232,7 @@ pub(super) fn run(
             // The exponential time shift by μ is the static shift e^μ.
             shift: mu.exp() as f32,
             only_masked: None,
+            references: &reference_pictures,
         };
         let (infotext, json) = metadata::png_text_full(&req, &from, None, None);
         let png = crate::image_out::encode_png(

@@ -23,6 +23,34 @@ pub struct Provenance<'a> {
     pub shift: f32,
     /// The padding of an only-masked inpaint ([`super::masked_area`]).
     pub only_masked: Option<u32>,
+    /// The reference pictures an edit followed (FLUX.2 \[klein\]), in order.
+    pub references: &'a [ReferenceProvenance],
+}
+
+/// A reference picture an image was edited from, for its metadata: its size and the sha256 of
+/// its pixels (8-bit RGB, row by row), so the same picture can be found again however it was
+/// encoded or sent (a file, base64 in a request, the page's canvas).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ReferenceProvenance {
+    /// The picture's width as given.
+    pub width: u32,
+    /// Its height as given.
+    pub height: u32,
+    /// The sha256 of its RGB pixels, lower-case hex.
+    pub sha256: String,
+}
+
+impl ReferenceProvenance {
+    /// The record of `picture`.
+    pub fn of(picture: &image::DynamicImage) -> ReferenceProvenance {
+        use sha2::{Digest, Sha256};
+        let rgb = picture.to_rgb8();
+        ReferenceProvenance {
+            width: rgb.width(),
+            height: rgb.height(),
+            sha256: format!("{:x}", Sha256::digest(rgb.as_raw())),
+        }
+    }
 }
 
 /// The ControlNet an image was steered with, for its metadata.
@@ -137,7 +165,20 @@ pub fn png_text_full(
             .collect();
         fields.push(("Lora hashes", hashes.join(", ")));
     }
-    fields.push(("Version", format!("zimage {}", env!("CARGO_PKG_VERSION"))));
+    let mut fields: Vec<(String, String)> = (fields.into_iter())
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    // As A1111 names its inputs' hashes: ten hex digits (the full sha256 is in the JSON).
+    for (k, r) in from.references.iter().enumerate() {
+        let hash10 = r.sha256.get(..10).unwrap_or("").to_string();
+        fields.push((format!("Reference {} hash", k + 1), hash10));
+        let size = format!("{}x{}", r.width, r.height);
+        fields.push((format!("Reference {} size", k + 1), size));
+    }
+    fields.push((
+        "Version".into(),
+        format!("zimage {}", env!("CARGO_PKG_VERSION")),
+    ));
     let parameters = infotext::format(
         &req.prompt,
         req.negative_prompt
@@ -161,6 +202,9 @@ pub fn png_text_full(
     }
     if let Some(h) = hires {
         request_json["hires"] = serde_json::json!(h);
+    }
+    if !from.references.is_empty() {
+        request_json["references"] = serde_json::json!(from.references);
     }
     if let Some(padding) = from.only_masked {
         request_json["only_masked"] = serde_json::json!({ "padding": padding });

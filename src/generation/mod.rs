@@ -21,7 +21,9 @@ pub use job::{
     ControlJob, Hires, Job, Picture, PictureInput, DEFAULT_MASKED_PADDING, MAX_COUNT,
     MAX_MASKED_PADDING, MAX_PROMPT_BYTES,
 };
-pub use metadata::{png_text, png_text_full, ControlProvenance, HiresProvenance, Provenance};
+pub use metadata::{
+    png_text, png_text_full, ControlProvenance, HiresProvenance, Provenance, ReferenceProvenance,
+};
 pub use progress::{Cancel, Progress};
 pub use run::{run, Image, Outcome};
 pub use source::{check_image_model, open_error, ModelChoice, ModelKey};

@@ -286,6 +286,7 @@ pub fn run(
                 .area
                 .as_ref()
                 .and(job.input.as_ref().and_then(|i| i.only_masked)),
+            references: &[],
         };
         // The metadata speaks of the request as asked: the first pass's size and schedule,
         // with the hires pass's settings beside them.

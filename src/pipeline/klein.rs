@@ -77,11 +77,9 @@ pub struct Reference {
 }
 
 impl Reference {
-    /// `img` prepared as `Flux2KleinPipeline` prepares an `image` (klein-spec §4.1): at least
-    /// 64 pixels each way and an aspect ratio within 8; above 1024² pixels scaled (Lanczos-3) to
-    /// that area; then centre-cropped, not resized, to multiples of `cell`; alpha dropped.
-    pub fn prepare(img: &image::DynamicImage, cell: u32, label: &str) -> Result<Reference, String> {
-        let (w, h) = (img.width(), img.height());
+    /// Whether a `w`×`h` picture (`label` in messages) may be a reference: at least 64 pixels
+    /// each way and an aspect ratio within 8 (klein-spec §4.1); checkable before any model.
+    pub fn check_size(w: u32, h: u32, label: &str) -> Result<(), String> {
         if w < 64 || h < 64 {
             return Err(format!(
                 "{label} is {w}×{h}; a reference needs at least 64 pixels each way"
@@ -92,6 +90,15 @@ impl Reference {
                 "{label} is {w}×{h}; a reference's longer side may be at most 8 times its shorter"
             ));
         }
+        Ok(())
+    }
+
+    /// `img` prepared as `Flux2KleinPipeline` prepares an `image` (klein-spec §4.1): at least
+    /// 64 pixels each way and an aspect ratio within 8; above 1024² pixels scaled (Lanczos-3) to
+    /// that area; then centre-cropped, not resized, to multiples of `cell`; alpha dropped.
+    pub fn prepare(img: &image::DynamicImage, cell: u32, label: &str) -> Result<Reference, String> {
+        let (w, h) = (img.width(), img.height());
+        Reference::check_size(w, h, label)?;
         let mut rgb = img.to_rgb8();
         let (sw, sh) = capped_size(w, h);
         if (sw, sh) != (w, h) {

@@ -688,6 +688,22 @@ pub fn family(state: &AppState, name: &crate::store::ModelName) -> Option<crate:
     crate::family::Family::from_model_index(&index).ok()
 }
 
+/// Refuses, before it is queued, a job that uses an option the family of `name` does not
+/// take, naming it.
+pub fn check_family(
+    state: &AppState,
+    api: Api,
+    name: &crate::store::ModelName,
+    job: &crate::generation::Job,
+) -> Result<(), ApiError> {
+    match family(state, name) {
+        Some(f) => f
+            .refuse(&job.features())
+            .map_err(|e| ApiError::bad_request(api, e)),
+        None => Ok(()),
+    }
+}
+
 /// Reference pictures as a request carries them (`field` `[k]`, bytes), decoded under the
 /// input limits.
 pub fn decode_references(

@@ -412,6 +412,7 @@ pub async fn generate(
     job.references = references;
     job.control = super::decode_control(&state, API, &body, control_image).await?;
     super::check_job(API, &job)?;
+    super::check_family(&state, API, &name, &job)?;
     open_model(&state, API, &name, true).await?;
     // No prompt: the model is only loaded (or unloaded).
     let generate = (!body.prompt.is_empty()).then_some(job);

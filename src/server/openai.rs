@@ -186,6 +186,7 @@ async fn run(
         ..crate::generation::Job::new(super::stored(&state, &name), body.prompt.clone())
     };
     super::check_job(API, &job)?;
+    super::check_family(&state, API, &name, &job)?;
     open_model(&state, API, &name, true).await?;
     let label = format!("{} {}", answer.route, body.model.escape_debug());
     let (mut guard, mut rx) = super::queue(&state, API, |cancel, events| Job {

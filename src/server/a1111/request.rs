@@ -2,6 +2,7 @@
 //! that the fields zimage has no counterpart for are at the value that changes nothing.
 
 use super::{bad, API, SAMPLER, SCHEDULER};
+use crate::family::Family;
 use crate::generation::{self, Hires, Picture, PictureInput};
 use crate::server::errors::ApiError;
 use crate::server::AppState;
@@ -279,12 +280,14 @@ pub(super) struct Pictures {
     init: Option<(Vec<u8>, Img2Img)>,
     mask: Option<Vec<u8>>,
     control: Option<super::controlnet::UnitRequest>,
+    /// A FLUX.2 \[klein\] model's reference pictures: `init_images` after the first, named.
+    references: Vec<(String, Vec<u8>)>,
 }
 
 impl Pictures {
     /// The pictures as the input budget weighs them.
     pub(super) fn inputs(&self) -> Vec<crate::input_budget::Input<'_>> {
-        crate::input_budget::Input::given(&[
+        let mut given = vec![
             (
                 "field",
                 "init_images[0]",
@@ -296,7 +299,10 @@ impl Pictures {
                 self.control.as_ref().map_or("", |c| c.field.as_str()),
                 self.control.as_ref().map(|c| c.bytes.as_slice()),
             ),
-        ])
+        ];
+        let references = self.references.iter();
+        given.extend(references.map(|(n, b)| ("field", n.as_str(), Some(b.as_slice()))));
+        crate::input_budget::Input::given(&given)
     }
 
     /// `job` with its pictures decoded (slow work: call it off the async threads), checked
@@ -320,6 +326,9 @@ impl Pictures {
         if let Some(unit) = &self.control {
             job.control = Some(unit.decode(store, (job.width, job.height))?);
         }
+        job.references = (self.references.iter())
+            .map(|(name, bytes)| decode_picture(name, bytes))
+            .collect::<Result<_, _>>()?;
         crate::server::check_job(API, &job)?;
         Ok(job)
     }
@@ -393,7 +402,7 @@ fn img2img_pictures(b: &Body1111) -> Result<Pictures, ApiError> {
     Ok(Pictures {
         init: Some((picture, how)),
         mask: Some(crate::server::base64_field(API, "mask", text)?),
-        control: None,
+        ..Pictures::default()
     })
 }
 
@@ -465,7 +474,60 @@ pub(super) fn job_of(
     };
     crate::server::check_job(API, &job)?;
     pictures.control = super::controlnet::unit(b.alwayson_scripts.as_ref())?;
+    if crate::server::family(state, model) == Some(Family::Flux2Klein) {
+        refuse_for_klein(&job, &pictures)?;
+        pictures.references = klein_references(b)?;
+    }
     Ok((job, pictures))
+}
+
+/// The fields a FLUX.2 \[klein\] model cannot follow, refused by name before anything loads.
+fn refuse_for_klein(job: &generation::Job, pictures: &Pictures) -> Result<(), ApiError> {
+    let klein = Family::Flux2Klein.name();
+    let refused = [
+        (
+            pictures.control.as_ref().map(|c| c.field.as_str()),
+            "ControlNet is not available",
+        ),
+        (
+            job.hires.is_some().then_some("enable_hr"),
+            "a hires pass is not available yet",
+        ),
+        (
+            pictures
+                .init
+                .as_ref()
+                .and_then(|(_, how)| how.only_masked)
+                .map(|_| "inpaint_full_res"),
+            "inpainting the masked area alone is not available yet",
+        ),
+        (
+            (!job.loras.is_empty()).then_some("prompt"),
+            "LoRAs (`<lora:…>`) are not available yet",
+        ),
+    ];
+    match refused
+        .iter()
+        .find_map(|(field, why)| field.map(|f| (f, why)))
+    {
+        Some((field, why)) => Err(bad(format!(
+            "field `{field}`: {why} for {klein} models; leave it out"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A FLUX.2 \[klein\] img2img's `init_images` after the first: the reference pictures the
+/// edit follows, in order (the first is the picture img2img starts from, as for every model).
+fn klein_references(b: &Body1111) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+    let extra = b.init_images.iter().flatten().enumerate().skip(1);
+    extra
+        .map(|(k, text)| {
+            let name = format!("init_images[{k}]");
+            let bytes = crate::server::base64_field(API, &name, text)?;
+            Ok((name, bytes))
+        })
+        .collect()
 }
 
 /// A1111's LoRA syntax, `<lora:NAME:SCALE>` in the prompt: each tag taken out of the prompt

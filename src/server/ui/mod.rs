@@ -12,6 +12,7 @@ pub mod jobs;
 
 use super::errors::{Api, ApiError};
 use super::{AppState, LoraBody};
+use crate::family::{Family, Feature};
 use crate::generation;
 use crate::store::{Store, StoredModel};
 use axum::body::Body;
@@ -159,6 +160,7 @@ async fn info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiErro
         "loras": loras,
         "controlnets": controlnets,
         "max_count": generation::MAX_COUNT,
+        "max_references": crate::pipeline::klein::MAX_REFERENCES,
         "size_multiple": 16,
     })))
 }
@@ -179,9 +181,19 @@ fn model_entry(store: &Store, model: &StoredModel) -> Value {
     if let Some((s, g, _)) = crate::pipeline::klein::family_defaults(&source) {
         (steps, guidance) = (defaults.steps.unwrap_or(s), defaults.guidance.unwrap_or(g));
     }
+    // A model without a family of its own is Z-Image's, as the runner reads it.
+    let family = crate::pipeline::family_of(&source).unwrap_or(Family::ZImage);
     json!({
         "name": model.name.to_string(),
         "short": model.name.short(),
+        "family": family.name(),
+        // What the form offers for this model.
+        "takes": {
+            "controlnet": family.takes(Feature::ControlNet),
+            "cfg_normalization": family.takes(Feature::CfgNormalization),
+            "cfg_truncation": family.takes(Feature::CfgTruncation),
+            "references": family.takes(Feature::References),
+        },
         "width": side,
         "height": side,
         "steps": steps,
@@ -238,6 +250,8 @@ struct PageBody {
     loras: Option<Vec<LoraBody>>,
     /// A data URL or base64.
     picture: Option<String>,
+    /// Pictures the model edits from (FLUX.2 \[klein\]), data URLs or base64, in order.
+    references: Option<Vec<String>>,
     strength: Option<f64>,
     /// White repaints, black keeps; the picture's size.
     mask: Option<String>,
@@ -281,6 +295,9 @@ async fn submit(
     let picture = decode("picture", &body.picture)?;
     let mask = decode("mask", &body.mask)?;
     let control_image = decode("control_image", &body.control_image)?;
+    let references: Vec<Vec<u8>> = (body.references.iter().flatten().enumerate())
+        .map(|(k, t)| super::base64_field(API, &format!("references[{k}]"), t))
+        .collect::<Result<_, _>>()?;
     if picture.is_none() {
         if mask.is_some() {
             return Err(ApiError::bad_request(
@@ -311,11 +328,18 @@ async fn submit(
     };
     let job = super::with_request_numbers!(job, body);
     super::check_job(API, &job)?;
-    let inputs = crate::input_budget::Input::given(&[
+    let names: Vec<String> = (0..references.len())
+        .map(|k| format!("references[{k}]"))
+        .collect();
+    let mut given = vec![
         ("field", "picture", picture.as_deref()),
         ("field", "mask", mask.as_deref()),
         ("field", "control_image", control_image.as_deref()),
-    ]);
+    ];
+    given.extend(
+        (names.iter().zip(&references)).map(|(n, b)| ("field", n.as_str(), Some(b.as_slice()))),
+    );
+    let inputs = crate::input_budget::Input::given(&given);
     let reservation = super::admit_inputs(&state, API, &inputs, 1)?;
     let store = state.store.clone();
     let has_pictures = !inputs.is_empty();
@@ -340,12 +364,14 @@ async fn submit(
         let job = generation::Job {
             input,
             control,
+            references: super::decode_references(API, "references", &references)?,
             ..job
         };
         super::check_job(API, &job)?;
         Ok(job)
     })
     .await?;
+    super::check_family(&state, API, &name, &job)?;
     super::open_model(&state, API, &name, true).await?;
     let id = jobs::PageJobs::submit(&state, name, job, reservation)?;
     Ok(Json(json!({ "id": id.to_string() })))

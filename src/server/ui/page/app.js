@@ -17,6 +17,7 @@ const page = {
   info: null,          // the server's answer to GET /ui/api/info
   job: null,           // the job this page follows: {id, prompt, sentAt, cancelling, failures}
   picture: null,       // the loaded picture: {pixels, mask, tint, dataUrl, fitWidth, fitHeight}
+  references: [],      // reference pictures, in order: {name, dataUrl, width, height, fitWidth, fitHeight}
   stroke: null,        // the pointer painting the mask: {pointerId, last}
   gallery: [],         // entries of GET /ui/api/gallery, newest first
   galleryShown: 0,
@@ -229,9 +230,32 @@ function applyModelDefaults() {
   $("negative").value = model.negative_prompt || "";
   $("cfg-normalization").checked = Boolean(model.cfg_normalization);
   $("cfg-truncation").value = model.cfg_truncation ?? 1;
-  if (page.picture) setSize(page.picture.fitWidth, page.picture.fitHeight);
+  showFamilyOptions(model);
+  const given = givenPicture();
+  if (given) setSize(given.fitWidth, given.fitHeight);
   else applySizeChoice();
   updateNegativeRow();
+}
+
+// What the model's family takes, as the server says; a model that says nothing takes all but
+// references (Z-Image's).
+function takes(model, option) {
+  return model?.takes?.[option] ?? option !== "references";
+}
+
+// The form offers what the chosen model's family has.
+function showFamilyOptions(model) {
+  $("reference-section").hidden = !takes(model, "references");
+  $("control-section").hidden = !takes(model, "controlnet");
+  $("cfg-normalization-row").hidden = !takes(model, "cfg_normalization");
+  $("cfg-truncation-row").hidden = !takes(model, "cfg_truncation");
+}
+
+// The picture whose size the output takes when the job names none: the input picture, else
+// (for a model that edits from references) the first reference.
+function givenPicture() {
+  if (page.picture) return page.picture;
+  return takes(currentModel(), "references") ? page.references[0] || null : null;
 }
 
 // A negative prompt only acts with classifier-free guidance, that is guidance above 1.
@@ -320,6 +344,24 @@ function blankCanvas(width, height) {
   return canvas;
 }
 
+// A loaded picture's pixels, re-encoded as PNG so the server gets exactly the pixels (and
+// orientation) shown here, and the size the server makes of it: each side down to the size
+// multiple.
+function pictureOf(image) {
+  const { naturalWidth: width, naturalHeight: height } = image;
+  const pixels = blankCanvas(width, height);
+  pixels.getContext("2d").drawImage(image, 0, 0);
+  const multiple = sizeMultiple();
+  return {
+    pixels,
+    width,
+    height,
+    dataUrl: pixels.toDataURL("image/png"),
+    fitWidth: Math.max(multiple, Math.floor(width / multiple) * multiple),
+    fitHeight: Math.max(multiple, Math.floor(height / multiple) * multiple),
+  };
+}
+
 async function pictureChosen() {
   const file = $("picture").files[0];
   if (!file) {
@@ -335,17 +377,10 @@ async function pictureChosen() {
     return;
   }
   const { naturalWidth: width, naturalHeight: height } = image;
-  const pixels = blankCanvas(width, height);
-  pixels.getContext("2d").drawImage(image, 0, 0);
-  const multiple = sizeMultiple();
   page.picture = {
-    pixels,
+    ...pictureOf(image),
     mask: blankCanvas(width, height),   // painted = opaque white, the rest transparent
     tint: blankCanvas(width, height),   // the mask in the overlay colour, for showing it
-    // Re-encoded as PNG so the server gets exactly the pixels (and orientation) shown here.
-    dataUrl: pixels.toDataURL("image/png"),
-    fitWidth: Math.max(multiple, Math.floor(width / multiple) * multiple),
-    fitHeight: Math.max(multiple, Math.floor(height / multiple) * multiple),
   };
   const view = $("mask-canvas");
   view.width = width;
@@ -360,9 +395,78 @@ function clearPicture() {
   $("picture").value = "";
   page.picture = null;
   $("mask-editor").hidden = true;
+  sizeFromPictures();
+}
+
+// The size after the pictures changed: the given picture's, else the model's in the chosen
+// aspect.
+function sizeFromPictures() {
+  const given = givenPicture();
+  if (given) {
+    setSize(given.fitWidth, given.fitHeight);
+    return;
+  }
   $("aspect").querySelector('option[value="custom"]').hidden = true;
   if ($("aspect").value === "custom") $("aspect").value = "1:1";
   applySizeChoice();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference pictures (a model that edits from them, FLUX.2 [klein])
+
+function maxReferences() {
+  return page.info?.max_references || 4;
+}
+
+async function referenceChosen() {
+  const input = $("reference-add");
+  const file = input.files[0];
+  input.value = "";
+  if (!file) return;
+  if (page.references.length >= maxReferences()) {
+    showError(new Error(`The model takes at most ${maxReferences()} references; remove one first.`));
+    return;
+  }
+  let image;
+  try {
+    image = await loadImageFile(file);
+  } catch (error) {
+    showError(error);
+    return;
+  }
+  const { pixels, ...reference } = pictureOf(image);
+  page.references.push({ name: file.name, ...reference });
+  showReferences();
+  if (page.references.length === 1 && !page.picture) sizeFromPictures();
+  showStatus(`Reference ${page.references.length}, ${file.name}: ${reference.width}×${reference.height}.`);
+}
+
+function removeReference(index) {
+  page.references.splice(index, 1);
+  showReferences();
+  if (index === 0 && !page.picture) sizeFromPictures();
+}
+
+function showReferences() {
+  const list = $("references");
+  list.replaceChildren(...page.references.map((reference, index) => {
+    const item = document.createElement("li");
+    item.className = "reference";
+    const thumb = document.createElement("img");
+    thumb.src = reference.dataUrl;
+    thumb.alt = `Reference ${index + 1}`;
+    const name = document.createElement("span");
+    name.textContent = `${reference.name}, ${reference.width}×${reference.height}`;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "quiet reference-remove";
+    remove.textContent = "Remove";
+    remove.setAttribute("aria-label", `Remove reference ${index + 1}, ${reference.name}`);
+    remove.addEventListener("click", () => removeReference(index));
+    item.append(thumb, name, remove);
+    return item;
+  }));
+  $("reference-add").disabled = page.references.length >= maxReferences();
 }
 
 let renderQueued = false;
@@ -530,23 +634,41 @@ async function buildJob() {
     height: numberOf("height"),
   };
   if (guidance > 1) job.negative_prompt = $("negative").value;
-  addGuidanceOptions(job);
+  const model = currentModel();
+  addGuidanceOptions(job, model);
   addHires(job);
   if (!$("random-seed").checked && $("seed").value !== "") job.seed = $("seed").value;
   const loras = chosenLoras();
   if (loras.length) job.loras = loras;
   if (page.picture) addPicture(job, page.picture);
-  if ($("controlnet").value !== "none") await addControl(job);
+  if (takes(model, "references") && page.references.length) {
+    job.references = page.references.map((r) => r.dataUrl);
+  }
+  keepGivenSize(job);
+  if (takes(model, "controlnet") && $("controlnet").value !== "none") await addControl(job);
   return job;
 }
 
+// Without a size the server keeps the given picture's own; send one only when the user chose
+// another.
+function keepGivenSize(job) {
+  const given = givenPicture();
+  if (given && job.width === given.fitWidth && job.height === given.fitHeight) {
+    delete job.width;
+    delete job.height;
+  }
+}
+
 // Sent only where they differ from the model's defaults, so a model's own settings rule.
-function addGuidanceOptions(job) {
-  const model = currentModel() || {};
+function addGuidanceOptions(job, model) {
   const normalization = $("cfg-normalization").checked;
-  if (normalization !== Boolean(model.cfg_normalization)) job.cfg_normalization = normalization;
+  if (takes(model, "cfg_normalization") && normalization !== Boolean(model?.cfg_normalization)) {
+    job.cfg_normalization = normalization;
+  }
   const truncation = numberOf("cfg-truncation");
-  if (truncation !== (model.cfg_truncation ?? 1)) job.cfg_truncation = truncation;
+  if (takes(model, "cfg_truncation") && truncation !== (model?.cfg_truncation ?? 1)) {
+    job.cfg_truncation = truncation;
+  }
 }
 
 function addHires(job) {
@@ -564,11 +686,6 @@ function addPicture(job, picture) {
     job.mask = maskPng(picture.mask);
     // The area around the mask, made at the full size and pasted back (A1111's "only masked").
     if ($("only-masked").checked) job.only_masked = ONLY_MASKED_PADDING;
-  }
-  // Without a size the server keeps the picture's own; send one only when the user chose another.
-  if (job.width === picture.fitWidth && job.height === picture.fitHeight) {
-    delete job.width;
-    delete job.height;
   }
 }
 
@@ -895,6 +1012,7 @@ function reuseSettings(entry) {
   const s = entry.settings || {};
   const models = page.info?.models || [];
   if (s.model && models.some((m) => m.short === s.model)) $("model").value = s.model;
+  showFamilyOptions(currentModel());
   $("prompt").value = s.prompt ?? "";
   $("negative").value = s.negative_prompt ?? "";
   if (s.width && s.height) setSize(s.width, s.height);
@@ -974,6 +1092,7 @@ function wireUp() {
 
   $("picture").addEventListener("change", pictureChosen);
   $("picture-clear").addEventListener("click", clearPicture);
+  $("reference-add").addEventListener("change", referenceChosen);
   const view = $("mask-canvas");
   view.addEventListener("pointerdown", strokeStart);
   view.addEventListener("pointermove", strokeMove);
@@ -1002,6 +1121,7 @@ async function loadInfo() {
   fillLoras(info.loras || []);
   fillControlNets(info.controlnets || []);
   $("count").max = info.max_count;
+  $("reference-max").textContent = maxReferences();
   setSizeStep(sizeMultiple());
   applyModelDefaults();
   $("generate").disabled = info.models.length === 0;
