@@ -143,6 +143,7 @@ impl Job {
 
     /// The options of this job that only some model families take.
     pub fn features(&self) -> Vec<Feature> {
+        // A front end that sends every field (the page) sends the value that changes nothing.
         let truncated = self
             .cfg_truncation
             .is_some_and(|t| t != pipeline::NO_TRUNCATION);

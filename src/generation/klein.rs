@@ -7,7 +7,7 @@ use super::engine::LoadedKlein;
 use super::metadata::{self, Provenance};
 use super::run::{BatchEnds, Image, Outcome, Reporter};
 use super::{Cancel, Error, Job};
-use crate::family::{Family, Feature};
+use crate::family::Family;
 use crate::memory_plan::{MemoryEstimate, MemoryPlan};
 use crate::mlx::Dtype;
 use crate::models::Residency;
@@ -19,21 +19,9 @@ use std::time::Duration;
 /// The request options a klein job uses that klein does not take, or that zimage does not
 /// run for klein yet, refused by their flags.
 fn refuse_unsupported(job: &Job) -> Result<(), Error> {
-    let mut used = Vec::new();
-    if job.control.is_some() {
-        used.push(Feature::ControlNet);
-    }
-    // A front end that sends every field (the page) sends the value that changes nothing.
-    if job
-        .cfg_truncation
-        .is_some_and(|t| t != pipeline::NO_TRUNCATION)
-    {
-        used.push(Feature::CfgTruncation);
-    }
-    if job.cfg_normalization == Some(true) {
-        used.push(Feature::CfgNormalization);
-    }
-    Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
+    Family::Flux2Klein
+        .refuse(&job.features())
+        .map_err(Error::Request)?;
     let not_yet = [
         ("--lora", !job.loras.is_empty()),
         (
