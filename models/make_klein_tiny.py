@@ -27,6 +27,7 @@ From the repository root:
     python models/make_klein_tiny.py               # model, inputs and all references
     python models/make_klein_tiny.py --skip-model  # only the inputs and references
     python models/make_klein_tiny.py --only t2i    # one reference case (or `blocks-real`)
+    python models/make_klein_tiny.py --big DIR     # the benchmarks' big model, in DIR
 """
 
 import argparse
@@ -105,8 +106,10 @@ def build_text_encoder(out_dir):
     # The Z-Image demo's token embedding (N(0, 1), same vocabulary and width): the first shard
     # holds only this tensor, so both models share that file's bytes.
     zimage = load_file(os.path.join(ZIMAGE_DIR, "text_encoder", "model-00001-of-00002.safetensors"))
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(zimage["model.embed_tokens.weight"].float())
+    embedding = zimage["model.embed_tokens.weight"]
+    if embedding.shape == model.model.embed_tokens.weight.shape:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.copy_(embedding.float())
     model = model.to(torch.bfloat16)
     model.save_pretrained(out_dir, max_shard_size="3MB", safe_serialization=True)
     gc = os.path.join(out_dir, "generation_config.json")
@@ -423,13 +426,50 @@ def blocks_real():
     save("blocks-real", dump, meta)
 
 
+# The "big" model of the benchmarks (benches/klein_compare.sh): a transformer 512 wide (4 heads
+# of 128, real RoPE axes) with 2 double- and 4 single-stream blocks, a 28-layer text encoder 256
+# wide, and the real FLUX.2 VAE's sizes (128/256/512/512 channels, 32 latent channels), so that
+# the decode costs what the real one does.
+BIG_TEXT = dict(hidden=256, intermediate=768, layers=28, heads=4, kv_heads=2, head_dim=64)
+BIG_TRANSFORMER = dict(
+    REAL_BLOCKS, num_layers=2, num_single_layers=4, num_attention_heads=4,
+    joint_attention_dim=3 * BIG_TEXT["hidden"],
+)
+BIG_VAE = dict(
+    VAE, down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+    block_out_channels=[128, 256, 512, 512], layers_per_block=2, latent_channels=32,
+    norm_num_groups=32, sample_size=1024,
+)
+
+
+def build_big(out_dir):
+    """The benchmarks' big random klein in diffusers layout under `out_dir`."""
+    global TEXT, TRANSFORMER, VAE
+    TEXT, TRANSFORMER, VAE = BIG_TEXT, BIG_TRANSFORMER, BIG_VAE
+    torch.manual_seed(SEED)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    shutil.copytree(os.path.join(ZIMAGE_DIR, "tokenizer"), os.path.join(out_dir, "tokenizer"))
+    build_text_encoder(os.path.join(out_dir, "text_encoder"))
+    build_transformer().to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "transformer"))
+    build_vae().to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "vae"))
+    os.makedirs(os.path.join(out_dir, "scheduler"))
+    write_json(os.path.join(out_dir, "scheduler", "scheduler_config.json"), SCHEDULER)
+    write_json(os.path.join(out_dir, "model_index.json"), model_index(True))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-model", action="store_true", help="keep the model directories as they are")
+    ap.add_argument("--big", metavar="DIR", help="only write the benchmarks' big model to DIR")
     every = list(CASES) + list(BF16_CASES) + ["blocks-real"]
     ap.add_argument("--only", metavar="CASE", choices=every, help="one case: " + ", ".join(every))
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.big:
+        build_big(args.big)
+        return
     if not args.skip_model and not args.only:
         build_model()
     write_inputs()

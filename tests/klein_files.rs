@@ -230,6 +230,14 @@ fn the_original_single_file_imports_as_the_diffusers_model() {
         shown.contains("50 steps, guidance 4 (base model)"),
         "{shown}"
     );
+
+    // A Z-Image and a klein model whose text encoders share a tensor (the tiny models' token
+    // embedding) store it once.
+    let zimage = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny");
+    ok(&zimage_in(&store, &["create", "z", "--from", s(&zimage)]));
+    let shown = ok(&zimage_in(&store, &["show", "z"]));
+    let shared = shown.lines().find(|l| l.starts_with("shared")).unwrap();
+    assert!(shared.starts_with("shared      1 blobs"), "{shown}");
 }
 
 #[test]

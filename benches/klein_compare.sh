@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# zimage beside diffusers on FLUX.2 [klein], a cold process to a PNG each, in one run: the big
+# random klein (models/make_klein_tiny.py --big), float32, 4 steps at SIZE² (default 512), in
+# ROUNDS rounds (default 3) taken in turn; prints each run's wall time and peak RSS and the
+# medians' ratios.
+#
+#   PYTHON=/path/to/venv/bin/python benches/klein_compare.sh [SIZE] [ROUNDS]
+#
+# PYTHON must have torch, diffusers 0.42.1 and transformers (docs/benchmarks.md says how the
+# reference runs are installed). The model is written once under target/bench/klein-big.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+size=${1:-512}
+rounds=${2:-3}
+python=${PYTHON:-python3}
+model=target/bench/klein-big
+out=target/bench/klein-out
+mkdir -p "$out"
+[ -f "$model/model_index.json" ] || "$python" models/make_klein_tiny.py --big "$model"
+cargo build --release --quiet
+zimage=target/release/zimage
+
+run() { # NAME COMMAND...: "NAME wall_s peak_kb"
+  local name=$1
+  shift
+  local t
+  t=$( { /usr/bin/time -f "%e %M" "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
+  echo "$name $t"
+}
+
+results=$(for r in $(seq "$rounds"); do
+  run zimage "$zimage" generate "a red fox in the snow" --model "$model" --dtype f32 \
+    --width "$size" --height "$size" --seed 42 -o "$out/zimage.png"
+  run diffusers "$python" models/bench_klein_reference.py "$model" "$size" "$out/diffusers.png"
+done)
+echo "$results" | awk -v size="$size" '
+  { wall[$1] = wall[$1] " " $2; rss[$1] = rss[$1] " " $3; print "  " $1 ": " $2 " s, peak RSS " $3 / 1e6 " GB" }
+  function median(list,   a, n) { n = split(list, a, " "); asort(a); return a[int((n + 1) / 2)] }
+  END {
+    zw = median(wall["zimage"]); dw = median(wall["diffusers"])
+    zr = median(rss["zimage"]); dr = median(rss["diffusers"])
+    printf "klein big %dx%d f32, medians: zimage %.2f s / %.2f GB, diffusers %.2f s / %.2f GB: time x%.2f, memory x%.2f\n",
+      size, size, zw, zr / 1e6, dw, dr / 1e6, zw / dw, zr / dr
+  }'
