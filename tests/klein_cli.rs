@@ -81,6 +81,32 @@ fn a_stored_klein_generates_what_the_library_makes() {
         "the stored klein's picture differs from the directory's"
     );
 
+    // `--noise`: the file holding what seed 42 draws (`[1, C, h, w]` over the token grid, the
+    // tiny model's 64 channels at 96×64 / 8) makes the seed's picture whatever `--seed` says.
+    let noise = tmp.path().join("noise.safetensors");
+    let values = zimage::torch_rng::Generator::new(42)
+        .randn(64 * 8 * 12)
+        .unwrap();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    common::write_safetensors(
+        &noise,
+        &[(
+            "noise",
+            zimage::safetensors::Dtype::F32,
+            vec![1, 64, 8, 12],
+            bytes,
+        )],
+    );
+    let from_noise = tmp.path().join("from-noise.png");
+    let mut flags = args.to_vec();
+    flags.truncate(flags.len() - 1);
+    flags.extend([s(&from_noise), "--noise", s(&noise)]);
+    let seed = flags.iter().position(|f| *f == "42").unwrap();
+    flags[seed] = "7";
+    let out = zimage_in(&store, &flags);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(image::open(&from_noise).unwrap().to_rgb8().into_raw(), ours);
+
     // Live previews: the last step's picture at the VAE's scale (4 in the tiny model, whose VAE
     // is one level shallower than the real one), fitted on its 16 latent channels; the image's
     // bytes unchanged.

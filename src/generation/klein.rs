@@ -29,7 +29,6 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
             job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
         ),
         ("--hires", job.hires.is_some()),
-        ("--noise", job.noise.is_some()),
         (
             "--weights stored/streamed",
             job.residency.is_some_and(|r| r != Residency::Compute),
@@ -167,8 +166,15 @@ pub(super) fn run(
 ) -> Result<Outcome, Error> {
     refuse_unsupported(job)?;
     let references = references(job, klein)?;
-    let first = request(job, klein, &references)?;
+    let mut first = request(job, klein, &references)?;
     klein.pipeline.validate(&first)?;
+    // The file holds what the seed would draw: `[1, C, h, w]` over the token grid, before
+    // the tokens are packed (diffusers' `prepare_latents`).
+    if let Some(path) = &job.noise {
+        let (h, w) = klein.pipeline.grid(&first);
+        let c = klein.pipeline.configs.transformer.in_channels;
+        first.noise = Some(super::noise::read(path, [c, h, w])?);
+    }
     let plan = weights_plan(klein, dtype)?;
     let p = &mut klein.pipeline;
     p.set_previews(job.preview)?;
@@ -215,7 +221,7 @@ pub(super) fn run(
             model_name: &model_name,
             identity: &identity,
             dtype,
-            noise_file: None,
+            noise_file: job.noise.as_deref(),
             loras: &[],
             // The exponential time shift by μ is the static shift e^μ.
             shift: mu.exp() as f32,
