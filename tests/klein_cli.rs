@@ -237,3 +237,161 @@ fn inpainting_from_the_command_line_matches_diffusers() {
     println!("inpaint from the command line: {same} identical, worst off by {worst}");
     assert!(worst <= 2, "{same} identical, worst {worst}");
 }
+
+/// Generates the LoRA reference's request (models/make_klein_lora_reference.py) from `model`
+/// with `extra` flags, against `store`; the picture's pixels.
+fn generate_lora_case(store: &Path, model: &str, extra: &[&str], png: &Path) -> Vec<u8> {
+    let mut args = vec![
+        "generate",
+        "a red fox in the snow",
+        "--model",
+        model,
+        "--width",
+        "96",
+        "--height",
+        "64",
+        "--seed",
+        "42",
+        "--dtype",
+        "f32",
+        "-o",
+        s(png),
+    ];
+    args.extend(extra);
+    let out = zimage_in(store, &args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out));
+    image::open(png).unwrap().to_rgb8().into_raw()
+}
+
+/// `--lora` on klein: a LoRA in diffusers/PEFT names and one in the original (BFL) names, whose
+/// fused `qkv` pairs are split onto q, k and v, draw what diffusers draws with them loaded, from
+/// the flag and from a stored model that carries them (`create --lora`).
+#[test]
+fn loras_in_diffusers_and_original_names_match_diffusers() {
+    let refs = models().join("reference");
+    let st = zimage::mlx::io::load_safetensors(&refs.join("klein-lora.safetensors")).unwrap();
+    let image = |key: &str| st.tensors[key].to_vec::<u8>().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let out = zimage_in(&store, &["create", "klein", "--from", s(&dir)]);
+    assert!(out.status.success(), "{}", text(&out));
+    for kind in ["peft", "bfl"] {
+        let want = image(&format!("{kind}_u8"));
+        let (same, _) = compare_pixels(&image("base_u8"), &want);
+        assert!(
+            same < 0.5,
+            "the {kind} LoRA barely changes the image ({same})"
+        );
+        let lora = refs.join(format!("klein-lora-{kind}.safetensors"));
+        let png = tmp.path().join(format!("{kind}.png"));
+        let flagged = generate_lora_case(&store, s(&dir), &["--lora", s(&lora)], &png);
+        let (same, worst) = compare_pixels(&flagged, &want);
+        println!(
+            "klein {kind} LoRA: {:.4}% identical, worst off by {worst}",
+            same * 100.0
+        );
+        assert!(
+            same >= 0.999 && worst <= 1,
+            "{kind}: {same} identical, worst {worst}"
+        );
+        let chunks = zimage::image_out::read_png_text(&png).unwrap();
+        let params = &chunks.iter().find(|(k, _)| k == "parameters").unwrap().1;
+        let named = format!("Lora hashes: \"klein-lora-{kind}: ");
+        assert!(params.contains(&named), "{params}");
+
+        let derived = format!("klein-{kind}");
+        let out = zimage_in(
+            &store,
+            &["create", &derived, "--from", "klein", "--lora", s(&lora)],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let png = tmp.path().join(format!("{kind}-stored.png"));
+        let stored = generate_lora_case(&store, &derived, &[], &png);
+        assert_eq!(stored, flagged, "{kind}: the stored LoRA draws otherwise");
+    }
+}
+
+/// The bytes of `values` as f32 little-endian.
+fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values.flat_map(f32::to_le_bytes).collect()
+}
+
+/// A one-pair rank-2 LoRA on `module` (`[out, in]`), in f32.
+fn one_pair_lora(path: &Path, module: &str, (out, inp): (u64, u64)) {
+    let wave = |n: u64, k: f32| f32_bytes((0..n).map(move |i| (i as f32 * k).sin() * 0.3));
+    let down = format!("{module}.lora_A.weight");
+    let up = format!("{module}.lora_B.weight");
+    common::write_safetensors(
+        path,
+        &[
+            (
+                &down,
+                zimage::safetensors::Dtype::F32,
+                vec![2, inp],
+                wave(2 * inp, 0.7),
+            ),
+            (
+                &up,
+                zimage::safetensors::Dtype::F32,
+                vec![out, 2],
+                wave(2 * out, 1.3),
+            ),
+        ],
+    );
+}
+
+/// A text-encoder LoRA binds to klein's Qwen3 as to Z-Image's; a key that names no layer is
+/// refused naming the closest one, in the naming the key uses.
+#[test]
+fn klein_takes_text_encoder_loras_and_names_the_closest_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let te = tmp.path().join("te.safetensors");
+    one_pair_lora(
+        &te,
+        "text_encoder.model.layers.3.self_attn.q_proj",
+        (32, 16),
+    );
+    let plain = generate_lora_case(&store, s(&dir), &[], &tmp.path().join("plain.png"));
+    let png = tmp.path().join("te.png");
+    let with = generate_lora_case(&store, s(&dir), &["--lora", s(&te)], &png);
+    assert_ne!(plain, with, "the text-encoder LoRA changed nothing");
+
+    let cases = [
+        (
+            "diffusion_model.double_blocks.0.img_attn.qkvv",
+            "closest is `double_blocks.0.img_attn.qkv`",
+        ),
+        (
+            "transformer.single_transformer_blocks.2.attn.to_outt",
+            "closest is `single_transformer_blocks.2.attn.to_out`",
+        ),
+    ];
+    for (module, expected) in cases {
+        let typo = tmp.path().join("typo.safetensors");
+        one_pair_lora(&typo, module, (128, 128));
+        let args = ["generate", "a fox", "--model", s(&dir), "--lora", s(&typo)];
+        let out = zimage_in(&store, &args);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains(expected), "{}", text(&out));
+    }
+    // A fused layer's pair must cut into its three layers' rows.
+    let odd = tmp.path().join("odd.safetensors");
+    one_pair_lora(
+        &odd,
+        "diffusion_model.double_blocks.1.txt_attn.qkv",
+        (128, 128),
+    );
+    let out = zimage_in(
+        &store,
+        &["generate", "a fox", "--model", s(&dir), "--lora", s(&odd)],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("do not fit layer `transformer_blocks.1.attn.add_"),
+        "{}",
+        text(&out)
+    );
+}

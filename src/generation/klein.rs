@@ -35,7 +35,6 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
     }
     Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
     let not_yet = [
-        ("--lora", !job.loras.is_empty()),
         (
             "--only-masked",
             job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
@@ -178,6 +177,7 @@ pub(super) fn run(
     load: Duration,
 ) -> Result<Outcome, Error> {
     refuse_unsupported(job)?;
+    klein.bind_loras(&job.loras, job.lora_lenient)?;
     let references = references(job, klein)?;
     let first = request(job, klein, &references)?;
     klein.pipeline.validate(&first)?;
@@ -225,7 +225,7 @@ pub(super) fn run(
             identity: &identity,
             dtype,
             noise_file: None,
-            loras: &[],
+            loras: &p.adapters().applied,
             // The exponential time shift by μ is the static shift e^μ.
             shift: mu.exp() as f32,
             only_masked: None,
@@ -254,5 +254,8 @@ pub(super) fn run(
             infotext,
         });
     }
-    Ok(ends.outcome(out, plan, load, model_name))
+    Ok(super::run::Outcome {
+        loras: p.adapters().applied.clone(),
+        ..ends.outcome(out, plan, load, model_name)
+    })
 }

@@ -18,6 +18,7 @@
 pub mod export;
 pub mod export_gguf;
 pub mod files;
+pub mod flux2;
 pub mod resolve;
 pub mod text_encoder;
 pub mod transformer;
