@@ -300,6 +300,11 @@ fn loras_in_diffusers_and_original_names_match_diffusers() {
         let named = format!("Lora hashes: \"klein-lora-{kind}: ");
         assert!(params.contains(&named), "{params}");
 
+        let out = common::zimage(&["inspect", s(&lora), "--json"]);
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let base = j["lora_base"].as_str().unwrap();
+        assert!(base.starts_with("FLUX") && base.contains("klein"), "{j}");
+
         let derived = format!("klein-{kind}");
         let out = zimage_in(
             &store,

@@ -499,7 +499,7 @@ pub fn base_guess(targets: &BTreeMap<String, usize>) -> &'static str {
         "Z-Image (S3-DiT: `layers.*.attention`, `feed_forward.w1..w3`)"
     } else if has("double_blocks") || has("single_blocks") {
         "FLUX, original names (`double_blocks`/`single_blocks`): FLUX.2 [klein] if the widths fit"
-    } else if has("single_transformer_blocks") {
+    } else if has("transformer_blocks") {
         "FLUX, diffusers names (`transformer_blocks`/`single_transformer_blocks`): FLUX.2 [klein] if the widths fit"
     } else if has("down_blocks") || has("up_blocks") || has("input_blocks") {
         "Stable Diffusion UNet; not a Z-Image LoRA"
