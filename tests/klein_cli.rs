@@ -300,6 +300,15 @@ fn loras_in_diffusers_and_original_names_match_diffusers() {
         let named = format!("Lora hashes: \"klein-lora-{kind}: ");
         assert!(params.contains(&named), "{params}");
 
+        if kind == "bfl" {
+            // kohya's spelling of the same pairs, alpha 8 at scale 0.5 (= scale 1).
+            let kohya = tmp.path().join("kohya.safetensors");
+            kohya_copy(&lora, &kohya, 8.0);
+            let spec = format!("{}:0.5", s(&kohya));
+            let png = tmp.path().join("kohya.png");
+            let spelled = generate_lora_case(&store, s(&dir), &["--lora", &spec], &png);
+            assert_eq!(spelled, flagged, "kohya's spelling draws otherwise");
+        }
         let out = common::zimage(&["inspect", s(&lora), "--json"]);
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let base = j["lora_base"].as_str().unwrap();
@@ -315,6 +324,27 @@ fn loras_in_diffusers_and_original_names_match_diffusers() {
         let stored = generate_lora_case(&store, &derived, &[], &png);
         assert_eq!(stored, flagged, "{kind}: the stored LoRA draws otherwise");
     }
+}
+
+/// `from` (a LoRA in `diffusion_model.<module>.lora_A/lora_B` names) in kohya's names, with
+/// `alpha` for every pair.
+fn kohya_copy(from: &Path, to: &Path, alpha: f32) {
+    let st = zimage::mlx::io::load_safetensors(from).unwrap();
+    let alpha = zimage::mlx::Array::from_slice(&[alpha], &[]).unwrap();
+    let mut tensors = Vec::new();
+    for (key, array) in &st.tensors {
+        let stem = key.strip_prefix("diffusion_model.").unwrap();
+        let (module, part) = stem.split_once(".lora_").unwrap();
+        let flat = format!("lora_unet_{}", module.replace('.', "_"));
+        let part = if part.starts_with('A') { "down" } else { "up" };
+        tensors.push((format!("{flat}.lora_{part}.weight"), array));
+        if part == "down" {
+            tensors.push((format!("{flat}.alpha"), &alpha));
+        }
+    }
+    let named: Vec<(&str, &zimage::mlx::Array)> =
+        tensors.iter().map(|(k, a)| (k.as_str(), *a)).collect();
+    zimage::mlx::io::save_safetensors(to, &named, &[]).unwrap();
 }
 
 /// The bytes of `values` as f32 little-endian.
