@@ -76,18 +76,19 @@ impl LoraStamp {
 #[derive(Default)]
 struct BoundLoras(Option<(Vec<LoraStamp>, bool)>);
 
-/// How a family's pipeline reads LoRAs and applies them.
-type LoadAdapters<P> =
-    fn(&P, &[crate::lora::LoraSpec], bool) -> Result<crate::lora::Adapters, crate::pipeline::Error>;
-type SetAdapters<P> = fn(&mut P, crate::lora::Adapters);
-
 impl BoundLoras {
-    /// Binds the model's own LoRAs and `specs` to `pipeline`, unless those are bound already.
+    /// Binds the model's own LoRAs and `specs` to `pipeline` with its family's `load` and `set`,
+    /// unless those are bound already.
     fn bind<P>(
         &mut self,
         pipeline: &mut P,
         (specs, lenient): (&[crate::lora::LoraSpec], bool),
-        (load, set): (LoadAdapters<P>, SetAdapters<P>),
+        load: impl FnOnce(
+            &P,
+            &[crate::lora::LoraSpec],
+            bool,
+        ) -> Result<crate::lora::Adapters, crate::pipeline::Error>,
+        set: impl FnOnce(&mut P, crate::lora::Adapters),
     ) -> Result<(), Error> {
         let wanted: (Vec<LoraStamp>, bool) = (specs.iter().map(LoraStamp::of).collect(), lenient);
         if self.0.as_ref() == Some(&wanted) {
@@ -224,9 +225,8 @@ impl Loaded {
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<(), Error> {
-        let calls: (LoadAdapters<_>, SetAdapters<_>) =
-            (Pipeline::load_adapters, Pipeline::set_adapters);
-        (self.loras).bind(&mut self.pipeline, (specs, lenient), calls)
+        let (load, set) = (Pipeline::load_adapters, Pipeline::set_adapters);
+        (self.loras).bind(&mut self.pipeline, (specs, lenient), load, set)
     }
 
     /// Sets the ControlNet `choice` names on the pipeline, unless it is set already.
@@ -244,14 +244,14 @@ impl Loaded {
 }
 
 impl LoadedKlein {
-    /// Binds the model's own LoRAs and `specs` to the pipeline, unless those are bound already.
+    /// Binds klein's own LoRAs (a derived model's) and `specs`, unless those are bound already.
     pub fn bind_loras(
         &mut self,
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<(), Error> {
-        let calls: (LoadAdapters<_>, SetAdapters<_>) =
-            (KleinPipeline::load_adapters, KleinPipeline::set_adapters);
-        (self.loras).bind(&mut self.pipeline, (specs, lenient), calls)
+        let pipeline = &mut self.pipeline;
+        let (load, set) = (KleinPipeline::load_adapters, KleinPipeline::set_adapters);
+        (self.loras).bind(pipeline, (specs, lenient), load, set)
     }
 }

@@ -221,15 +221,15 @@ impl<S: ModelSource> KleinPipeline<S> {
         &self.source
     }
 
-    /// The model's own LoRAs, then the files `specs` names, bound to the model's layers in the
-    /// compute dtype (see [`super::load_adapters`]).
+    /// klein's own LoRAs (a derived model's), then the files `specs` names, bound to its
+    /// layers in the compute dtype (see [`super::load_adapters`]).
     pub fn load_adapters(
         &self,
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<crate::lora::Adapters, Error> {
-        let family = Family::Flux2Klein;
-        super::load_adapters(&self.source, family, specs, lenient, self.dtype)
+        let (source, family) = (&self.source, Family::Flux2Klein);
+        super::load_adapters(source, family, specs, lenient, self.dtype)
     }
 
     /// Applies these LoRA pairs from the next image on.
@@ -237,7 +237,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         self.adapters = adapters;
     }
 
-    /// The LoRAs applied, for metadata.
+    /// The LoRAs bound, for the image's metadata.
     pub fn adapters(&self) -> &crate::lora::Adapters {
         &self.adapters
     }
