@@ -238,18 +238,14 @@ fn inpainting_from_the_command_line_matches_diffusers() {
     assert!(worst <= 2, "{same} identical, worst {worst}");
 }
 
-/// Generates the LoRA reference's request (models/make_klein_lora_reference.py) from `model`
-/// with `extra` flags, against `store`; the picture's pixels.
-fn generate_lora_case(store: &Path, model: &str, extra: &[&str], png: &Path) -> Vec<u8> {
+/// Generates "a red fox in the snow" with seed 42 in f32 from `model` with `flags`, against
+/// `store`; the picture's pixels.
+fn generate_fox(store: &Path, model: &str, flags: &[&str], png: &Path) -> Vec<u8> {
     let mut args = vec![
         "generate",
         "a red fox in the snow",
         "--model",
         model,
-        "--width",
-        "96",
-        "--height",
-        "64",
         "--seed",
         "42",
         "--dtype",
@@ -257,10 +253,16 @@ fn generate_lora_case(store: &Path, model: &str, extra: &[&str], png: &Path) -> 
         "-o",
         s(png),
     ];
-    args.extend(extra);
+    args.extend(flags);
     let out = zimage_in(store, &args);
     assert!(out.status.success(), "{args:?}: {}", text(&out));
     image::open(png).unwrap().to_rgb8().into_raw()
+}
+
+/// The LoRA reference's request (models/make_klein_lora_reference.py) with `extra` flags.
+fn generate_lora_case(store: &Path, model: &str, extra: &[&str], png: &Path) -> Vec<u8> {
+    let flags = [&["--width", "96", "--height", "64"], extra].concat();
+    generate_fox(store, model, &flags, png)
 }
 
 /// `--lora` on klein: a LoRA in diffusers/PEFT names and one in the original (BFL) names, whose
@@ -352,28 +354,63 @@ fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
     values.flat_map(f32::to_le_bytes).collect()
 }
 
-/// A one-pair rank-2 LoRA on `module` (`[out, in]`), in f32.
-fn one_pair_lora(path: &Path, module: &str, (out, inp): (u64, u64)) {
-    let wave = |n: u64, k: f32| f32_bytes((0..n).map(move |i| (i as f32 * k).sin() * 0.3));
-    let down = format!("{module}.lora_A.weight");
-    let up = format!("{module}.lora_B.weight");
+/// A LoRA of one pair on `module`: `down` `[2, in]` and `up` `[out, 2]`, in f32.
+fn pair_lora(path: &Path, module: &str, down: &[f32], up: &[f32]) {
+    let (a, b) = (
+        format!("{module}.lora_A.weight"),
+        format!("{module}.lora_B.weight"),
+    );
+    let f32 = zimage::safetensors::Dtype::F32;
+    let (inp, out) = (down.len() as u64 / 2, up.len() as u64 / 2);
     common::write_safetensors(
         path,
         &[
-            (
-                &down,
-                zimage::safetensors::Dtype::F32,
-                vec![2, inp],
-                wave(2 * inp, 0.7),
-            ),
-            (
-                &up,
-                zimage::safetensors::Dtype::F32,
-                vec![out, 2],
-                wave(2 * out, 1.3),
-            ),
+            (&a, f32, vec![2, inp], f32_bytes(down.iter().copied())),
+            (&b, f32, vec![out, 2], f32_bytes(up.iter().copied())),
         ],
     );
+}
+
+/// `n` values of a slow wave, a LoRA half's weights.
+fn wave(n: u64, k: f32) -> Vec<f32> {
+    (0..n).map(|i| (i as f32 * k).sin() * 0.3).collect()
+}
+
+/// A one-pair rank-2 LoRA on `module` (`[out, in]`).
+fn one_pair_lora(path: &Path, module: &str, (out, inp): (u64, u64)) {
+    pair_lora(path, module, &wave(2 * inp, 0.7), &wave(2 * out, 1.3));
+}
+
+/// The final layer's original pair holds shift's rows then scale's; `norm_out.linear` holds
+/// scale's then shift's, so the original pair is the diffusers pair with B's halves swapped.
+#[test]
+fn the_original_final_layer_pair_swaps_shift_and_scale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let (down, up) = (wave(2 * 128, 0.7), wave(2 * 256, 1.3));
+    let swapped = [&up[256..], &up[..256]].concat();
+    let original = tmp.path().join("original.safetensors");
+    pair_lora(
+        &original,
+        "diffusion_model.final_layer.adaLN_modulation.1",
+        &down,
+        &up,
+    );
+    let diffusers = tmp.path().join("diffusers.safetensors");
+    pair_lora(&diffusers, "transformer.norm_out.linear", &down, &swapped);
+    let small = ["--width", "32", "--height", "32", "--steps", "1"];
+    let draw = |lora: &Path, png: &str| {
+        let flags: Vec<&str> = small.iter().copied().chain(["--lora", s(lora)]).collect();
+        generate_fox(&store, s(&dir), &flags, &tmp.path().join(png))
+    };
+    let plain = generate_fox(&store, s(&dir), &small, &tmp.path().join("plain.png"));
+    let from_original = draw(&original, "original.png");
+    assert_ne!(
+        from_original, plain,
+        "the final layer's LoRA changed nothing"
+    );
+    assert_eq!(from_original, draw(&diffusers, "diffusers.png"));
 }
 
 /// A text-encoder LoRA binds to klein's Qwen3 as to Z-Image's; a key that names no layer is
@@ -389,9 +426,10 @@ fn klein_takes_text_encoder_loras_and_names_the_closest_layer() {
         "text_encoder.model.layers.3.self_attn.q_proj",
         (32, 16),
     );
-    let plain = generate_lora_case(&store, s(&dir), &[], &tmp.path().join("plain.png"));
-    let png = tmp.path().join("te.png");
-    let with = generate_lora_case(&store, s(&dir), &["--lora", s(&te)], &png);
+    let small = ["--width", "32", "--height", "32", "--steps", "1"];
+    let plain = generate_fox(&store, s(&dir), &small, &tmp.path().join("plain.png"));
+    let flags = [&small[..], &["--lora", s(&te)]].concat();
+    let with = generate_fox(&store, s(&dir), &flags, &tmp.path().join("te.png"));
     assert_ne!(plain, with, "the text-encoder LoRA changed nothing");
 
     let cases = [
