@@ -263,3 +263,234 @@ fn inpainting_from_the_command_line_matches_diffusers() {
     println!("inpaint from the command line: {same} identical, worst off by {worst}");
     assert!(worst <= 2, "{same} identical, worst {worst}");
 }
+
+/// Generates "a red fox in the snow" with seed 42 in f32 from `model` with `flags`, against
+/// `store`; the picture's pixels.
+fn generate_fox(store: &Path, model: &str, flags: &[&str], png: &Path) -> Vec<u8> {
+    let mut args = vec![
+        "generate",
+        "a red fox in the snow",
+        "--model",
+        model,
+        "--seed",
+        "42",
+        "--dtype",
+        "f32",
+        "-o",
+        s(png),
+    ];
+    args.extend(flags);
+    let out = zimage_in(store, &args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out));
+    image::open(png).unwrap().to_rgb8().into_raw()
+}
+
+/// The LoRA reference's request (models/make_klein_lora_reference.py) with `extra` flags.
+fn generate_lora_case(store: &Path, model: &str, extra: &[&str], png: &Path) -> Vec<u8> {
+    let flags = [&["--width", "96", "--height", "64"], extra].concat();
+    generate_fox(store, model, &flags, png)
+}
+
+/// `--lora` on klein: a LoRA in diffusers/PEFT names and one in the original (BFL) names, whose
+/// fused `qkv` pairs are split onto q, k and v, draw what diffusers draws with them loaded, from
+/// the flag and from a stored model that carries them (`create --lora`).
+#[test]
+fn loras_in_diffusers_and_original_names_match_diffusers() {
+    let refs = models().join("reference");
+    let st = zimage::mlx::io::load_safetensors(&refs.join("klein-lora.safetensors")).unwrap();
+    let image = |key: &str| st.tensors[key].to_vec::<u8>().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let out = zimage_in(&store, &["create", "klein", "--from", s(&dir)]);
+    assert!(out.status.success(), "{}", text(&out));
+    for kind in ["peft", "bfl"] {
+        let want = image(&format!("{kind}_u8"));
+        let (same, _) = compare_pixels(&image("base_u8"), &want);
+        assert!(
+            same < 0.5,
+            "the {kind} LoRA barely changes the image ({same})"
+        );
+        let lora = refs.join(format!("klein-lora-{kind}.safetensors"));
+        let png = tmp.path().join(format!("{kind}.png"));
+        let flagged = generate_lora_case(&store, s(&dir), &["--lora", s(&lora)], &png);
+        let (same, worst) = compare_pixels(&flagged, &want);
+        println!(
+            "klein {kind} LoRA: {:.4}% identical, worst off by {worst}",
+            same * 100.0
+        );
+        assert!(
+            same >= 0.999 && worst <= 1,
+            "{kind}: {same} identical, worst {worst}"
+        );
+        let chunks = zimage::image_out::read_png_text(&png).unwrap();
+        let params = &chunks.iter().find(|(k, _)| k == "parameters").unwrap().1;
+        let named = format!("Lora hashes: \"klein-lora-{kind}: ");
+        assert!(params.contains(&named), "{params}");
+
+        if kind == "bfl" {
+            // kohya's spelling of the same pairs, alpha 8 at scale 0.5 (= scale 1).
+            let kohya = tmp.path().join("kohya.safetensors");
+            kohya_copy(&lora, &kohya, 8.0);
+            let spec = format!("{}:0.5", s(&kohya));
+            let png = tmp.path().join("kohya.png");
+            let spelled = generate_lora_case(&store, s(&dir), &["--lora", &spec], &png);
+            assert_eq!(spelled, flagged, "kohya's spelling draws otherwise");
+        }
+        let out = common::zimage(&["inspect", s(&lora), "--json"]);
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let base = j["lora_base"].as_str().unwrap();
+        assert!(base.starts_with("FLUX") && base.contains("klein"), "{j}");
+
+        let derived = format!("klein-{kind}");
+        let out = zimage_in(
+            &store,
+            &["create", &derived, "--from", "klein", "--lora", s(&lora)],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let png = tmp.path().join(format!("{kind}-stored.png"));
+        let stored = generate_lora_case(&store, &derived, &[], &png);
+        assert_eq!(stored, flagged, "{kind}: the stored LoRA draws otherwise");
+    }
+}
+
+/// `from` (a LoRA in `diffusion_model.<module>.lora_A/lora_B` names) in kohya's names, with
+/// `alpha` for every pair.
+fn kohya_copy(from: &Path, to: &Path, alpha: f32) {
+    let st = zimage::mlx::io::load_safetensors(from).unwrap();
+    let alpha = zimage::mlx::Array::from_slice(&[alpha], &[]).unwrap();
+    let mut tensors = Vec::new();
+    for (key, array) in &st.tensors {
+        let stem = key.strip_prefix("diffusion_model.").unwrap();
+        let (module, part) = stem.split_once(".lora_").unwrap();
+        let flat = format!("lora_unet_{}", module.replace('.', "_"));
+        let part = if part.starts_with('A') { "down" } else { "up" };
+        tensors.push((format!("{flat}.lora_{part}.weight"), array));
+        if part == "down" {
+            tensors.push((format!("{flat}.alpha"), &alpha));
+        }
+    }
+    let named: Vec<(&str, &zimage::mlx::Array)> =
+        tensors.iter().map(|(k, a)| (k.as_str(), *a)).collect();
+    zimage::mlx::io::save_safetensors(to, &named, &[]).unwrap();
+}
+
+/// The bytes of `values` as f32 little-endian.
+fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values.flat_map(f32::to_le_bytes).collect()
+}
+
+/// A LoRA of one pair on `module`: `down` `[2, in]` and `up` `[out, 2]`, in f32.
+fn pair_lora(path: &Path, module: &str, down: &[f32], up: &[f32]) {
+    let (a, b) = (
+        format!("{module}.lora_A.weight"),
+        format!("{module}.lora_B.weight"),
+    );
+    let f32 = zimage::safetensors::Dtype::F32;
+    let (inp, out) = (down.len() as u64 / 2, up.len() as u64 / 2);
+    common::write_safetensors(
+        path,
+        &[
+            (&a, f32, vec![2, inp], f32_bytes(down.iter().copied())),
+            (&b, f32, vec![out, 2], f32_bytes(up.iter().copied())),
+        ],
+    );
+}
+
+/// `n` values of a slow wave, a LoRA half's weights.
+fn wave(n: u64, k: f32) -> Vec<f32> {
+    (0..n).map(|i| (i as f32 * k).sin() * 0.3).collect()
+}
+
+/// A one-pair rank-2 LoRA on `module` (`[out, in]`).
+fn one_pair_lora(path: &Path, module: &str, (out, inp): (u64, u64)) {
+    pair_lora(path, module, &wave(2 * inp, 0.7), &wave(2 * out, 1.3));
+}
+
+/// The final layer's original pair holds shift's rows then scale's; `norm_out.linear` holds
+/// scale's then shift's, so the original pair is the diffusers pair with B's halves swapped.
+#[test]
+fn the_original_final_layer_pair_swaps_shift_and_scale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let (down, up) = (wave(2 * 128, 0.7), wave(2 * 256, 1.3));
+    let swapped = [&up[256..], &up[..256]].concat();
+    let original = tmp.path().join("original.safetensors");
+    pair_lora(
+        &original,
+        "diffusion_model.final_layer.adaLN_modulation.1",
+        &down,
+        &up,
+    );
+    let diffusers = tmp.path().join("diffusers.safetensors");
+    pair_lora(&diffusers, "transformer.norm_out.linear", &down, &swapped);
+    let small = ["--width", "32", "--height", "32", "--steps", "1"];
+    let draw = |lora: &Path, png: &str| {
+        let flags: Vec<&str> = small.iter().copied().chain(["--lora", s(lora)]).collect();
+        generate_fox(&store, s(&dir), &flags, &tmp.path().join(png))
+    };
+    let plain = generate_fox(&store, s(&dir), &small, &tmp.path().join("plain.png"));
+    let from_original = draw(&original, "original.png");
+    assert_ne!(
+        from_original, plain,
+        "the final layer's LoRA changed nothing"
+    );
+    assert_eq!(from_original, draw(&diffusers, "diffusers.png"));
+}
+
+/// A text-encoder LoRA binds to klein's Qwen3 as to Z-Image's; a key that names no layer is
+/// refused naming the closest one, in the naming the key uses.
+#[test]
+fn klein_takes_text_encoder_loras_and_names_the_closest_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let te = tmp.path().join("te.safetensors");
+    one_pair_lora(
+        &te,
+        "text_encoder.model.layers.3.self_attn.q_proj",
+        (32, 16),
+    );
+    let small = ["--width", "32", "--height", "32", "--steps", "1"];
+    let plain = generate_fox(&store, s(&dir), &small, &tmp.path().join("plain.png"));
+    let flags = [&small[..], &["--lora", s(&te)]].concat();
+    let with = generate_fox(&store, s(&dir), &flags, &tmp.path().join("te.png"));
+    assert_ne!(plain, with, "the text-encoder LoRA changed nothing");
+
+    let cases = [
+        (
+            "diffusion_model.double_blocks.0.img_attn.qkvv",
+            "closest is `double_blocks.0.img_attn.qkv`",
+        ),
+        (
+            "transformer.single_transformer_blocks.2.attn.to_outt",
+            "closest is `single_transformer_blocks.2.attn.to_out`",
+        ),
+    ];
+    for (module, expected) in cases {
+        let typo = tmp.path().join("typo.safetensors");
+        one_pair_lora(&typo, module, (128, 128));
+        let args = ["generate", "a fox", "--model", s(&dir), "--lora", s(&typo)];
+        let out = zimage_in(&store, &args);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains(expected), "{}", text(&out));
+    }
+    // A fused layer's pair must cut into its three layers' rows.
+    let odd = tmp.path().join("odd.safetensors");
+    one_pair_lora(
+        &odd,
+        "diffusion_model.double_blocks.1.txt_attn.qkv",
+        (128, 128),
+    );
+    let out = zimage_in(
+        &store,
+        &["generate", "a fox", "--model", s(&dir), "--lora", s(&odd)],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("do not fit layer `transformer_blocks.1.attn.add_"),
+        "{}",
+        text(&out)
+    );
+}

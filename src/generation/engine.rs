@@ -76,24 +76,52 @@ impl LoraStamp {
     }
 }
 
+/// The LoRAs a pipeline's adapters were bound for (`None`: none bound yet, not even the
+/// model's own), with whether unknown keys were skipped.
+#[derive(Default)]
+struct BoundLoras(Option<(Vec<LoraStamp>, bool)>);
+
+impl BoundLoras {
+    /// Binds the model's own LoRAs and `specs` to `pipeline` with its family's `load` and `set`,
+    /// unless those are bound already.
+    fn bind<P>(
+        &mut self,
+        pipeline: &mut P,
+        (specs, lenient): (&[crate::lora::LoraSpec], bool),
+        load: impl FnOnce(
+            &P,
+            &[crate::lora::LoraSpec],
+            bool,
+        ) -> Result<crate::lora::Adapters, crate::pipeline::Error>,
+        set: impl FnOnce(&mut P, crate::lora::Adapters),
+    ) -> Result<(), Error> {
+        let wanted: (Vec<LoraStamp>, bool) = (specs.iter().map(LoraStamp::of).collect(), lenient);
+        if self.0.as_ref() == Some(&wanted) {
+            return Ok(());
+        }
+        set(pipeline, load(pipeline, specs, lenient)?);
+        self.0 = Some(wanted);
+        Ok(())
+    }
+}
+
 /// The loaded model.
 pub(super) struct Loaded {
     pub key: ModelKey,
     pub pipeline: Pipeline<Source>,
     /// What the model says a request should use when it names nothing.
     pub defaults: GenerationDefaults,
-    /// The LoRAs the pipeline's adapters were bound for (`None`: none bound yet, not even the
-    /// model's own), with whether unknown keys were skipped.
-    loras: Option<(Vec<LoraStamp>, bool)>,
+    loras: BoundLoras,
     /// The ControlNet set on the pipeline; it stays with the model until a job names another.
     controlnet: Option<String>,
 }
 
-/// A loaded FLUX.2 \[klein\] model (its family's pipeline; no LoRAs or ControlNet).
+/// A loaded FLUX.2 \[klein\] model (its family's pipeline, with its LoRAs; no ControlNet).
 pub(super) struct LoadedKlein {
     pub key: ModelKey,
     pub pipeline: KleinPipeline<Source>,
     pub defaults: GenerationDefaults,
+    loras: BoundLoras,
 }
 
 /// Keeps one model loaded between jobs.
@@ -164,6 +192,7 @@ impl Engine {
                 key,
                 pipeline,
                 defaults,
+                loras: BoundLoras::default(),
             });
             return Ok(true);
         }
@@ -176,7 +205,7 @@ impl Engine {
             key,
             pipeline,
             defaults,
-            loras: None,
+            loras: BoundLoras::default(),
             controlnet: None,
         });
         Ok(true)
@@ -202,14 +231,8 @@ impl Loaded {
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<(), Error> {
-        let wanted: (Vec<LoraStamp>, bool) = (specs.iter().map(LoraStamp::of).collect(), lenient);
-        if self.loras.as_ref() == Some(&wanted) {
-            return Ok(());
-        }
-        let adapters = self.pipeline.load_adapters(specs, lenient)?;
-        self.pipeline.set_adapters(adapters);
-        self.loras = Some(wanted);
-        Ok(())
+        let (load, set) = (Pipeline::load_adapters, Pipeline::set_adapters);
+        (self.loras).bind(&mut self.pipeline, (specs, lenient), load, set)
     }
 
     /// Sets the ControlNet `choice` names on the pipeline, unless it is set already.
@@ -223,5 +246,18 @@ impl Loaded {
         self.pipeline.set_controlnet(Some(net))?;
         self.controlnet = Some(key);
         Ok(())
+    }
+}
+
+impl LoadedKlein {
+    /// Binds klein's own LoRAs (a derived model's) and `specs`, unless those are bound already.
+    pub fn bind_loras(
+        &mut self,
+        specs: &[crate::lora::LoraSpec],
+        lenient: bool,
+    ) -> Result<(), Error> {
+        let pipeline = &mut self.pipeline;
+        let (load, set) = (KleinPipeline::load_adapters, KleinPipeline::set_adapters);
+        (self.loras).bind(pipeline, (specs, lenient), load, set)
     }
 }

@@ -23,7 +23,6 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
         .refuse(&job.features())
         .map_err(Error::Request)?;
     let not_yet = [
-        ("--lora", !job.loras.is_empty()),
         (
             "--only-masked",
             job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
@@ -165,6 +164,7 @@ pub(super) fn run(
     load: Duration,
 ) -> Result<Outcome, Error> {
     refuse_unsupported(job)?;
+    klein.bind_loras(&job.loras, job.lora_lenient)?;
     let references = references(job, klein)?;
     let mut first = request(job, klein, &references)?;
     klein.pipeline.validate(&first)?;
@@ -222,7 +222,7 @@ pub(super) fn run(
             identity: &identity,
             dtype,
             noise_file: job.noise.as_deref(),
-            loras: &[],
+            loras: &p.adapters().applied,
             // The exponential time shift by μ is the static shift e^μ.
             shift: mu.exp() as f32,
             only_masked: None,
@@ -252,5 +252,8 @@ pub(super) fn run(
             infotext,
         });
     }
-    Ok(ends.outcome(out, plan, load, model_name))
+    Ok(super::run::Outcome {
+        loras: p.adapters().applied.clone(),
+        ..ends.outcome(out, plan, load, model_name)
+    })
 }

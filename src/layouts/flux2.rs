@@ -1,12 +1,14 @@
 //! The FLUX.2 transformer: Black Forest Labs' original layout (`flux-2-klein-4b.safetensors`,
-//! ComfyUI's `diffusion_models/` files and the GGUF files made from them) and diffusers'
-//! `Flux2Transformer2DModel` (klein-spec §10.4).
+//! ComfyUI's `diffusion_models/` files, the GGUF files made from them, and LoRAs trained on
+//! them) against diffusers' `Flux2Transformer2DModel`, whose names the store and the pipeline
+//! use (klein-spec §10.4).
 //!
-//! The original names differ from diffusers' in three ways: plain renames (`img_in` →
-//! `x_embedder`, `…query_norm.scale` → `…norm_q.weight`), the fused `qkv` of each double
-//! block's two attentions, whose rows are q's, k's and v's in equal thirds, and the final
-//! modulation, whose rows hold (shift, scale) where diffusers holds (scale, shift): its halves
-//! are swapped by reading its bytes rolled by half.
+//! One table says which original module each diffusers module comes from. Most are renamed
+//! only (norm scales also change `scale` for `weight`). Two kinds hold several diffusers
+//! modules in their rows: a double block's fused `img_attn.qkv` / `txt_attn.qkv` (q's rows, then
+//! k's, then v's), and the final layer's `adaLN_modulation.1`, whose rows are (shift, scale)
+//! where diffusers' `norm_out.linear` has (scale, shift). Importing cuts the rows (or reads
+//! the modulation's bytes rolled by half); exporting joins them back.
 
 use super::{rows, sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
@@ -14,106 +16,251 @@ use crate::store::SourceTensor;
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
 const EXPECTED: &str = "diffusers names (`transformer_blocks.N.attn.to_q.weight`, `single_transformer_blocks.N.attn.to_qkv_mlp_proj.weight`, …) or the original FLUX.2 names (`double_blocks.N.img_attn.qkv.weight`, `single_blocks.N.linear1.weight`, …), optionally under `model.diffusion_model.`";
 
-/// Renames outside the blocks, original → diffusers.
-const TOP: [(&str, &str); 11] = [
-    ("img_in.weight", "x_embedder.weight"),
-    ("txt_in.weight", "context_embedder.weight"),
+/// Which rows of an original layer a diffusers layer holds: the original's rows cut into `of`
+/// equal parts, and these parts in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub of: u64,
+    pub parts: &'static [u64],
+}
+
+impl Rows {
+    /// All rows, in order.
+    pub const WHOLE: Rows = Rows { of: 1, parts: &[0] };
+    const Q: Rows = Rows { of: 3, parts: &[0] };
+    const K: Rows = Rows { of: 3, parts: &[1] };
+    const V: Rows = Rows { of: 3, parts: &[2] };
+    /// The two halves swapped.
+    const SWAPPED: Rows = Rows {
+        of: 2,
+        parts: &[1, 0],
+    };
+
+    /// The row ranges `[start, end)` this takes of an original layer of `rows` rows, in order;
+    /// `None` when `rows` does not cut into `of` equal parts.
+    pub fn ranges(self, rows: u64) -> Option<Vec<(u64, u64)>> {
+        let part = rows.is_multiple_of(self.of).then(|| rows / self.of)?;
+        Some(
+            self.parts
+                .iter()
+                .map(|&p| (p * part, (p + 1) * part))
+                .collect(),
+        )
+    }
+}
+
+/// How a diffusers module's tensor is named in the original: a linear layer keeps `weight`,
+/// an RMS norm's `weight` is the original's `scale`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Linear,
+    Norm,
+}
+
+/// A module: diffusers' name, the original's, its kind and the original rows it holds.
+type Module = (&'static str, &'static str, Kind, Rows);
+
+/// A double block's modules: diffusers' names after `transformer_blocks.N.`, the original's
+/// after `double_blocks.N.`.
+const DOUBLE: [Module; 16] = [
+    ("attn.to_q", "img_attn.qkv", Kind::Linear, Rows::Q),
+    ("attn.to_k", "img_attn.qkv", Kind::Linear, Rows::K),
+    ("attn.to_v", "img_attn.qkv", Kind::Linear, Rows::V),
+    ("attn.add_q_proj", "txt_attn.qkv", Kind::Linear, Rows::Q),
+    ("attn.add_k_proj", "txt_attn.qkv", Kind::Linear, Rows::K),
+    ("attn.add_v_proj", "txt_attn.qkv", Kind::Linear, Rows::V),
+    ("attn.to_out.0", "img_attn.proj", Kind::Linear, Rows::WHOLE),
     (
-        "time_in.in_layer.weight",
-        "time_guidance_embed.timestep_embedder.linear_1.weight",
+        "attn.to_add_out",
+        "txt_attn.proj",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    ("ff.linear_in", "img_mlp.0", Kind::Linear, Rows::WHOLE),
+    ("ff.linear_out", "img_mlp.2", Kind::Linear, Rows::WHOLE),
+    (
+        "ff_context.linear_in",
+        "txt_mlp.0",
+        Kind::Linear,
+        Rows::WHOLE,
     ),
     (
-        "time_in.out_layer.weight",
-        "time_guidance_embed.timestep_embedder.linear_2.weight",
+        "ff_context.linear_out",
+        "txt_mlp.2",
+        Kind::Linear,
+        Rows::WHOLE,
     ),
     (
-        "guidance_in.in_layer.weight",
-        "time_guidance_embed.guidance_embedder.linear_1.weight",
+        "attn.norm_q",
+        "img_attn.norm.query_norm",
+        Kind::Norm,
+        Rows::WHOLE,
     ),
     (
-        "guidance_in.out_layer.weight",
-        "time_guidance_embed.guidance_embedder.linear_2.weight",
+        "attn.norm_k",
+        "img_attn.norm.key_norm",
+        Kind::Norm,
+        Rows::WHOLE,
     ),
     (
-        "double_stream_modulation_img.lin.weight",
-        "double_stream_modulation_img.linear.weight",
+        "attn.norm_added_q",
+        "txt_attn.norm.query_norm",
+        Kind::Norm,
+        Rows::WHOLE,
     ),
     (
-        "double_stream_modulation_txt.lin.weight",
-        "double_stream_modulation_txt.linear.weight",
+        "attn.norm_added_k",
+        "txt_attn.norm.key_norm",
+        Kind::Norm,
+        Rows::WHOLE,
     ),
-    (
-        "single_stream_modulation.lin.weight",
-        "single_stream_modulation.linear.weight",
-    ),
-    (FINAL_MODULATION, "norm_out.linear.weight"),
-    ("final_layer.linear.weight", "proj_out.weight"),
 ];
 
-/// The final layer's modulation, whose two row halves diffusers holds the other way round.
-const FINAL_MODULATION: &str = "final_layer.adaLN_modulation.1.weight";
-
-/// Renames inside a double block (`double_blocks.N.` → `transformer_blocks.N.`).
-const DOUBLE: [(&str, &str); 10] = [
-    ("img_attn.norm.query_norm.scale", "attn.norm_q.weight"),
-    ("img_attn.norm.key_norm.scale", "attn.norm_k.weight"),
-    ("txt_attn.norm.query_norm.scale", "attn.norm_added_q.weight"),
-    ("txt_attn.norm.key_norm.scale", "attn.norm_added_k.weight"),
-    ("img_attn.proj.weight", "attn.to_out.0.weight"),
-    ("txt_attn.proj.weight", "attn.to_add_out.weight"),
-    ("img_mlp.0.weight", "ff.linear_in.weight"),
-    ("img_mlp.2.weight", "ff.linear_out.weight"),
-    ("txt_mlp.0.weight", "ff_context.linear_in.weight"),
-    ("txt_mlp.2.weight", "ff_context.linear_out.weight"),
+/// A single block's modules: after `single_transformer_blocks.N.` and `single_blocks.N.`.
+const SINGLE: [Module; 4] = [
+    ("attn.to_qkv_mlp_proj", "linear1", Kind::Linear, Rows::WHOLE),
+    ("attn.to_out", "linear2", Kind::Linear, Rows::WHOLE),
+    ("attn.norm_q", "norm.query_norm", Kind::Norm, Rows::WHOLE),
+    ("attn.norm_k", "norm.key_norm", Kind::Norm, Rows::WHOLE),
 ];
 
-/// The fused projections of a double block and the three diffusers projections each holds.
-const FUSED: [(&str, [&str; 3]); 2] = [
+/// The modules outside the blocks.
+const TOP: [Module; 11] = [
+    ("x_embedder", "img_in", Kind::Linear, Rows::WHOLE),
+    ("proj_out", "final_layer.linear", Kind::Linear, Rows::WHOLE),
+    ("context_embedder", "txt_in", Kind::Linear, Rows::WHOLE),
     (
-        "img_attn.qkv.weight",
-        ["attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"],
+        "time_guidance_embed.timestep_embedder.linear_1",
+        "time_in.in_layer",
+        Kind::Linear,
+        Rows::WHOLE,
     ),
     (
-        "txt_attn.qkv.weight",
-        [
-            "attn.add_q_proj.weight",
-            "attn.add_k_proj.weight",
-            "attn.add_v_proj.weight",
-        ],
+        "time_guidance_embed.timestep_embedder.linear_2",
+        "time_in.out_layer",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    (
+        "time_guidance_embed.guidance_embedder.linear_1",
+        "guidance_in.in_layer",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    (
+        "time_guidance_embed.guidance_embedder.linear_2",
+        "guidance_in.out_layer",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    (
+        "double_stream_modulation_img.linear",
+        "double_stream_modulation_img.lin",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    (
+        "double_stream_modulation_txt.linear",
+        "double_stream_modulation_txt.lin",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    (
+        "single_stream_modulation.linear",
+        "single_stream_modulation.lin",
+        Kind::Linear,
+        Rows::WHOLE,
+    ),
+    (
+        "norm_out.linear",
+        "final_layer.adaLN_modulation.1",
+        Kind::Linear,
+        Rows::SWAPPED,
     ),
 ];
 
-/// Renames inside a single block (`single_blocks.N.` → `single_transformer_blocks.N.`).
-const SINGLE: [(&str, &str); 4] = [
-    ("linear1.weight", "attn.to_qkv_mlp_proj.weight"),
-    ("linear2.weight", "attn.to_out.weight"),
-    ("norm.query_norm.scale", "attn.norm_q.weight"),
-    ("norm.key_norm.scale", "attn.norm_k.weight"),
+/// The table's three scopes: diffusers' prefix and the original's, each followed by a block
+/// index unless empty, and their modules.
+const SCOPES: [(&str, &str, &[Module]); 3] = [
+    ("single_transformer_blocks.", "single_blocks.", &SINGLE),
+    ("transformer_blocks.", "double_blocks.", &DOUBLE),
+    ("", "", &TOP),
 ];
 
-/// Original → diffusers names, each a pair.
-type Renames = &'static [(&'static str, &'static str)];
+/// `name` split after `prefix` and a block index (`None` when it has neither); the empty
+/// prefix takes names outside the blocks.
+fn in_scope<'a>(name: &'a str, prefix: &str) -> Option<(&'a str, &'a str)> {
+    if prefix.is_empty() {
+        return Some(("", name));
+    }
+    let (index, rest) = name.strip_prefix(prefix)?.split_once('.')?;
+    index
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then_some((index, rest))
+}
 
-/// The blocks' prefixes, original and diffusers, with their renames.
-const BLOCKS: [(&str, &str, Renames); 2] = [
-    ("double_blocks.", "transformer_blocks.", &DOUBLE),
-    ("single_blocks.", "single_transformer_blocks.", &SINGLE),
-];
+/// `prefix` and `index` joined to a module name (no index outside the blocks).
+fn scoped(prefix: &str, index: &str, module: &str) -> String {
+    match prefix.is_empty() {
+        true => module.to_string(),
+        false => format!("{prefix}{index}.{module}"),
+    }
+}
+
+/// The original module a diffusers module comes from, its kind and which of its rows it holds.
+fn original_module(module: &str) -> Option<(String, Kind, Rows)> {
+    SCOPES.iter().find_map(|(ours, theirs, modules)| {
+        let (index, rest) = in_scope(module, ours)?;
+        let (_, original, kind, rows) = modules.iter().find(|(d, ..)| *d == rest)?;
+        Some((scoped(theirs, index, original), *kind, *rows))
+    })
+}
+
+/// The original layer a diffusers linear layer of the transformer comes from, and which of its
+/// rows it holds; `None` for a name that is no linear layer of FLUX.2.
+pub fn original_linear(module: &str) -> Option<(String, Rows)> {
+    match original_module(module)? {
+        (original, Kind::Linear, rows) => Some((original, rows)),
+        _ => None,
+    }
+}
+
+/// The tensor suffix of a module of `kind` in the original layout.
+fn original_suffix(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Linear => "weight",
+        Kind::Norm => "scale",
+    }
+}
+
+/// The diffusers tensors an original tensor holds, each with its rows; empty for a name that
+/// is no tensor of FLUX.2.
+fn diffusers_tensors(original: &str) -> Vec<(String, Rows)> {
+    let Some((module, suffix)) = original.rsplit_once('.') else {
+        return Vec::new();
+    };
+    SCOPES
+        .iter()
+        .filter_map(|(ours, theirs, modules)| Some((ours, in_scope(module, theirs)?, modules)))
+        .flat_map(|(ours, (index, rest), modules)| {
+            modules
+                .iter()
+                .filter(move |(_, o, kind, _)| *o == rest && original_suffix(*kind) == suffix)
+                .map(move |(d, _, _, rows)| (format!("{}.weight", scoped(ours, index, d)), *rows))
+        })
+        .collect()
+}
 
 /// Whether the tensors are a FLUX.2 transformer's, in either layout.
 pub fn is_flux2(tensors: &[SourceTensor]) -> bool {
-    let names = || {
-        tensors.iter().map(|t| {
-            PREFIXES
-                .iter()
-                .find_map(|p| t.name.strip_prefix(p))
-                .unwrap_or(&t.name)
-        })
-    };
-    names().any(|n| {
-        n.starts_with("double_blocks.")
-            || n.starts_with("single_transformer_blocks.")
-            || n.starts_with("double_stream_modulation_img.")
+    tensors.iter().any(|t| {
+        let name = (PREFIXES.iter())
+            .find_map(|p| t.name.strip_prefix(p))
+            .unwrap_or(&t.name);
+        name.starts_with("double_blocks.")
+            || name.starts_with("single_transformer_blocks.")
+            || name.starts_with("double_stream_modulation_img.")
     })
 }
 
@@ -137,18 +284,16 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
         Layout::Original => {
             let mut out = Vec::with_capacity(tensors.len() + 32);
             for t in &tensors {
-                let unknown = || LayoutError::Tensor {
-                    what: what.to_string(),
-                    tensor: t.name.clone(),
-                    reason: "is no tensor of a FLUX.2 transformer".into(),
-                };
-                if let Some(parts) = fused_parts(&t.name) {
-                    out.extend(split_thirds(t, &parts, what)?);
-                } else if t.name == FINAL_MODULATION {
-                    out.push(swapped_halves(t, what)?);
-                } else {
-                    let name = original_to_diffusers(&t.name).ok_or_else(unknown)?;
-                    out.push(super::renamed(t, name, None));
+                let held = diffusers_tensors(&t.name);
+                if held.is_empty() {
+                    return Err(LayoutError::Tensor {
+                        what: what.to_string(),
+                        tensor: t.name.clone(),
+                        reason: "is no tensor of a FLUX.2 transformer".into(),
+                    });
+                }
+                for (name, part) in held {
+                    out.push(cut(t, name, part, what)?);
                 }
             }
             out
@@ -166,76 +311,36 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
     })
 }
 
-/// One original name in diffusers' spelling (the fused and the final modulation aside).
-fn original_to_diffusers(name: &str) -> Option<String> {
-    if let Some((_, to)) = TOP.iter().find(|(from, _)| *from == name) {
-        return Some(to.to_string());
-    }
-    BLOCKS.iter().find_map(|(from, to, renames)| {
-        let (index, rest) = name.strip_prefix(from)?.split_once('.')?;
-        index.parse::<u64>().ok()?;
-        let (_, mapped) = renames.iter().find(|(f, _)| *f == rest)?;
-        Some(format!("{to}{index}.{mapped}"))
-    })
-}
-
-/// One diffusers name in the original spelling (the fused projections aside).
-fn diffusers_to_original(name: &str) -> Option<String> {
-    if let Some((from, _)) = TOP.iter().find(|(_, to)| *to == name) {
-        return Some(from.to_string());
-    }
-    // The single blocks' prefix ends with the double blocks', so it is tried first.
-    BLOCKS.iter().rev().find_map(|(from, to, renames)| {
-        let (index, rest) = name.strip_prefix(to)?.split_once('.')?;
-        index.parse::<u64>().ok()?;
-        let (original, _) = renames.iter().find(|(_, t)| *t == rest)?;
-        Some(format!("{from}{index}.{original}"))
-    })
-}
-
-/// A fused projection's three diffusers names, if `name` is one.
-fn fused_parts(name: &str) -> Option<[String; 3]> {
-    let (index, rest) = name.strip_prefix("double_blocks.")?.split_once('.')?;
-    index.parse::<u64>().ok()?;
-    let (_, parts) = FUSED.iter().find(|(fused, _)| *fused == rest)?;
-    Some(parts.map(|p| format!("transformer_blocks.{index}.{p}")))
-}
-
-/// A fused `qkv` cut into its three projections, a third of the rows each.
-fn split_thirds(
+/// The diffusers tensor `name` that holds `part` of the original tensor `t`: a range of its
+/// rows, or its halves swapped (its bytes read rolled by half).
+fn cut(
     t: &SourceTensor,
-    names: &[String; 3],
+    name: String,
+    part: Rows,
     what: &str,
-) -> Result<[SourceTensor; 3], LayoutError> {
+) -> Result<SourceTensor, LayoutError> {
+    let total = t.shape.first().copied().unwrap_or(0);
     let bad = |reason: String| LayoutError::Tensor {
         what: what.to_string(),
         tensor: t.name.clone(),
         reason,
     };
-    let total = t.shape.first().copied().unwrap_or(0);
-    if total == 0 || !total.is_multiple_of(3) {
-        return Err(bad(format!(
-            "has {total} rows, which are not three equal projections"
-        )));
+    let ranges = (part.ranges(total)).filter(|_| total > 0).ok_or_else(|| {
+        bad(format!(
+            "has {total} rows, which are not {} equal parts",
+            part.of
+        ))
+    })?;
+    match ranges.as_slice() {
+        [(0, end)] if *end == total => Ok(super::renamed(t, name, None)),
+        [(start, end)] => rows(t, *start, *end, &name).map_err(bad),
+        _ if part == Rows::SWAPPED && t.nbytes.is_multiple_of(2) => {
+            let mut out = super::renamed(t, name, None);
+            out.roll = t.nbytes / 2;
+            Ok(out)
+        }
+        _ => Err(bad(format!("cannot be read as `{name}`"))),
     }
-    let third = total / 3;
-    let cut = |k: u64| rows(t, k * third, (k + 1) * third, &names[k as usize]).map_err(bad);
-    Ok([cut(0)?, cut(1)?, cut(2)?])
-}
-
-/// The final modulation with its (shift, scale) halves read as diffusers' (scale, shift).
-fn swapped_halves(t: &SourceTensor, what: &str) -> Result<SourceTensor, LayoutError> {
-    let total = t.shape.first().copied().unwrap_or(0);
-    if total == 0 || !total.is_multiple_of(2) || !t.nbytes.is_multiple_of(2) {
-        return Err(LayoutError::Tensor {
-            what: what.to_string(),
-            tensor: t.name.clone(),
-            reason: format!("has {total} rows, which are not a shift and a scale half"),
-        });
-    }
-    let mut out = super::renamed(t, "norm_out.linear.weight".into(), None);
-    out.roll = t.nbytes / 2;
-    Ok(out)
 }
 
 /// `transformer/config.json` from the shapes (diffusers names), klein 4B's values for the rest.
@@ -301,50 +406,53 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
     })
 }
 
-/// The original layout of stored (diffusers-named) tensors: renamed, each double block's
-/// projections fused, the final modulation's halves swapped back.
+/// The original layout of stored (diffusers-named) tensors: renamed, each fused projection
+/// joined from its parts in row order, the final modulation's halves swapped back.
 pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
-    let shape_of = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, s)| s);
-    let mut out = Vec::with_capacity(tensors.len());
+    let mut joined: Vec<(Joined, Vec<u64>)> = Vec::new();
     for (name, shape) in tensors {
-        let fused = FUSED.iter().find_map(|(fused, parts)| {
-            let (index, rest) = name.strip_prefix("transformer_blocks.")?.split_once('.')?;
-            (rest == parts[0]).then_some((index, *fused, parts))
-        });
-        if let Some((index, fused, parts)) = fused {
-            let parts = parts.map(|p| format!("transformer_blocks.{index}.{p}"));
-            let rows = parts.iter().filter_map(|p| shape_of(p)).map(|s| s[0]).sum();
-            let mut shape = shape.clone();
-            shape[0] = rows;
-            out.push(Joined {
-                name: format!("double_blocks.{index}.{fused}"),
-                shape,
-                parts: parts.to_vec(),
-                roll_rows: 0,
-            });
+        let original = name
+            .strip_suffix(".weight")
+            .and_then(original_module)
+            .map(|(o, kind, rows)| (format!("{o}.{}", original_suffix(kind)), rows));
+        let Some((original, rows)) = original else {
+            joined.push((
+                Joined {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    parts: vec![name.clone()],
+                    roll_rows: 0,
+                },
+                vec![0],
+            ));
             continue;
-        }
-        let is_fused_rest = FUSED.iter().any(|(_, parts)| {
-            parts[1..].iter().any(|p| {
-                name.ends_with(&format!(".{p}")) && name.starts_with("transformer_blocks.")
-            })
-        });
-        if is_fused_rest {
-            continue; // fused with its q above
-        }
-        let original = diffusers_to_original(name).unwrap_or_else(|| name.clone());
-        let roll_rows = match original == FINAL_MODULATION {
-            true => shape[0] / 2,
-            false => 0,
         };
-        out.push(Joined {
-            name: original,
-            shape: shape.clone(),
-            parts: vec![name.clone()],
-            roll_rows,
-        });
+        let at = match joined.iter().position(|(j, _)| j.name == original) {
+            Some(at) => at,
+            None => {
+                let empty = Joined {
+                    name: original,
+                    shape: shape.clone(),
+                    parts: Vec::new(),
+                    roll_rows: 0,
+                };
+                joined.push((empty, Vec::new()));
+                joined.len() - 1
+            }
+        };
+        let (j, order) = &mut joined[at];
+        // Each part goes where its rows lie in the original.
+        let slot = order.partition_point(|&p| p < rows.parts[0]);
+        order.insert(slot, rows.parts[0]);
+        j.parts.insert(slot, name.clone());
+        if j.parts.len() > 1 {
+            j.shape[0] += shape[0];
+        }
+        if rows == Rows::SWAPPED {
+            j.roll_rows = shape[0] / 2;
+        }
     }
-    out
+    joined.into_iter().map(|(j, _)| j).collect()
 }
 
 #[cfg(test)]
@@ -387,27 +495,70 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                original_to_diffusers(original).as_deref(),
-                Some(diffusers),
+                diffusers_tensors(original),
+                vec![(diffusers.to_string(), Rows::WHOLE)],
                 "{original}"
             );
-            assert_eq!(
-                diffusers_to_original(diffusers).as_deref(),
-                Some(original),
-                "{diffusers}"
-            );
+            let back = to_original(&[(diffusers.to_string(), vec![4, 4])]);
+            assert_eq!(back[0].name, original, "{diffusers}");
         }
+        assert!(diffusers_tensors("double_blocks.x.img_mlp.0.weight").is_empty());
+        assert!(diffusers_tensors("single_blocks.0.modulation.lin.weight").is_empty());
+        assert!(diffusers_tensors("double_blocks.0.img_mlp.0.scale").is_empty());
+        let qkv = diffusers_tensors("double_blocks.4.txt_attn.qkv.weight");
         assert_eq!(
-            original_to_diffusers("double_blocks.x.img_mlp.0.weight"),
-            None
+            qkv[2],
+            (
+                "transformer_blocks.4.attn.add_v_proj.weight".into(),
+                Rows::V
+            )
         );
+    }
+
+    /// A fused projection is joined from its parts in row order whatever order they come in,
+    /// and the final modulation is rolled back by half.
+    #[test]
+    fn exports_join_fused_layers_in_row_order() {
+        let shape = vec![8, 8];
+        let stored: Vec<(String, Vec<u64>)> = ["to_v", "to_q", "to_k"]
+            .iter()
+            .map(|p| {
+                (
+                    format!("transformer_blocks.0.attn.{p}.weight"),
+                    shape.clone(),
+                )
+            })
+            .chain([("norm_out.linear.weight".to_string(), vec![6, 3])])
+            .collect();
+        let joined = to_original(&stored);
+        assert_eq!(joined.len(), 2);
+        assert_eq!(joined[0].name, "double_blocks.0.img_attn.qkv.weight");
+        assert_eq!(joined[0].shape, vec![24, 8]);
+        assert!(
+            joined[0].parts[0].ends_with("to_q.weight"),
+            "{:?}",
+            joined[0].parts
+        );
+        assert!(joined[0].parts[2].ends_with("to_v.weight"));
+        assert_eq!(joined[1].name, "final_layer.adaLN_modulation.1.weight");
+        assert_eq!(joined[1].roll_rows, 3);
+    }
+
+    #[test]
+    fn fused_layers_give_each_diffusers_layer_its_rows() {
+        let (name, rows) = original_linear("transformer_blocks.1.attn.add_k_proj").unwrap();
+        assert_eq!(name, "double_blocks.1.txt_attn.qkv");
+        assert_eq!(rows.ranges(384), Some(vec![(128, 256)]));
+        let (name, rows) = original_linear("norm_out.linear").unwrap();
+        assert_eq!(name, "final_layer.adaLN_modulation.1");
+        assert_eq!(rows.ranges(256), Some(vec![(128, 256), (0, 128)]));
         assert_eq!(
-            original_to_diffusers("single_blocks.0.modulation.lin.weight"),
-            None
+            original_linear("single_transformer_blocks.12.attn.to_out").unwrap(),
+            ("single_blocks.12.linear2".into(), Rows::WHOLE)
         );
-        assert_eq!(
-            fused_parts("double_blocks.4.txt_attn.qkv.weight").unwrap()[2],
-            "transformer_blocks.4.attn.add_v_proj.weight"
-        );
+        assert_eq!(original_linear("proj_out").unwrap().0, "final_layer.linear");
+        assert_eq!(Rows::Q.ranges(100), None);
+        assert_eq!(original_linear("transformer_blocks.x.attn.to_q"), None);
+        assert_eq!(original_linear("transformer_blocks.0.attn.norm_q"), None);
     }
 }

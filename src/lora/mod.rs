@@ -7,7 +7,10 @@
 //! - [`stored`]: LoRAs kept in a stored model as layers of their own, beside the base's.
 //!
 //! [`Adapters::load`] resolves every file against the model's linear layers before any weight
-//! loads: a key that names no layer is an error naming the closest one, unless lenient.
+//! loads: a key that names no layer is an error naming the closest one, unless lenient. Which
+//! names a layer answers to depends on the model's family: its diffusers name always, and for
+//! FLUX.2 \[klein\] also its original (BFL) name, a fused `qkv` standing for the three layers
+//! its rows hold ([`crate::layouts::flux2`]).
 
 pub mod adapter;
 pub mod layout;
@@ -17,8 +20,10 @@ pub use crate::models::weights::LoraPair;
 pub use adapter::{LoraFile, StoredPair};
 pub use layout::{Component, Layout, ModuleKey};
 
+use crate::family::Family;
+use crate::layouts::flux2::{self, Rows};
 use crate::memory_plan::TensorSize;
-use crate::mlx::{self, Dtype};
+use crate::mlx::{self, ops, Array, Dtype};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +41,8 @@ pub enum Error {
     Mlx(#[from] mlx::Error),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error("model `{model}`: {reason}")]
+    Model { model: String, reason: String },
     #[error("model `{model}`: LoRA layer `{layer}`: {reason}; the model is damaged: create it again with `zimage create … --lora`")]
     Stored {
         model: String,
@@ -110,18 +117,28 @@ impl LoraSpec {
     }
 }
 
-/// The linear layers of one model component, `[out, in]` by dotted name, with kohya's
-/// spelling of each.
+/// The linear layers of one model component, `[out, in]` by dotted name, with the other names
+/// the family's checkpoints give them and kohya's spelling of each.
 #[derive(Debug, Default)]
 pub struct Modules {
     shapes: BTreeMap<String, [u64; 2]>,
+    /// Original names (FLUX.2's BFL names), each with the layers it stands for and which of
+    /// its rows each holds.
+    originals: BTreeMap<String, Vec<(String, Rows)>>,
     flat: HashMap<String, String>,
+}
+
+/// A layer a key targets, with the rows of the key's pair that belong to it.
+struct Target<'m> {
+    layer: &'m str,
+    shape: [u64; 2],
+    rows: Rows,
 }
 
 impl Modules {
     /// The linear layers among a component's tensors: every 2-D `….weight` except token
     /// tables. The text encoder's `model.` prefix is dropped, as the encoder drops it.
-    pub fn from_sizes(component: Component, sizes: &[TensorSize]) -> Modules {
+    pub fn from_sizes(component: Component, family: Family, sizes: &[TensorSize]) -> Modules {
         let mut m = Modules::default();
         for t in sizes {
             let name = match component {
@@ -138,18 +155,36 @@ impl Modules {
             m.shapes
                 .insert(module.to_string(), [t.shape[0], t.shape[1]]);
         }
+        if (component, family) == (Component::Transformer, Family::Flux2Klein) {
+            for module in m.shapes.keys() {
+                if let Some((original, rows)) = flux2::original_linear(module) {
+                    m.flat.insert(layout::flatten(&original), original.clone());
+                    let stands_for = m.originals.entry(original).or_default();
+                    stands_for.push((module.clone(), rows));
+                }
+            }
+        }
         m
     }
 
-    /// The dotted name and `[out, in]` of the layer `key` names.
-    fn resolve(&self, key: &ModuleKey) -> Option<(&str, [u64; 2])> {
+    /// The layers `key` names (several for a fused original layer), each with its `[out, in]`;
+    /// empty when it names none.
+    fn resolve(&self, key: &ModuleKey) -> Vec<Target<'_>> {
         let dotted = match key {
-            ModuleKey::Dotted(d) => d.as_str(),
-            ModuleKey::Flat(f) => self.flat.get(f)?.as_str(),
+            ModuleKey::Dotted(d) => Some(d.as_str()),
+            ModuleKey::Flat(f) => self.flat.get(f).map(String::as_str),
         };
-        self.shapes
-            .get_key_value(dotted)
-            .map(|(k, &s)| (k.as_str(), s))
+        let Some(dotted) = dotted else {
+            return Vec::new();
+        };
+        let target = |layer: &str, rows: Rows| {
+            let (layer, &shape) = self.shapes.get_key_value(layer)?;
+            Some(Target { layer, shape, rows })
+        };
+        match self.originals.get(dotted) {
+            Some(layers) => layers.iter().filter_map(|(l, r)| target(l, *r)).collect(),
+            None => target(dotted, Rows::WHOLE).into_iter().collect(),
+        }
     }
 
     /// The layer whose name is nearest `key` as the key spells it.
@@ -158,8 +193,8 @@ impl Modules {
             ModuleKey::Dotted(_) => dotted.to_string(),
             ModuleKey::Flat(_) => layout::flatten(dotted),
         };
-        self.shapes
-            .keys()
+        (self.shapes.keys())
+            .chain(self.originals.keys())
             .min_by_key(|m| layout::edit_distance(key.as_str(), &spelled(m)))
             .map(String::as_str)
     }
@@ -221,14 +256,17 @@ pub struct Bound<'f> {
     pub component: Component,
     pub layer: String,
     pub pair: &'f StoredPair,
+    /// The rows of the pair's up half that belong to the layer (all but for a fused layer).
+    pub rows: Rows,
 }
 
 impl Targets {
-    /// The linear layers among the text encoder's and the transformer's tensors.
-    pub fn new(text_encoder: &[TensorSize], transformer: &[TensorSize]) -> Targets {
+    /// The linear layers among the text encoder's and the transformer's tensors of a model of
+    /// `family`.
+    pub fn new(family: Family, text_encoder: &[TensorSize], transformer: &[TensorSize]) -> Targets {
         Targets {
-            text_encoder: Modules::from_sizes(Component::TextEncoder, text_encoder),
-            transformer: Modules::from_sizes(Component::Transformer, transformer),
+            text_encoder: Modules::from_sizes(Component::TextEncoder, family, text_encoder),
+            transformer: Modules::from_sizes(Component::Transformer, family, transformer),
         }
     }
 
@@ -244,19 +282,17 @@ impl Targets {
                 Component::TextEncoder => &self.text_encoder,
                 Component::Transformer => &self.transformer,
             };
-            let Some((layer, shape)) =
-                check_target(file, *component, key, pair, index, input.lenient)?
-            else {
+            let targets = check_targets(file, *component, key, pair, index, input.lenient)?;
+            if targets.is_empty() {
                 skipped.push(pair.down.name.clone());
                 skipped.push(pair.up.name.clone());
-                continue;
-            };
-            debug_assert_eq!(shape, [pair.out_features(), pair.in_features()]);
-            bound.push(Bound {
+            }
+            bound.extend(targets.into_iter().map(|t| Bound {
                 component: *component,
-                layer: layer.to_string(),
+                layer: t.layer.to_string(),
                 pair,
-            });
+                rows: t.rows,
+            }));
         }
         Ok((bound, skipped))
     }
@@ -269,6 +305,7 @@ impl Adapters {
     /// `lenient` (then the key is skipped and listed).
     pub fn load(
         specs: &[LoraSpec],
+        family: Family,
         text_encoder: &[TensorSize],
         transformer: &[TensorSize],
         lenient: bool,
@@ -278,7 +315,8 @@ impl Adapters {
             .iter()
             .map(|spec| Input::read(spec, lenient))
             .collect::<Result<Vec<_>, _>>()?;
-        Adapters::bind(&inputs, &Targets::new(text_encoder, transformer), dtype)
+        let targets = Targets::new(family, text_encoder, transformer);
+        Adapters::bind(&inputs, &targets, dtype)
     }
 
     /// Binds every input's pairs, in order, to the layers they target, in `dtype`.
@@ -291,7 +329,7 @@ impl Adapters {
                 let scale = input.scale as f64 * b.pair.alpha_scale();
                 let pair = LoraPair {
                     down: file.array(&b.pair.down)?.astype(dtype)?,
-                    up: file.array(&b.pair.up)?.astype(dtype)?,
+                    up: rows_of(&file.array(&b.pair.up)?, b.rows)?.astype(dtype)?,
                     scale: scale as f32,
                 };
                 adapters
@@ -327,23 +365,37 @@ impl Adapters {
     }
 }
 
-/// The layer `key` targets and its `[out, in]`, checked against the pair's shapes; `None` for
-/// a key that names no layer when `lenient`.
-fn check_target<'m>(
+/// `up`'s rows that `rows` picks, in its order.
+fn rows_of(up: &Array, rows: Rows) -> Result<Array, Error> {
+    if rows == Rows::WHOLE {
+        return Ok(up.clone());
+    }
+    // Checked against the layer when the key was resolved.
+    let ranges = rows.ranges(up.dim(0) as u64).unwrap_or_default();
+    let parts = (ranges.iter())
+        .map(|&(start, end)| up.slice_axis(0, start as i32, end as i32))
+        .collect::<mlx::Result<Vec<_>>>()?;
+    Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?)
+}
+
+/// The layers `key` targets, checked against the pair's shapes; none for a key that names no
+/// layer when `lenient`.
+fn check_targets<'m>(
     file: &LoraFile,
     component: Component,
     key: &ModuleKey,
     pair: &StoredPair,
     modules: &'m Modules,
     lenient: bool,
-) -> Result<Option<(&'m str, [u64; 2])>, Error> {
+) -> Result<Vec<Target<'m>>, Error> {
     let err = |reason: String| Error::File {
         path: file.path.clone(),
         reason,
     };
-    let Some((layer, [out, inp])) = modules.resolve(key) else {
+    let targets = modules.resolve(key);
+    if targets.is_empty() {
         if lenient {
-            return Ok(None);
+            return Ok(targets);
         }
         let closest = match modules.closest(key) {
             Some(m) => format!("the closest is `{}`", shown(m)),
@@ -355,16 +407,26 @@ fn check_target<'m>(
             component.name()
         )));
     };
-    if pair.in_features() != inp || pair.out_features() != out {
-        return Err(err(format!(
-            "`{}` {:?} and `{}` {:?} do not fit layer `{layer}` of shape [out {out}, in {inp}]; is the LoRA for another model?",
-            shown(&pair.down.name),
-            pair.down.shape,
-            shown(&pair.up.name),
-            pair.up.shape
-        )));
+    for t in &targets {
+        let [out, inp] = t.shape;
+        let rows = t.rows.ranges(pair.out_features());
+        let rows_out: u64 = rows.iter().flatten().map(|(start, end)| end - start).sum();
+        if pair.in_features() != inp || rows.is_none() || rows_out != out {
+            let held = match t.rows == Rows::WHOLE {
+                true => String::new(),
+                false => format!(" ({} of its {} parts)", t.rows.parts.len(), t.rows.of),
+            };
+            return Err(err(format!(
+                "`{}` {:?} and `{}` {:?} do not fit layer `{}`{held} of shape [out {out}, in {inp}]; is the LoRA for another model?",
+                shown(&pair.down.name),
+                pair.down.shape,
+                shown(&pair.up.name),
+                pair.up.shape,
+                t.layer
+            )));
+        }
     }
-    Ok(Some((layer, [out, inp])))
+    Ok(targets)
 }
 
 fn file_stem(path: &Path) -> String {
@@ -436,7 +498,9 @@ pub fn base_guess(targets: &BTreeMap<String, usize>) -> &'static str {
     if has("feed_forward") && (has("adaLN_modulation") || has("attention")) {
         "Z-Image (S3-DiT: `layers.*.attention`, `feed_forward.w1..w3`)"
     } else if has("double_blocks") || has("single_blocks") {
-        "Flux (`double_blocks`/`single_blocks`); not a Z-Image LoRA"
+        "FLUX, original names (`double_blocks`/`single_blocks`): FLUX.2 [klein] if the widths fit"
+    } else if has("transformer_blocks") {
+        "FLUX, diffusers names (`transformer_blocks`/`single_transformer_blocks`): FLUX.2 [klein] if the widths fit"
     } else if has("down_blocks") || has("up_blocks") || has("input_blocks") {
         "Stable Diffusion UNet; not a Z-Image LoRA"
     } else if has("self_attn") || has("mlp") {
@@ -487,6 +551,55 @@ mod tests {
             generic("layers_3_feed_forward_w1"),
             "layers_*_feed_forward_w1"
         );
+    }
+
+    #[test]
+    fn klein_layers_answer_to_their_original_names_in_every_spelling() {
+        let size = |name: &str, shape: [u64; 2]| TensorSize {
+            name: format!("{name}.weight"),
+            shape: shape.to_vec(),
+            stored_bytes: 0,
+            packed: false,
+        };
+        let sizes = [
+            size("transformer_blocks.0.attn.to_q", [128, 128]),
+            size("transformer_blocks.0.attn.to_k", [128, 128]),
+            size("transformer_blocks.0.attn.to_v", [128, 128]),
+            size("single_transformer_blocks.1.attn.to_out", [448, 128]),
+        ];
+        let klein = Modules::from_sizes(Component::Transformer, Family::Flux2Klein, &sizes);
+        let layers = |key: ModuleKey| -> Vec<(String, Vec<(u64, u64)>)> {
+            (klein.resolve(&key).into_iter())
+                .map(|t| (t.layer.to_string(), t.rows.ranges(384).unwrap()))
+                .collect()
+        };
+        let qkv = vec![
+            (
+                "transformer_blocks.0.attn.to_k".to_string(),
+                vec![(128, 256)],
+            ),
+            ("transformer_blocks.0.attn.to_q".to_string(), vec![(0, 128)]),
+            (
+                "transformer_blocks.0.attn.to_v".to_string(),
+                vec![(256, 384)],
+            ),
+        ];
+        assert_eq!(
+            layers(ModuleKey::Dotted("double_blocks.0.img_attn.qkv".into())),
+            qkv
+        );
+        assert_eq!(
+            layers(ModuleKey::Flat("double_blocks_0_img_attn_qkv".into())),
+            qkv
+        );
+        let single = layers(ModuleKey::Flat("single_blocks_1_linear2".into()));
+        assert_eq!(single[0].0, "single_transformer_blocks.1.attn.to_out");
+        let direct = layers(ModuleKey::Dotted("transformer_blocks.0.attn.to_q".into()));
+        assert_eq!(direct, vec![(qkv[1].0.clone(), vec![(0, 384)])]);
+        // Z-Image's layers answer to their own names only.
+        let zimage = Modules::from_sizes(Component::Transformer, Family::ZImage, &sizes);
+        let key = ModuleKey::Dotted("double_blocks.0.img_attn.qkv".into());
+        assert!(zimage.resolve(&key).is_empty());
     }
 
     #[test]

@@ -199,7 +199,13 @@ pub fn create(
     let name = ModelName::parse(name).map_err(crate::store::StoreError::from)?;
     let _lock = store.lock_for_writing()?;
     let base = store.open(base)?;
+    let source = crate::loader::StoreSource::new(store, &base);
+    let family = crate::pipeline::family_of(&source).map_err(|e| Error::Model {
+        model: base.name.short(),
+        reason: e.to_string(),
+    })?;
     let targets = Targets::new(
+        family,
         &crate::loader::tensor_sizes(&base, "text_encoder"),
         &crate::loader::tensor_sizes(&base, "transformer"),
     );

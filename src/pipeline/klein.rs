@@ -7,9 +7,10 @@
 //! reports and the stop points are the Z-Image pipeline's; only the steps inside differ.
 
 use super::{
-    check_finite, measure, parse_config, read_config, release_freed_memory, Error, Generated,
-    ModelSource, Progress, Request,
+    check_finite, checkpoint, measure, parse_config, read_config, release_freed_memory, Error,
+    Generated, ModelSource, Progress, Request,
 };
+use crate::family::Family;
 use crate::mlx::{self, ops, Array, Dtype};
 use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
 use crate::models::{
@@ -39,7 +40,7 @@ pub fn default_steps_and_guidance(is_distilled: bool) -> (usize, f32) {
 /// model's recorded defaults name them, and whether it is distilled; `None` for a model of
 /// another family.
 pub fn family_defaults(source: &impl ModelSource) -> Option<(usize, f32, bool)> {
-    if super::family_of(source).ok()? != crate::family::Family::Flux2Klein {
+    if super::family_of(source).ok()? != Family::Flux2Klein {
         return None;
     }
     let bytes = read_config(source, "model_index.json").ok()??;
@@ -133,6 +134,8 @@ pub struct KleinPipeline<S: ModelSource> {
     tokenizer: PromptTokenizer,
     pad_id: u32,
     dtype: Dtype,
+    /// LoRA pairs added, unfused, to the linear layers they target.
+    adapters: crate::lora::Adapters,
     /// The latents → RGB map each step's preview is drawn with, once fitted.
     rgb_map: Option<RgbMap>,
     /// Whether steps report previews.
@@ -175,6 +178,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             tokenizer,
             pad_id,
             dtype,
+            adapters: Default::default(),
             rgb_map: None,
             previews: false,
         })
@@ -188,6 +192,27 @@ impl<S: ModelSource> KleinPipeline<S> {
         &self.source
     }
 
+    /// klein's own LoRAs (a derived model's), then the files `specs` names, bound to its
+    /// layers in the compute dtype (see [`super::load_adapters`]).
+    pub fn load_adapters(
+        &self,
+        specs: &[crate::lora::LoraSpec],
+        lenient: bool,
+    ) -> Result<crate::lora::Adapters, Error> {
+        let (source, family) = (&self.source, Family::Flux2Klein);
+        super::load_adapters(source, family, specs, lenient, self.dtype)
+    }
+
+    /// Applies these LoRA pairs from the next image on.
+    pub fn set_adapters(&mut self, adapters: crate::lora::Adapters) {
+        self.adapters = adapters;
+    }
+
+    /// The LoRAs bound, for the image's metadata.
+    pub fn adapters(&self) -> &crate::lora::Adapters {
+        &self.adapters
+    }
+
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
         let weights = self
             .source
@@ -196,8 +221,7 @@ impl<S: ModelSource> KleinPipeline<S> {
                 model: self.source.name(),
                 cause: e,
             })?;
-        Ok(Checkpoint::new(component, weights.tensors, self.dtype)
-            .with_quantized(weights.quantized))
+        Ok(checkpoint(component, weights, self.dtype, &self.adapters))
     }
 
     /// A component's model, made from its checkpoint.
@@ -327,9 +351,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         if req.cfg_normalization {
             used.push(crate::family::Feature::CfgNormalization);
         }
-        crate::family::Family::Flux2Klein
-            .refuse(&used)
-            .map_err(Error::Request)?;
+        Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
         if let Some(input) = &req.input {
             input.check(req.width, req.height).map_err(Error::Request)?;
             if let Some(e) = super::condition::no_step_error(req.steps, input.strength) {

@@ -114,6 +114,47 @@ pub fn family_of(source: &impl ModelSource) -> Result<crate::family::Family, Err
     })
 }
 
+/// The model's own LoRAs, then the files `specs` names, bound to the linear layers of the
+/// model `source` holds, of `family`, in `dtype` (none: no adapters). `lenient` applies to
+/// `specs`; the model's own keep the choice made when they were stored.
+pub fn load_adapters(
+    source: &impl ModelSource,
+    family: crate::family::Family,
+    specs: &[crate::lora::LoraSpec],
+    lenient: bool,
+    dtype: Dtype,
+) -> Result<crate::lora::Adapters, Error> {
+    let mut inputs = source.loras()?;
+    for spec in specs {
+        inputs.push(crate::lora::Input::read(spec, lenient)?);
+    }
+    if inputs.is_empty() {
+        return Ok(Default::default());
+    }
+    let sizes = |c: &str| {
+        source.tensor_sizes(c).map_err(|cause| Error::Source {
+            model: source.name(),
+            cause,
+        })
+    };
+    let targets =
+        crate::lora::Targets::new(family, &sizes("text_encoder")?, &sizes("transformer")?);
+    Ok(crate::lora::Adapters::bind(&inputs, &targets, dtype)?)
+}
+
+/// A component's checkpoint of `weights` in `dtype`, with the LoRA pairs bound to its layers.
+fn checkpoint(
+    component: &str,
+    weights: ComponentWeights,
+    dtype: Dtype,
+    adapters: &crate::lora::Adapters,
+) -> Checkpoint {
+    Checkpoint::new(component, weights.tensors, dtype)
+        .with_quantized(weights.quantized)
+        .with_release(weights.release)
+        .with_adapters(adapters.for_component(component))
+}
+
 /// Refuses a phase's result that holds a NaN or an infinity, naming the phase.
 fn check_finite(a: &Array, phase: &'static str, what: &'static str) -> Result<(), Error> {
     let values = a.astype(Dtype::F32)?.to_vec::<f32>()?;
@@ -391,23 +432,14 @@ impl<S: ModelSource> Pipeline<S> {
     }
 
     /// The model's own LoRAs, then the files `specs` names, bound to the model's layers in the
-    /// compute dtype (none: no adapters). `lenient` applies to `specs`; the model's own keep
-    /// the choice made when they were stored.
+    /// compute dtype (see [`load_adapters`]).
     pub fn load_adapters(
         &self,
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<crate::lora::Adapters, Error> {
-        let mut inputs = self.source.loras()?;
-        for spec in specs {
-            inputs.push(crate::lora::Input::read(spec, lenient)?);
-        }
-        if inputs.is_empty() {
-            return Ok(Default::default());
-        }
-        let [text_encoder, transformer, _] = self.tensor_sizes()?;
-        let targets = crate::lora::Targets::new(&text_encoder, &transformer);
-        Ok(crate::lora::Adapters::bind(&inputs, &targets, self.dtype)?)
+        let family = crate::family::Family::ZImage;
+        load_adapters(&self.source, family, specs, lenient, self.dtype)
     }
 
     /// Steers requests that carry a control image with this ControlNet from the next image on
@@ -520,11 +552,8 @@ impl<S: ModelSource> Pipeline<S> {
             model: self.source.name(),
             cause: e,
         })?;
-        Ok(Checkpoint::new(component, weights.tensors, self.dtype)
-            .with_quantized(weights.quantized)
-            .with_residency(self.residency)
-            .with_release(weights.release)
-            .with_adapters(self.adapters.for_component(component)))
+        Ok(checkpoint(component, weights, self.dtype, &self.adapters)
+            .with_residency(self.residency))
     }
 
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
