@@ -124,6 +124,17 @@ pub fn read_bounded(path: &Path, limit: u64, what: &'static str) -> Result<Vec<u
     Ok(bytes)
 }
 
+/// The `len` bytes of `path` from `offset` on (a tensor inside a blob or a model file).
+pub fn read_range(path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, FileError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = FileError::io(path);
+    let mut f = File::open(path).map_err(&io)?;
+    f.seek(SeekFrom::Start(offset)).map_err(&io)?;
+    let mut bytes = vec![0u8; len as usize];
+    f.read_exact(&mut bytes).map_err(&io)?;
+    Ok(bytes)
+}
+
 /// [`read_bounded`], as UTF-8 text.
 pub fn read_text_bounded(path: &Path, limit: u64, what: &'static str) -> Result<String, FileError> {
     String::from_utf8(read_bounded(path, limit, what)?).map_err(|e| FileError::Io {

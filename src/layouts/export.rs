@@ -135,16 +135,6 @@ pub fn export_comfy(
     Ok(written)
 }
 
-/// A stored tensor's bytes.
-fn read_stored(p: &Stored) -> Result<Vec<u8>, Error> {
-    let io = FileError::io(&p.file);
-    let mut f = std::fs::File::open(&p.file).map_err(&io)?;
-    f.seek(SeekFrom::Start(p.offset)).map_err(&io)?;
-    let mut bytes = vec![0u8; p.nbytes as usize];
-    f.read_exact(&mut bytes).map_err(&io)?;
-    Ok(bytes)
-}
-
 /// Writes one safetensors file to a temporary file beside `path`; returns it and its size.
 fn write_file(
     path: &Path,
@@ -202,7 +192,7 @@ fn write_file(
             // A rolled tensor (a small one: a modulation) is put together in memory.
             let mut bytes = Vec::new();
             for p in parts {
-                bytes.extend(read_stored(p)?);
+                bytes.extend(crate::files::read_range(&p.file, p.offset, p.nbytes)?);
             }
             let rows = spec.shape.first().copied().unwrap_or(1);
             super::roll_rows(&mut bytes, rows, j.roll_rows);

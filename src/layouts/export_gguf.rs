@@ -21,7 +21,7 @@ use crate::ggml::{self, Group, GROUP};
 use crate::mlx::QuantMode;
 use crate::store::{blob, Store, StoredModel};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::export::Error;
@@ -137,12 +137,7 @@ impl Stored {
 }
 
 fn read_part(p: &Part) -> Result<Vec<u8>, Error> {
-    let io = FileError::io(&p.file);
-    let mut f = std::fs::File::open(&p.file).map_err(&io)?;
-    f.seek(SeekFrom::Start(p.offset)).map_err(&io)?;
-    let mut bytes = vec![0u8; p.nbytes as usize];
-    f.read_exact(&mut bytes).map_err(&io)?;
-    Ok(bytes)
+    Ok(crate::files::read_range(&p.file, p.offset, p.nbytes)?)
 }
 
 /// Scale or bias values of one dtype as f32 (exact for f16, bf16 and f32).

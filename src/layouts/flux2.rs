@@ -10,7 +10,7 @@
 //! where diffusers' `norm_out.linear` has (scale, shift). Importing cuts the rows (or reads
 //! the modulation's bytes rolled by half); exporting joins them back.
 
-use super::{rows, sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
+use super::{rows, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
@@ -266,49 +266,46 @@ pub fn is_flux2(tensors: &[SourceTensor]) -> bool {
 
 pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
     strip_prefix(&mut tensors, &PREFIXES);
-    let has = |p: &str| tensors.iter().any(|t| t.name.starts_with(p));
-    let layout = if has("single_transformer_blocks.") || has("transformer_blocks.") {
-        Layout::Diffusers
-    } else if has("double_blocks.") || has("single_blocks.") {
-        Layout::Original
-    } else {
-        return Err(LayoutError::Unknown {
-            what: what.to_string(),
-            component: "transformer",
-            expected: EXPECTED,
-            found: sample(&tensors),
-        });
-    };
-    let tensors = match layout {
-        Layout::Diffusers => tensors,
-        Layout::Original => {
-            let mut out = Vec::with_capacity(tensors.len() + 32);
-            for t in &tensors {
-                let held = diffusers_tensors(&t.name);
-                if held.is_empty() {
-                    return Err(LayoutError::Tensor {
-                        what: what.to_string(),
-                        tensor: t.name.clone(),
-                        reason: "is no tensor of a FLUX.2 transformer".into(),
-                    });
-                }
-                for (name, part) in held {
-                    out.push(cut(t, name, part, what)?);
-                }
-            }
-            out
-        }
-    };
-    let inferred = infer_config(&tensors, what)?;
-    Ok(Mapped {
-        component: super::Component::Transformer,
+    let layout = super::layout_of(
+        &tensors,
+        (
+            &["single_transformer_blocks.", "transformer_blocks."],
+            &["double_blocks.", "single_blocks."],
+        ),
+        what,
+        ("transformer", EXPECTED),
+    )?;
+    if layout == Layout::Original {
+        tensors = from_original(&tensors, what)?;
+    }
+    let shapes_say = infer_config(&tensors, what)?;
+    let transformer = super::Component::Transformer;
+    Ok(Mapped::new(
+        transformer,
         layout,
         tensors,
-        config: inferred.config,
-        shape_keys: inferred.shape_keys,
-        hint: None,
-        dropped: Vec::new(),
-    })
+        shapes_say,
+        vec![],
+    ))
+}
+
+/// Original tensors under diffusers names, each fused one cut into the tensors it holds.
+fn from_original(tensors: &[SourceTensor], what: &str) -> Result<Vec<SourceTensor>, LayoutError> {
+    let mut out = Vec::with_capacity(tensors.len() + 32);
+    for t in tensors {
+        let held = diffusers_tensors(&t.name);
+        if held.is_empty() {
+            return Err(LayoutError::Tensor {
+                what: what.to_string(),
+                tensor: t.name.clone(),
+                reason: "is no tensor of a FLUX.2 transformer".into(),
+            });
+        }
+        for (name, part) in held {
+            out.push(cut(t, name, part, what)?);
+        }
+    }
+    Ok(out)
 }
 
 /// The diffusers tensor `name` that holds `part` of the original tensor `t`: a range of its

@@ -84,6 +84,54 @@ pub struct Mapped {
     pub dropped: Vec<String>,
 }
 
+impl Mapped {
+    /// `component`'s tensors, in diffusers names now, with the config their shapes tell;
+    /// `dropped` names what the file held that the pipeline has no use for.
+    fn new(
+        component: Component,
+        layout: Layout,
+        tensors: Vec<SourceTensor>,
+        inferred: Inferred,
+        dropped: Vec<String>,
+    ) -> Mapped {
+        Mapped {
+            component,
+            layout,
+            tensors,
+            config: inferred.config,
+            shape_keys: inferred.shape_keys,
+            hint: None,
+            dropped,
+        }
+    }
+}
+
+/// Which layout a component's names are in: diffusers' when some name starts with one of
+/// `diffusers`, the original when some starts with one of `original`; else the error naming
+/// what was `expected` of the `component`.
+fn layout_of(
+    tensors: &[SourceTensor],
+    (diffusers, original): (&[&str], &[&str]),
+    what: &str,
+    (component, expected): (&'static str, &'static str),
+) -> Result<Layout, LayoutError> {
+    let has = |prefixes: &[&str]| {
+        (tensors.iter()).any(|t| prefixes.iter().any(|p| t.name.starts_with(p)))
+    };
+    if has(diffusers) {
+        Ok(Layout::Diffusers)
+    } else if has(original) {
+        Ok(Layout::Original)
+    } else {
+        Err(LayoutError::Unknown {
+            what: what.to_string(),
+            component,
+            expected,
+            found: sample(tensors),
+        })
+    }
+}
+
 /// A config inferred from shapes: the JSON, and the keys the shapes tell with their tensors.
 pub struct Inferred {
     pub config: serde_json::Value,

@@ -39,15 +39,13 @@ pub fn to_diffusers(tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, La
         out.push(super::renamed(&t, name, None));
     }
     let inferred = infer_config(&out, what)?;
-    Ok(Mapped {
-        component: super::Component::TextEncoder,
+    Ok(Mapped::new(
+        super::Component::TextEncoder,
         layout,
-        tensors: out,
-        config: inferred.config,
-        shape_keys: inferred.shape_keys,
-        hint: None,
+        out,
+        inferred,
         dropped,
-    })
+    ))
 }
 
 /// `text_encoder/config.json` from the shapes, Qwen3-4B's values for the rest.

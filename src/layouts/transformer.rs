@@ -63,15 +63,13 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
         }
     };
     let inferred = infer_config(&tensors, what)?;
-    Ok(Mapped {
-        component: super::Component::Transformer,
+    Ok(Mapped::new(
+        super::Component::Transformer,
         layout,
         tensors,
-        config: inferred.config,
-        shape_keys: inferred.shape_keys,
-        hint: None,
+        inferred,
         dropped,
-    })
+    ))
 }
 
 fn original_to_diffusers(name: &str) -> String {

@@ -7,7 +7,7 @@
 //! convolutions, whose weights drop their unit axes to become linear weights), and the outer
 //! `norm_out` → `conv_norm_out`. Decoder up blocks are numbered in reverse.
 
-use super::{sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
+use super::{strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["first_stage_model.", "vae."];
@@ -23,19 +23,12 @@ const ATTENTION: [(&str, &str); 5] = [
 
 pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
     strip_prefix(&mut tensors, &PREFIXES);
-    let has = |p: &str| tensors.iter().any(|t| t.name.starts_with(p));
-    let layout = if has("decoder.up_blocks.") {
-        Layout::Diffusers
-    } else if has("decoder.up.") {
-        Layout::Original
-    } else {
-        return Err(LayoutError::Unknown {
-            what: what.to_string(),
-            component: "VAE",
-            expected: EXPECTED,
-            found: sample(&tensors),
-        });
-    };
+    let layout = super::layout_of(
+        &tensors,
+        (&["decoder.up_blocks."], &["decoder.up."]),
+        what,
+        ("VAE", EXPECTED),
+    )?;
     let tensors = match layout {
         Layout::Diffusers => tensors,
         Layout::Original => {
@@ -56,15 +49,13 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
         }
     };
     let inferred = infer_config(&tensors, what)?;
-    Ok(Mapped {
-        component: super::Component::Vae,
+    Ok(Mapped::new(
+        super::Component::Vae,
         layout,
         tensors,
-        config: inferred.config,
-        shape_keys: inferred.shape_keys,
-        hint: None,
-        dropped: Vec::new(),
-    })
+        inferred,
+        Vec::new(),
+    ))
 }
 
 /// One LDM name in diffusers' spelling; `ups` is the decoder's number of up blocks.
