@@ -142,8 +142,10 @@ pub struct RequestShape {
     pub reference_tokens: u32,
     /// Bytes of one value in the compute dtype.
     pub compute_bytes: u64,
-    /// Whether the request starts from a picture, which the VAE encoder encodes first.
-    pub encodes: bool,
+    /// The largest picture the VAE encoder encodes first (`width, height`): the one an image
+    /// task starts from, a ControlNet's control image, FLUX.2's reference pictures; `None`
+    /// for a request from text alone.
+    pub encodes: Option<(u32, u32)>,
     /// The form the model graph takes: the GPU's holds other transients than the CPU's.
     pub graph: Graph,
     /// The device MLX computes on: a GPU fuses attention and widens weights in one kernel,
@@ -422,14 +424,21 @@ impl ModelSizes<'_> {
                 self.control_hints(req),
             ]),
             // The encoder's activations are the decoder's mirror image (the same channels at
-            // the same resolutions), so the untiled decode's count stands in for them.
-            encode: if req.encodes {
-                sum(&[
+            // the same resolutions), so the untiled decode's count at the picture's size stands
+            // in for them.
+            encode: match req.encodes {
+                Some((width, height)) => sum(&[
                     weight_bytes(self.vae, |n| !vae_uses(n), Residency::Compute, cb),
-                    self.decode_activations(req, None),
-                ])
-            } else {
-                0
+                    self.decode_activations(
+                        &RequestShape {
+                            width,
+                            height,
+                            ..*req
+                        },
+                        None,
+                    ),
+                ]),
+                None => 0,
             },
             decode: sum(&[self.vae_weights(cb), self.decode_activations(req, tiling)]),
         }
@@ -500,7 +509,12 @@ impl ModelSizes<'_> {
         let s = self.sequence(req);
         let dim = self.denoiser.dim();
         let heads = self.denoiser.heads();
-        let scores = (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4));
+        // Z-Image's CPU graph attends through the shim's kernel, FLUX.2 through MLX's on both
+        // graphs.
+        let scores = match self.denoiser {
+            Denoiser::ZImage(_) => (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4)),
+            Denoiser::Flux2(_) => self.mlx_attention_scores(req),
+        };
         // Residual stream, its norms and q/k/v/o in f32 whatever the dtype (RoPE), the
         // block's widest products, two copies of a chunk of scores (scores and exponentials).
         s * dim * 4 * 16
@@ -537,19 +551,23 @@ impl ModelSizes<'_> {
     fn denoise_activations_gpu(&self, req: &RequestShape) -> u64 {
         let s = self.sequence(req);
         let dim = self.denoiser.dim();
-        let heads = self.denoiser.heads();
         let cb = req.compute_bytes;
-        let scores = match crate::platform::attention_is_fused_on(req.device) {
-            true => 0,
-            false => {
-                let rows = crate::models::transformer::query_chunk(heads, s).min(s);
-                2 * heads * rows * s * cb
-            }
-        };
+        let scores = 2 * self.mlx_attention_scores(req);
         s * dim * (GPU_STREAM_F32 * 4 + GPU_STREAM_NARROW * cb)
             + s * self.denoiser.wide_values() * cb
             + scores
             + self.denoise_inputs(req)
+    }
+
+    /// One chunk of queries' scores of MLX's attention: none where it is fused (a GPU), else
+    /// as many queries' as fit [`crate::platform::ATTENTION_CHUNK_BYTES`].
+    fn mlx_attention_scores(&self, req: &RequestShape) -> u64 {
+        if crate::platform::attention_is_fused_on(req.device) {
+            return 0;
+        }
+        let (s, heads) = (self.sequence(req), self.denoiser.heads());
+        let rows = crate::models::transformer::query_chunk(heads, s).min(s);
+        heads * rows * s * req.compute_bytes
     }
 
     /// The GPU graph's peak within one block: its transients and the widened copy of a

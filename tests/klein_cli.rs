@@ -215,6 +215,11 @@ fn klein_keeps_within_a_memory_limit_and_holds_its_weights_as_asked() {
     let dir = models().join("flux2-klein-tiny");
     let out = zimage_in(&store, &["create", "klein", "--from", s(&dir)]);
     assert!(out.status.success(), "{}", text(&out));
+    let shown = text(&zimage_in(&store, &["show", "klein"]));
+    assert!(
+        shown.contains("run-time memory at 256×256") && shown.contains("the smallest budget"),
+        "{shown}"
+    );
     let run = |name: &str, extra: &[&str]| {
         let png = tmp.path().join(name);
         let mut args = vec![

@@ -148,7 +148,7 @@ fn request(side: u32) -> RequestShape {
         prompts: 1,
         reference_tokens: 0,
         compute_bytes: 4,
-        encodes: false,
+        encodes: None,
         graph: zimage::platform::Graph::Cpu,
         device: zimage::mlx::Device::Cpu,
     }
@@ -526,7 +526,7 @@ fn klein_4b_in_int4_at_1024_fits_5_gb_on_a_gpu() {
     // References join the sequence: two 1024² pictures triple the image's tokens.
     let edit = RequestShape {
         reference_tokens: 2 * 4096,
-        encodes: true,
+        encodes: Some((1024, 1024)),
         ..req
     };
     let edited = int4.estimate(&edit, plan.residency, None, BASE);

@@ -491,7 +491,7 @@ fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMe
         prompts,
         reference_tokens: 0,
         compute_bytes: dtype.size_bytes() as u64,
-        encodes: false,
+        encodes: None,
         graph: zimage::platform::graph(),
         device: zimage::mlx::default_device(),
     };

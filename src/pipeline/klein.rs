@@ -663,7 +663,9 @@ impl<S: ModelSource> KleinPipeline<S> {
             prompts: 1 + self.guided(req) as u32,
             reference_tokens: input + refs,
             compute_bytes: self.dtype.size_bytes() as u64,
-            encodes: req.input.is_some() || !references.is_empty(),
+            encodes: (references.iter().map(|r| (r.width, r.height)))
+                .chain(req.input.as_ref().map(|_| (req.width, req.height)))
+                .max_by_key(|&(w, h)| w as u64 * h as u64),
             graph: crate::platform::graph(),
             device: crate::mlx::default_device(),
         }

@@ -475,7 +475,8 @@ impl<S: ModelSource> Pipeline<S> {
             reference_tokens: 0,
             compute_bytes: self.dtype.size_bytes() as u64,
             // A ControlNet's control image is encoded too.
-            encodes: req.input.is_some() || self.controlnet.is_some(),
+            encodes: (req.input.is_some() || self.controlnet.is_some())
+                .then_some((req.width, req.height)),
             graph: crate::platform::graph(),
             device: crate::mlx::default_device(),
         })
