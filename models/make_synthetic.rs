@@ -1,11 +1,14 @@
-//! Writes a synthetic Z-Image-Turbo: a diffusers directory with the real widths, random weights
-//! and the depth you choose (default: the real one, about 20 GB in bf16).
+//! Writes a synthetic Z-Image-Turbo, or with `--klein` a FLUX.2 \[klein\] 4B or 9B: a diffusers
+//! directory with the real widths, random weights and the depth you choose (default: the real
+//! one, about 20 GB in bf16; klein 4B 16 GB, 9B 35 GB).
 //!
 //! ```sh
 //! cargo run --release --example make_synthetic -- --out /tmp/z-image-synthetic
 //! cargo run --release --example make_synthetic -- --out /tmp/z2 --layers 2 --refiner-layers 1 --text-layers 2
 //! cargo run --release --example make_synthetic -- --out /tmp/unused --dry-run   # sizes only
 //! cargo run --release --example make_synthetic -- --controlnet /tmp/cn-2.1.safetensors # ControlNet 2.1 only
+//! cargo run --release --example make_synthetic -- --out /tmp/klein-4b --klein 4b
+//! cargo run --release --example make_synthetic -- --out /tmp/k2 --klein 4b --layers 1 --single-layers 1
 //! ```
 
 #[path = "synthetic.rs"]
@@ -13,7 +16,7 @@ mod synthetic;
 
 use clap::Parser;
 use std::path::PathBuf;
-use synthetic::{Spec, WeightDtype};
+use synthetic::{klein, Spec, WeightDtype};
 
 #[derive(Parser)]
 #[command(about = "Write a Z-Image-Turbo with the real widths and random weights")]
@@ -22,13 +25,21 @@ struct Args {
     /// is written.
     #[arg(long, required_unless_present = "controlnet")]
     out: Option<PathBuf>,
-    /// Transformer main blocks (`n_layers`; real: 30).
-    #[arg(long, default_value_t = 30)]
-    layers: u32,
+    /// Write a FLUX.2 [klein] of this size (4b or 9b) instead of a Z-Image-Turbo.
+    #[arg(long, value_parser = ["4b", "9b"])]
+    klein: Option<String>,
+    /// Transformer main blocks (`n_layers`; real: 30); with `--klein`, double-stream blocks
+    /// (real: 5 for 4B, 8 for 9B).
+    #[arg(long)]
+    layers: Option<u32>,
+    /// With `--klein`: single-stream blocks (real: 20 for 4B, 24 for 9B).
+    #[arg(long)]
+    single_layers: Option<u32>,
     /// Transformer noise and context refiners, each (`n_refiner_layers`; real: 2).
     #[arg(long, default_value_t = 2)]
     refiner_layers: u32,
-    /// Text encoder layers (`num_hidden_layers`; real: 36).
+    /// Text encoder layers (`num_hidden_layers`; real: 36; klein reads layer 27's output, so it
+    /// needs at least 27).
     #[arg(long, default_value_t = 36)]
     text_layers: u32,
     /// Storage dtype: bf16 or f32.
@@ -51,8 +62,11 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
+    if let Some(size) = &a.klein {
+        return write_klein(&a, size);
+    }
     let spec = Spec {
-        layers: a.layers,
+        layers: a.layers.unwrap_or(30),
         refiner_layers: a.refiner_layers,
         text_layers: a.text_layers,
         dtype: a.dtype,
@@ -71,7 +85,42 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let opts = synthetic::Options { sync: !a.no_sync };
-    let (summary, t) = synthetic::write_with(out, &spec, &opts)?;
+    let written = synthetic::write_with(out, &spec, &opts)?;
+    report(out, written);
+    Ok(())
+}
+
+/// Writes the klein model `--klein` names, at the depth the flags give.
+fn write_klein(a: &Args, size: &str) -> anyhow::Result<()> {
+    let real = match size {
+        "9b" => klein::KLEIN_9B,
+        _ => klein::KLEIN_4B,
+    };
+    let spec = klein::KleinSpec {
+        size: klein::Size {
+            double_layers: a.layers.unwrap_or(real.double_layers),
+            single_layers: a.single_layers.unwrap_or(real.single_layers),
+            text_layers: a.text_layers,
+            ..real
+        },
+        dtype: a.dtype,
+        seed: a.seed,
+    };
+    if a.dry_run {
+        println!("{}", klein::plan(&spec));
+        return Ok(());
+    }
+    let out = a
+        .out
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("--klein needs --out DIR"))?;
+    let opts = synthetic::Options { sync: !a.no_sync };
+    report(out, klein::write_with(out, &spec, &opts)?);
+    Ok(())
+}
+
+/// What was written and how fast.
+fn report(out: &std::path::Path, (summary, t): (synthetic::Summary, synthetic::Timing)) {
     println!("{summary}");
     let gb = summary.file_bytes() as f64 / 1e9;
     println!(
@@ -84,5 +133,4 @@ fn main() -> anyhow::Result<()> {
         t.sync_s,
         gb / t.total_s
     );
-    Ok(())
 }

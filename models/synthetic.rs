@@ -33,6 +33,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use zimage::safetensors::{self, TensorSpec};
 
+#[path = "synthetic_klein.rs"]
+pub mod klein;
+
 // --- Real configuration (zimage-spec §1.3–1.6) -------------------------------------------------
 
 /// Transformer hidden size, heads and head width.
@@ -281,51 +284,80 @@ pub fn transformer_tensors(spec: &Spec) -> Vec<TensorDef> {
     d.0
 }
 
+/// A Qwen3 text encoder's widths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextWidths {
+    pub hidden: u64,
+    pub intermediate: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+}
+
+/// Qwen3-4B's, Z-Image's text encoder (spec §1.4).
+pub const QWEN3_4B: TextWidths = TextWidths {
+    hidden: TEXT_HIDDEN,
+    intermediate: TEXT_INTERMEDIATE,
+    heads: TEXT_HEADS,
+    kv_heads: TEXT_KV_HEADS,
+};
+
 /// The text encoder's tensors (spec §2.6) as a `Qwen3ForCausalLM` save, in module order.
 pub fn text_encoder_tensors(spec: &Spec) -> Vec<TensorDef> {
+    qwen3_tensors(&QWEN3_4B, spec.text_layers)
+}
+
+/// A Qwen3 of widths `w` and `layers` layers, as a `Qwen3ForCausalLM` save, in module order.
+pub fn qwen3_tensors(w: &TextWidths, layers: u32) -> Vec<TensorDef> {
+    let (text_hidden, text_intermediate) = (w.hidden, w.intermediate);
     let mut d = Defs::default();
     d.push(
         "model.embed_tokens.weight".into(),
-        &[VOCAB, TEXT_HIDDEN],
-        Init::Uniform(fan_in_std(TEXT_HIDDEN)),
+        &[VOCAB, text_hidden],
+        Init::Uniform(fan_in_std(text_hidden)),
     );
-    let (q, kv) = (TEXT_HEADS * TEXT_HEAD_DIM, TEXT_KV_HEADS * TEXT_HEAD_DIM);
-    for i in 0..spec.text_layers {
+    let (q, kv) = (w.heads * TEXT_HEAD_DIM, w.kv_heads * TEXT_HEAD_DIM);
+    for i in 0..layers {
         let p = format!("model.layers.{i}");
-        d.linear(&format!("{p}.self_attn.q_proj"), TEXT_HIDDEN, q, false);
-        d.linear(&format!("{p}.self_attn.k_proj"), TEXT_HIDDEN, kv, false);
-        d.linear(&format!("{p}.self_attn.v_proj"), TEXT_HIDDEN, kv, false);
-        d.linear(&format!("{p}.self_attn.o_proj"), q, TEXT_HIDDEN, false);
+        d.linear(&format!("{p}.self_attn.q_proj"), text_hidden, q, false);
+        d.linear(&format!("{p}.self_attn.k_proj"), text_hidden, kv, false);
+        d.linear(&format!("{p}.self_attn.v_proj"), text_hidden, kv, false);
+        d.linear(&format!("{p}.self_attn.o_proj"), q, text_hidden, false);
         d.norm(&format!("{p}.self_attn.q_norm"), TEXT_HEAD_DIM);
         d.norm(&format!("{p}.self_attn.k_norm"), TEXT_HEAD_DIM);
         let mlp = format!("{p}.mlp");
         d.linear(
             &format!("{mlp}.gate_proj"),
-            TEXT_HIDDEN,
-            TEXT_INTERMEDIATE,
+            text_hidden,
+            text_intermediate,
             false,
         );
         d.linear(
             &format!("{mlp}.up_proj"),
-            TEXT_HIDDEN,
-            TEXT_INTERMEDIATE,
+            text_hidden,
+            text_intermediate,
             false,
         );
         d.linear(
             &format!("{mlp}.down_proj"),
-            TEXT_INTERMEDIATE,
-            TEXT_HIDDEN,
+            text_intermediate,
+            text_hidden,
             false,
         );
-        d.norm(&format!("{p}.input_layernorm"), TEXT_HIDDEN);
-        d.norm(&format!("{p}.post_attention_layernorm"), TEXT_HIDDEN);
+        d.norm(&format!("{p}.input_layernorm"), text_hidden);
+        d.norm(&format!("{p}.post_attention_layernorm"), text_hidden);
     }
-    d.norm("model.norm", TEXT_HIDDEN);
+    d.norm("model.norm", text_hidden);
     d.0
 }
 
 /// The VAE's tensors (spec §5.2, §5.7): the encoder, then the decoder, in module order.
 pub fn vae_tensors() -> Vec<TensorDef> {
+    vae_tensors_with(IN_CHANNELS)
+}
+
+/// A FLUX VAE of `latent` channels (16: FLUX.1's, Z-Image's; 32: FLUX.2's), without the
+/// 1×1 convolutions and statistics FLUX.2 adds.
+pub fn vae_tensors_with(latent: u64) -> Vec<TensorDef> {
     let mut d = Defs::default();
     let g = |d: &mut Defs, p: &str, c: u64| d.group_norm(p, c);
     let resnet = |d: &mut Defs, p: &str, cin: u64, cout: u64| {
@@ -365,11 +397,11 @@ pub fn vae_tensors() -> Vec<TensorDef> {
         );
     }
     g(&mut d, "encoder.conv_norm_out", bottom);
-    d.conv("encoder.conv_out", bottom, 2 * IN_CHANNELS, 3);
+    d.conv("encoder.conv_out", bottom, 2 * latent, 3);
 
     let rev: Vec<u64> = VAE_CHANNELS.iter().rev().copied().collect();
     let top = rev[0];
-    d.conv("decoder.conv_in", IN_CHANNELS, top, 3);
+    d.conv("decoder.conv_in", latent, top, 3);
     for (i, &cout) in rev.iter().enumerate() {
         let cin = if i == 0 { top } else { rev[i - 1] };
         for r in 0..=VAE_LAYERS_PER_BLOCK {
@@ -672,6 +704,40 @@ fn pretty(v: serde_json::Value) -> String {
     serde_json::to_string_pretty(&v).expect("JSON serializes") + "\n"
 }
 
+/// The `config.json` of a Qwen3 of widths `w` and `layers` layers, stored in `dtype`.
+pub fn qwen3_config(w: &TextWidths, layers: u32, dtype: WeightDtype) -> serde_json::Value {
+    use serde_json::json;
+    json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "dtype": dtype.torch_name(),
+        "eos_token_id": 151645,
+        "head_dim": TEXT_HEAD_DIM,
+        "hidden_act": "silu",
+        "hidden_size": w.hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": w.intermediate,
+        "layer_types": vec!["full_attention"; layers as usize],
+        "max_position_embeddings": 40960,
+        "max_window_layers": 36,
+        "model_type": "qwen3",
+        "num_attention_heads": w.heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": w.kv_heads,
+        "pad_token_id": null,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
+        "sliding_window": null,
+        "tie_word_embeddings": true,
+        "transformers_version": "5.23.0",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "vocab_size": VOCAB,
+    })
+}
+
 /// `(path relative to the model directory, contents)` of every JSON configuration file.
 pub fn config_files(spec: &Spec) -> Vec<(String, String)> {
     use serde_json::json;
@@ -692,35 +758,7 @@ pub fn config_files(spec: &Spec) -> Vec<(String, String)> {
         "use_dynamic_shifting": false,
         "shift": 3.0,
     });
-    let text_encoder = json!({
-        "architectures": ["Qwen3ForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "dtype": spec.dtype.torch_name(),
-        "eos_token_id": 151645,
-        "head_dim": TEXT_HEAD_DIM,
-        "hidden_act": "silu",
-        "hidden_size": TEXT_HIDDEN,
-        "initializer_range": 0.02,
-        "intermediate_size": TEXT_INTERMEDIATE,
-        "layer_types": vec!["full_attention"; spec.text_layers as usize],
-        "max_position_embeddings": 40960,
-        "max_window_layers": 36,
-        "model_type": "qwen3",
-        "num_attention_heads": TEXT_HEADS,
-        "num_hidden_layers": spec.text_layers,
-        "num_key_value_heads": TEXT_KV_HEADS,
-        "pad_token_id": null,
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": { "rope_theta": 1000000.0, "rope_type": "default" },
-        "sliding_window": null,
-        "tie_word_embeddings": true,
-        "transformers_version": "5.23.0",
-        "use_cache": true,
-        "use_sliding_window": false,
-        "vocab_size": VOCAB,
-    });
+    let text_encoder = qwen3_config(&QWEN3_4B, spec.text_layers, spec.dtype);
     let transformer = json!({
         "_class_name": "ZImageTransformer2DModel",
         "_diffusers_version": diffusers_version,
@@ -985,6 +1023,18 @@ pub fn write(dir: &Path, spec: &Spec) -> Result<Summary> {
 
 /// [`write`] with options, also returning where the time went.
 pub fn write_with(dir: &Path, spec: &Spec, opts: &Options) -> Result<(Summary, Timing)> {
+    write_parts(dir, spec, plan_components(spec), config_files(spec), opts)
+}
+
+/// Writes the components `plans` and the JSON files `configs` into `dir` (the tokenizer
+/// copied), the values in `spec`'s dtype from its seed.
+fn write_parts(
+    dir: &Path,
+    spec: &Spec,
+    plans: Vec<ComponentPlan>,
+    configs: Vec<(String, String)>,
+    opts: &Options,
+) -> Result<(Summary, Timing)> {
     let started = std::time::Instant::now();
     #[cfg(unix)]
     use std::os::unix::fs::FileExt;
@@ -1009,7 +1059,6 @@ pub fn write_with(dir: &Path, spec: &Spec, opts: &Options) -> Result<(Summary, T
         let p = dir.join(sub);
         std::fs::create_dir_all(&p).with_context(|| format!("cannot create `{}`", p.display()))?;
     }
-    let plans = plan_components(spec);
 
     // Temp files with their headers, sized to their final length.
     let mut pending = Vec::new();
@@ -1124,7 +1173,7 @@ pub fn write_with(dir: &Path, spec: &Spec, opts: &Options) -> Result<(Summary, T
         let name = src.file_name().expect("a file has a name");
         write_atomic(&dir.join("tokenizer").join(name), &bytes, opts.sync)?;
     }
-    for (rel, text) in config_files(spec) {
+    for (rel, text) in configs {
         write_atomic(&dir.join(rel), text.as_bytes(), opts.sync)?;
     }
     let timing = Timing {

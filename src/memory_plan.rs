@@ -17,9 +17,12 @@
 //! product over the image tokens; on a GPU no convolution matrices or CPU scratch in the decode.
 //!
 //! Weights are counted from the tensor sizes of the stored model, so the same figures serve
-//! `generate`'s preflight and `show`.
+//! `generate`'s preflight and `show`. The family supplies its [`Denoiser`]: how many text
+//! layers run, which tokens the denoiser attends over and what one of its blocks holds; the
+//! rest (weights as held, the text encoder, the VAE, the choice under a budget) is shared.
 
 use crate::mlx::Device;
+use crate::models::flux2::{self, Flux2Config};
 use crate::models::vae_tiling::{self as tiling, Tiling};
 use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
 use crate::platform::Graph;
@@ -45,6 +48,73 @@ impl TensorSize {
     }
 }
 
+/// A family's denoiser, as the plan counts its sequence and one block's activations.
+#[derive(Debug, Clone, Copy)]
+pub enum Denoiser<'a> {
+    /// Z-Image's single-stream transformer over image + caption tokens, each padded to 32;
+    /// its text encoder runs all layers but the last.
+    ZImage(&'a DitConfig),
+    /// FLUX.2 \[klein\]'s double- then single-stream blocks over the 512 padded text tokens,
+    /// the image's and the references'; its text encoder runs up to the deepest layer it reads.
+    Flux2(&'a Flux2Config),
+}
+
+impl Denoiser<'_> {
+    /// The hidden width of the token stream.
+    fn dim(&self) -> u64 {
+        match self {
+            Denoiser::ZImage(c) => c.dim as u64,
+            Denoiser::Flux2(c) => c.dim() as u64,
+        }
+    }
+
+    fn heads(&self) -> u64 {
+        match self {
+            Denoiser::ZImage(c) => c.n_heads as u64,
+            Denoiser::Flux2(c) => c.num_attention_heads as u64,
+        }
+    }
+
+    /// Values per token of a block's widest products in the compute dtype: Z-Image's
+    /// feed-forward gate, up projection, their SiLU and product (`4·ffn`); FLUX.2's single
+    /// block's fused projection `[q k v | gate up]`, the gated MLP and the `[attention | MLP]`
+    /// input of its output projection (`3d + 2m + m + d + m`).
+    fn wide_values(&self) -> u64 {
+        match self {
+            Denoiser::ZImage(c) => 4 * (c.dim as f64 / 3.0 * 8.0) as u64,
+            Denoiser::Flux2(c) => 4 * (c.dim() as u64 + c.mlp_dim() as u64),
+        }
+    }
+
+    /// Tokens the blocks attend over: Z-Image's image and prompt tokens, each padded to 32;
+    /// FLUX.2's 512 text rows, the image's tokens and the references'.
+    fn sequence(&self, req: &RequestShape) -> u64 {
+        let cell = 16;
+        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
+        match self {
+            Denoiser::ZImage(_) => round_up(image, 32) + round_up(req.prompt_tokens as u64, 32),
+            Denoiser::Flux2(_) => image + req.reference_tokens as u64 + req.prompt_tokens as u64,
+        }
+    }
+
+    /// Decoder layers of the text encoder that run.
+    fn text_layers(&self, text: &Qwen3Config) -> i32 {
+        match self {
+            Denoiser::ZImage(_) => text.layers_used(),
+            Denoiser::Flux2(_) => *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32,
+        }
+    }
+
+    /// Hidden states the text phase keeps per prompt beside its activations: none for
+    /// Z-Image (its one output is the last residual stream), FLUX.2's three.
+    fn text_outputs(&self) -> u64 {
+        match self {
+            Denoiser::ZImage(_) => 0,
+            Denoiser::Flux2(_) => flux2::TEXT_LAYERS.len() as u64,
+        }
+    }
+}
+
 /// The sizes of a model's three components and its configuration.
 pub struct ModelSizes<'a> {
     pub text_encoder: &'a [TensorSize],
@@ -53,7 +123,7 @@ pub struct ModelSizes<'a> {
     /// A ControlNet loaded beside the transformer (empty: none).
     pub controlnet: &'a [TensorSize],
     pub text_config: &'a Qwen3Config,
-    pub dit_config: &'a DitConfig,
+    pub denoiser: Denoiser<'a>,
     pub vae_config: &'a VaeConfig,
 }
 
@@ -62,12 +132,20 @@ pub struct ModelSizes<'a> {
 pub struct RequestShape {
     pub width: u32,
     pub height: u32,
-    /// Prompt tokens after templating (the longer of the prompt and the negative one).
+    /// Prompt tokens after templating (the longer of the prompt and the negative one); for
+    /// FLUX.2 the padded length every prompt runs at.
     pub prompt_tokens: u32,
+    /// Prompts the text encoder runs (2 with a negative prompt, whose features the denoise
+    /// phase keeps too).
+    pub prompts: u32,
+    /// Tokens of reference pictures the denoiser reads beside the image's (FLUX.2 only).
+    pub reference_tokens: u32,
     /// Bytes of one value in the compute dtype.
     pub compute_bytes: u64,
-    /// Whether the request starts from a picture, which the VAE encoder encodes first.
-    pub encodes: bool,
+    /// The largest picture the VAE encoder encodes first (`width, height`): the one an image
+    /// task starts from, a ControlNet's control image, FLUX.2's reference pictures; `None`
+    /// for a request from text alone.
+    pub encodes: Option<(u32, u32)>,
     /// The form the model graph takes: the GPU's holds other transients than the CPU's.
     pub graph: Graph,
     /// The device MLX computes on: a GPU fuses attention and widens weights in one kernel,
@@ -288,11 +366,15 @@ fn uses_conv_matrices(req: &RequestShape) -> bool {
     req.graph == Graph::Cpu || crate::platform::convolutions_as_matmuls_on(req.device)
 }
 
-/// Whether the text encoder path binds `name` (all layers but the last; no final norm, no head).
-fn text_encoder_uses(name: &str, cfg: &Qwen3Config) -> bool {
+/// Whether the text encoder path binds `name` (the first `layers` layers; no final norm, no
+/// head).
+fn text_encoder_uses(name: &str, layers: i32) -> bool {
     let n = name.strip_prefix("model.").unwrap_or(name);
-    let last = format!("layers.{}.", cfg.num_hidden_layers - 1);
-    !(n.starts_with(&last) || n.starts_with("norm.") || n.starts_with("lm_head."))
+    let later = n
+        .strip_prefix("layers.")
+        .and_then(|rest| rest.split('.').next()?.parse::<i32>().ok())
+        .is_some_and(|i| i >= layers);
+    !(later || n.starts_with("norm.") || n.starts_with("lm_head."))
 }
 
 fn vae_uses(name: &str) -> bool {
@@ -333,34 +415,40 @@ impl ModelSizes<'_> {
             denoise: sum(&[
                 self.denoise_weights(residency, cb),
                 match gpu {
-                    true => self.denoise_activations_gpu(req),
-                    false => self.denoise_activations(req),
-                },
-                match gpu {
-                    true => widened_layer(self.transformer, req, self.sequence(req)),
-                    false => widen_scratch(self.transformer, residency, cb),
+                    true => self.block_peak_gpu(req),
+                    false => {
+                        self.denoise_activations(req)
+                            + widen_scratch(self.transformer, residency, cb)
+                    }
                 },
                 self.control_hints(req),
             ]),
             // The encoder's activations are the decoder's mirror image (the same channels at
-            // the same resolutions), so the untiled decode's count stands in for them.
-            encode: if req.encodes {
-                sum(&[
+            // the same resolutions), so the untiled decode's count at the picture's size stands
+            // in for them.
+            encode: match req.encodes {
+                Some((width, height)) => sum(&[
                     weight_bytes(self.vae, |n| !vae_uses(n), Residency::Compute, cb),
-                    self.decode_activations(req, None),
-                ])
-            } else {
-                0
+                    self.decode_activations(
+                        &RequestShape {
+                            width,
+                            height,
+                            ..*req
+                        },
+                        None,
+                    ),
+                ]),
+                None => 0,
             },
             decode: sum(&[self.vae_weights(cb), self.decode_activations(req, tiling)]),
         }
     }
 
     pub fn text_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
-        let cfg = self.text_config;
+        let layers = self.denoiser.text_layers(self.text_config);
         held_bytes(
             self.text_encoder,
-            |n| text_encoder_uses(n, cfg),
+            |n| text_encoder_uses(n, layers),
             residency,
             compute_bytes,
         )
@@ -398,10 +486,7 @@ impl ModelSizes<'_> {
         if self.controlnet.is_empty() {
             return 0;
         }
-        let cell = 16;
-        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
-        let s = round_up(image, 32) + round_up(req.prompt_tokens as u64, 32);
-        4 * s * self.dit_config.dim as u64 * req.compute_bytes
+        4 * self.sequence(req) * self.denoiser.dim() * req.compute_bytes
     }
 
     pub fn vae_weights(&self, compute_bytes: u64) -> u64 {
@@ -413,30 +498,49 @@ impl ModelSizes<'_> {
         let l = req.prompt_tokens as u64;
         let (h, i) = (c.hidden_size as u64, c.intermediate_size as u64);
         let q = (c.num_attention_heads * c.head_dim) as u64;
-        // The residual stream and its norms, q/k/v/o, gate/up/product, and the scores.
+        // The residual stream and its norms, q/k/v/o, gate/up/product, and the scores; then
+        // the hidden states kept for each prompt.
         let values = l * (6 * h + 3 * q + 3 * i) + 2 * c.num_attention_heads as u64 * l * l;
-        values * 4
+        let kept = req.prompts as u64 * self.denoiser.text_outputs() * l * h * req.compute_bytes;
+        values * 4 + kept
     }
 
     fn denoise_activations(&self, req: &RequestShape) -> u64 {
-        let c = self.dit_config;
-        let cell = 16;
-        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
-        let s = round_up(image, 32) + round_up(req.prompt_tokens as u64, 32);
-        let dim = c.dim as u64;
-        let ffn = (c.dim as f64 / 3.0 * 8.0) as u64;
-        let heads = c.n_heads as u64;
-        let scores = (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4));
-        // Residual stream, its norms and q/k/v/o in f32 whatever the dtype (RoPE), the three
-        // feed-forward products, two copies of a chunk of scores (scores and exponentials).
-        s * dim * 4 * 16 + s * ffn * req.compute_bytes * 4 + 2 * scores
+        let s = self.sequence(req);
+        let dim = self.denoiser.dim();
+        let heads = self.denoiser.heads();
+        // Z-Image's CPU graph attends through the shim's kernel, FLUX.2 through MLX's on both
+        // graphs.
+        let scores = match self.denoiser {
+            Denoiser::ZImage(_) => (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4)),
+            Denoiser::Flux2(_) => self.mlx_attention_scores(req),
+        };
+        // Residual stream, its norms and q/k/v/o in f32 whatever the dtype (RoPE), the
+        // block's widest products, two copies of a chunk of scores (scores and exponentials).
+        s * dim * 4 * 16
+            + s * self.denoiser.wide_values() * req.compute_bytes
+            + 2 * scores
+            + self.denoise_inputs(req)
     }
 
-    /// Tokens of the unified sequence: image tokens and the prompt's, each padded to 32.
+    /// What the denoise phase keeps for all its steps beside the blocks: FLUX.2's projected
+    /// text features for each prompt and the references' tokens (Z-Image's caption lies in
+    /// its sequence).
+    fn denoise_inputs(&self, req: &RequestShape) -> u64 {
+        match self.denoiser {
+            Denoiser::ZImage(_) => 0,
+            Denoiser::Flux2(c) => {
+                let text = req.prompts as u64 * req.prompt_tokens as u64;
+                (text * c.joint_attention_dim as u64
+                    + req.reference_tokens as u64 * c.in_channels as u64)
+                    * req.compute_bytes
+            }
+        }
+    }
+
+    /// Tokens of the sequence the denoiser's blocks attend over.
     fn sequence(&self, req: &RequestShape) -> u64 {
-        let cell = 16;
-        let image = (req.width as u64 / cell) * (req.height as u64 / cell);
-        round_up(image, 32) + round_up(req.prompt_tokens as u64, 32)
+        self.denoiser.sequence(req)
     }
 
     /// The GPU graph's transients of one block (evaluated block by block), over `S` tokens:
@@ -445,20 +549,43 @@ impl ModelSizes<'_> {
     /// its SiLU, the up projection and their product (`S·ffn` each, in the compute dtype), and
     /// attention: fused, nothing more; else one chunk of queries' scores and their softmax.
     fn denoise_activations_gpu(&self, req: &RequestShape) -> u64 {
-        let c = self.dit_config;
         let s = self.sequence(req);
-        let dim = c.dim as u64;
-        let ffn = (c.dim as f64 / 3.0 * 8.0) as u64;
-        let heads = c.n_heads as u64;
+        let dim = self.denoiser.dim();
         let cb = req.compute_bytes;
-        let scores = match crate::platform::attention_is_fused_on(req.device) {
-            true => 0,
-            false => {
-                let rows = crate::models::transformer::query_chunk(heads, s).min(s);
-                2 * heads * rows * s * cb
+        let scores = 2 * self.mlx_attention_scores(req);
+        s * dim * (GPU_STREAM_F32 * 4 + GPU_STREAM_NARROW * cb)
+            + s * self.denoiser.wide_values() * cb
+            + scores
+            + self.denoise_inputs(req)
+    }
+
+    /// One chunk of queries' scores of MLX's attention: none where it is fused (a GPU), else
+    /// as many queries' as fit [`crate::platform::ATTENTION_CHUNK_BYTES`].
+    fn mlx_attention_scores(&self, req: &RequestShape) -> u64 {
+        if crate::platform::attention_is_fused_on(req.device) {
+            return 0;
+        }
+        let (s, heads) = (self.sequence(req), self.denoiser.heads());
+        let rows = crate::models::transformer::query_chunk(heads, s).min(s);
+        heads * rows * s * req.compute_bytes
+    }
+
+    /// The GPU graph's peak within one block: its transients and the widened copy of a
+    /// quantized layer. Z-Image's widest layers (the feed-forward's) run amid the block's
+    /// transients, so both count; FLUX.2's widest is the single block's fused input projection,
+    /// which runs when the block holds little but its input, that input normed and the
+    /// projection's output `[S, 3d + 2m]`.
+    fn block_peak_gpu(&self, req: &RequestShape) -> u64 {
+        let transients = self.denoise_activations_gpu(req);
+        let widened = widened_layer(self.transformer, req, self.sequence(req));
+        match self.denoiser {
+            Denoiser::ZImage(_) => transients + widened,
+            Denoiser::Flux2(c) => {
+                let (d, m) = (c.dim() as u64, c.mlp_dim() as u64);
+                let beside = self.sequence(req) * (2 * d + 3 * d + 2 * m) * req.compute_bytes;
+                transients.max(widened + beside + self.denoise_inputs(req))
             }
-        };
-        s * dim * (GPU_STREAM_F32 * 4 + GPU_STREAM_NARROW * cb) + s * ffn * cb * 4 + scores
+        }
     }
 
     /// The GPU graph's cache limit for a request estimated at `estimate`: enough to keep one

@@ -494,3 +494,69 @@ fn klein_takes_text_encoder_loras_and_names_the_closest_layer() {
         text(&out)
     );
 }
+
+/// The memory plan holds for klein: a budget below what the request needs is refused before
+/// anything loads, naming the smallest that works; under it the request runs, decoded in
+/// tiles if need be; weights held as stored or streamed from the store draw the same picture
+/// as weights in the compute dtype.
+#[test]
+fn klein_keeps_within_a_memory_limit_and_holds_its_weights_as_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let out = zimage_in(&store, &["create", "klein", "--from", s(&dir)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = text(&zimage_in(&store, &["show", "klein"]));
+    assert!(
+        shown.contains("run-time memory at 256×256") && shown.contains("the smallest budget"),
+        "{shown}"
+    );
+    let run = |name: &str, extra: &[&str]| {
+        let png = tmp.path().join(name);
+        let mut args = vec![
+            "generate",
+            "a red fox",
+            "--model",
+            "klein",
+            "--width",
+            "128",
+            "--height",
+            "128",
+            "--seed",
+            "5",
+            "--dtype",
+            "f32",
+            "-v",
+            "-o",
+        ];
+        args.push(s(&png));
+        args.extend(extra);
+        (zimage_in(&store, &args), png)
+    };
+    let (out, whole) = run("whole.png", &[]);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("estimate denoise"), "{log}");
+
+    let (out, _) = run("refused.png", &["--memory-limit", "2MB"]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(!log.lines().any(|l| l.starts_with("text ")), "{log}");
+    let needs: Vec<&str> = (log.split("needs at least ").nth(1))
+        .unwrap_or_else(|| panic!("no figure named: {log}"))
+        .split_whitespace()
+        .take(2)
+        .collect();
+    let (out, _) = run("fits.png", &["--memory-limit", &needs.concat()]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let pixels = |png: &Path| image::open(png).unwrap().to_rgb8().into_raw();
+    for weights in ["stored", "streamed"] {
+        let (out, png) = run(&format!("{weights}.png"), &["--weights", weights]);
+        let log = text(&out);
+        assert!(out.status.success(), "{log}");
+        let (a, b) = (pixels(&png), pixels(&whole));
+        let most = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max().unwrap();
+        assert!(most <= 1, "--weights {weights}: max diff {most}: {log}");
+    }
+}

@@ -1,10 +1,13 @@
-//! The memory plan at the real Z-Image-Turbo sizes (tensor sizes only, nothing allocated):
-//! the estimate per phase and residency, the choices it makes under a budget, and the
-//! refusal's advice.
+//! The memory plan at the real Z-Image-Turbo and FLUX.2 \[klein\] sizes (tensor sizes only,
+//! nothing allocated): the estimate per phase and residency, the choices it makes under a
+//! budget, and the refusal's advice.
+
+#[path = "../models/synthetic.rs"]
+mod synthetic;
 
 mod common;
 
-use zimage::memory_plan::{ModelSizes, RequestShape, TensorSize};
+use zimage::memory_plan::{Denoiser, ModelSizes, RequestShape, TensorSize};
 use zimage::models::vae_tiling::{decoder_tensor_shapes, flux_vae_config};
 use zimage::models::{DitConfig, Qwen3Config, Residency};
 
@@ -142,8 +145,10 @@ fn request(side: u32) -> RequestShape {
         width: side,
         height: side,
         prompt_tokens: 40,
+        prompts: 1,
+        reference_tokens: 0,
         compute_bytes: 4,
-        encodes: false,
+        encodes: None,
         graph: zimage::platform::Graph::Cpu,
         device: zimage::mlx::Device::Cpu,
     }
@@ -179,7 +184,7 @@ impl RealModel {
             transformer: &self.transformer,
             vae: &self.vae,
             text_config: &self.text_config,
-            dit_config: &self.dit_config,
+            denoiser: Denoiser::ZImage(&self.dit_config),
             vae_config: &self.vae_config,
             controlnet: &[],
         }
@@ -413,4 +418,145 @@ fn the_real_size_int4_model_at_1024_fits_5_gb_on_a_gpu() {
     let text = err.to_string();
     let named = zimage::memory_plan::gb(needs);
     assert!(text.contains(&format!("needs at least {named}")), "{text}");
+}
+
+/// A real-size FLUX.2 \[klein\] (bf16, as published): the synthetic model's tensors and
+/// configs, sizes only.
+struct KleinModel {
+    text_encoder: Vec<TensorSize>,
+    transformer: Vec<TensorSize>,
+    vae: Vec<TensorSize>,
+    text_config: Qwen3Config,
+    transformer_config: zimage::models::flux2::Flux2Config,
+    vae_config: zimage::models::VaeConfig,
+}
+
+impl KleinModel {
+    fn new(size: synthetic::klein::Size) -> KleinModel {
+        use synthetic::klein;
+        let bf16 = |defs: Vec<synthetic::TensorDef>| -> Vec<TensorSize> {
+            defs.into_iter()
+                .map(|t| tensor(t.name, &t.shape, 2))
+                .collect()
+        };
+        let spec = klein::KleinSpec {
+            size,
+            dtype: synthetic::WeightDtype::Bf16,
+            seed: 0,
+        };
+        let configs = klein::config_files(&spec);
+        let config = |path: &str| {
+            let (_, text) = configs.iter().find(|(p, _)| p == path).unwrap();
+            text.clone()
+        };
+        KleinModel {
+            text_encoder: bf16(synthetic::qwen3_tensors(&size.text, size.text_layers)),
+            transformer: bf16(klein::transformer_tensors(&size)),
+            vae: bf16(klein::vae_tensors()),
+            text_config: serde_json::from_str(&config("text_encoder/config.json")).unwrap(),
+            transformer_config: serde_json::from_str(&config("transformer/config.json")).unwrap(),
+            vae_config: serde_json::from_str(&config("vae/config.json")).unwrap(),
+        }
+    }
+
+    fn sizes(&self) -> ModelSizes<'_> {
+        ModelSizes {
+            text_encoder: &self.text_encoder,
+            transformer: &self.transformer,
+            vae: &self.vae,
+            text_config: &self.text_config,
+            denoiser: Denoiser::Flux2(&self.transformer_config),
+            vae_config: &self.vae_config,
+            controlnet: &[],
+        }
+    }
+}
+
+/// klein's request at 1024² on a GPU: the padded 512-token prompt, bf16.
+fn klein_request(prompts: u32) -> RequestShape {
+    RequestShape {
+        prompt_tokens: 512,
+        prompts,
+        compute_bytes: 2,
+        graph: zimage::platform::Graph::Gpu,
+        device: zimage::mlx::Device::Gpu,
+        ..request(1024)
+    }
+}
+
+/// FLUX.2 [klein] 4B in int4 at 1024² on a GPU fits 5 GB, every phase and the process: its
+/// text encoder runs 27 of Qwen3-4B's 36 layers over 512 tokens; the denoiser's sequence is
+/// the image's 4096 tokens and the 512 text rows. The preflight refuses less, naming the figure.
+#[test]
+fn klein_4b_in_int4_at_1024_fits_5_gb_on_a_gpu() {
+    let real = KleinModel::new(synthetic::klein::KLEIN_4B);
+    let m = real.sizes();
+    // Only the 27 layers klein reads and the table (kept bf16) are held for the text phase.
+    let params_per_layer = 100_925_440u64;
+    let held = m.text_weights(Residency::Stored, 2);
+    let expected = 27 * params_per_layer * 2 + 151936 * 2560 * 2;
+    assert!(held.abs_diff(expected) < 10_000_000, "{held} vs {expected}");
+    let (qt, qr) = m.quantized_variant(4);
+    let int4 = ModelSizes {
+        text_encoder: &qt,
+        transformer: &qr,
+        ..m
+    };
+    let req = klein_request(1);
+    let needs = int4.smallest_budget(&req, BASE, false);
+    let plan = int4.plan(&req, needs, "", BASE, false).unwrap();
+    let e = plan.estimate;
+    eprintln!(
+        "klein 4B int4 1024² GPU: text {} denoise {} decode {} base {} process {} (smallest budget {}, {:?}, tiles {:?})",
+        e.text, e.denoise, e.decode, e.base, e.peak(), needs, plan.residency,
+        plan.tiling.as_ref().map(|t| t.tile_latent)
+    );
+    assert!(e.peak() <= needs && needs <= 5 * GB, "{needs}");
+    let err = int4
+        .plan(&req, needs - 20_000_000, "", BASE, false)
+        .unwrap_err();
+    let named = zimage::memory_plan::gb(needs);
+    assert!(
+        err.to_string().contains(&format!("needs at least {named}")),
+        "{err}"
+    );
+    // A base model's guidance keeps both prompts' features (the text phase peaks at its load).
+    let guided = int4.estimate(&klein_request(2), plan.residency, None, BASE);
+    assert!(guided.text >= e.text && guided.denoise > e.denoise);
+    // References join the sequence: two 1024² pictures triple the image's tokens.
+    let edit = RequestShape {
+        reference_tokens: 2 * 4096,
+        encodes: Some((1024, 1024)),
+        ..req
+    };
+    let edited = int4.estimate(&edit, plan.residency, None, BASE);
+    assert!(edited.denoise > e.denoise && edited.encode > 0);
+}
+
+/// klein 9B's figures at the same request, for the record: larger in every phase but the
+/// decode, which shares the VAE.
+#[test]
+fn klein_9b_holds_more_than_4b_but_the_same_decode() {
+    let four = KleinModel::new(synthetic::klein::KLEIN_4B);
+    let nine = KleinModel::new(synthetic::klein::KLEIN_9B);
+    let int4 = |k: &KleinModel| {
+        let m = k.sizes();
+        let (qt, qr) = m.quantized_variant(4);
+        let sized = ModelSizes {
+            text_encoder: &qt,
+            transformer: &qr,
+            ..m
+        };
+        sized.estimate(&klein_request(1), Residency::Stored, None, BASE)
+    };
+    let (a, b) = (int4(&four), int4(&nine));
+    eprintln!(
+        "klein 9B int4 1024² GPU: text {} denoise {} decode {} process {}",
+        b.text,
+        b.denoise,
+        b.decode,
+        b.peak()
+    );
+    assert!(b.text > a.text && b.denoise > a.denoise);
+    assert_eq!(a.decode, b.decode);
 }

@@ -263,6 +263,29 @@ fn real_depth_sizes_match_the_spec() {
     }
 }
 
+/// The synthetic FLUX.2 [klein] at the real depths has klein-spec §10's parameter counts:
+/// transformer 4B 3,875,544,576 in 169 tensors, 9B 9,078,581,248 in 233; the VAE 84,046,371;
+/// Qwen3-4B 4.02 G and Qwen3-8B 7.57 G parameters.
+#[test]
+fn real_klein_sizes_match_the_spec() {
+    use synthetic::klein;
+    for (size, transformer, tensors, text) in [
+        (klein::KLEIN_4B, 3_875_544_576u64, 169, 4_022_468_096u64),
+        (klein::KLEIN_9B, 9_078_581_248, 233, 7_568_405_504),
+    ] {
+        let spec = klein::KleinSpec {
+            size,
+            dtype: WeightDtype::Bf16,
+            seed: 0,
+        };
+        let plan = klein::plan(&spec);
+        let tr = plan.component("transformer").unwrap();
+        assert_eq!((tr.params, tr.tensors), (transformer, tensors));
+        assert_eq!(plan.component("vae").unwrap().params, 84_046_371);
+        assert_eq!(plan.component("text_encoder").unwrap().params, text);
+    }
+}
+
 #[test]
 fn shallow_model_has_the_spec_tensors_and_generates_through_the_store() {
     let total = Instant::now();

@@ -478,32 +478,53 @@ struct RuntimeMemory {
     needs: u64,
 }
 
-/// The estimate at the model's default size for a typical prompt; `None` for a model that is
-/// no Z-Image pipeline (no configs to size it by).
+/// The estimate at the model's default size for a typical prompt (64 tokens; klein's padded
+/// 512, twice on a base model); `None` for a model that is no pipeline of a family zimage runs
+/// (no configs to size it by).
 fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMemory> {
     let dtype = zimage::platform::default_compute_dtype();
     let source = zimage::loader::StoreSource::new(store, model);
-    let pipeline = zimage::pipeline::Pipeline::new(source, dtype, false).ok()?;
-    let side = pipeline.configs.vae.sample_size.unwrap_or(1024);
-    let sizes = pipeline.tensor_sizes().ok()?;
-    let shape = memory_plan::RequestShape {
+    let shape = |side: u32, prompt_tokens: u32, prompts: u32| memory_plan::RequestShape {
         width: side,
         height: side,
-        prompt_tokens: 64,
+        prompt_tokens,
+        prompts,
+        reference_tokens: 0,
         compute_bytes: dtype.size_bytes() as u64,
-        encodes: false,
+        encodes: None,
         graph: zimage::platform::graph(),
         device: zimage::mlx::default_device(),
     };
     let base = zimage::platform::held_before_loading();
-    let m = pipeline.model_sizes(&sizes);
-    Some(RuntimeMemory {
-        side,
-        dtype,
-        compute: m.estimate(&shape, Residency::Compute, None, base),
-        stored: m.estimate(&shape, Residency::Stored, None, base),
-        needs: m.smallest_budget(&shape, base, pipeline.can_stream()),
-    })
+    let figures =
+        |m: memory_plan::ModelSizes, shape: memory_plan::RequestShape, streams| RuntimeMemory {
+            side: shape.width,
+            dtype,
+            compute: m.estimate(&shape, Residency::Compute, None, base),
+            stored: m.estimate(&shape, Residency::Stored, None, base),
+            needs: m.smallest_budget(&shape, base, streams),
+        };
+    if family_of(store, model) == Some(Family::Flux2Klein) {
+        let klein = zimage::pipeline::klein::KleinPipeline::new(source, dtype).ok()?;
+        let c = &klein.configs;
+        let side = c.vae.sample_size.unwrap_or(1024);
+        let prompts = if c.is_distilled { 1 } else { 2 };
+        let tokens = zimage::pipeline::klein::MAX_SEQUENCE_LENGTH as u32;
+        let sizes = klein.tensor_sizes().ok()?;
+        return Some(figures(
+            klein.model_sizes(&sizes),
+            shape(side, tokens, prompts),
+            klein.can_stream(),
+        ));
+    }
+    let pipeline = zimage::pipeline::Pipeline::new(source, dtype, false).ok()?;
+    let side = pipeline.configs.vae.sample_size.unwrap_or(1024);
+    let sizes = pipeline.tensor_sizes().ok()?;
+    Some(figures(
+        pipeline.model_sizes(&sizes),
+        shape(side, 64, 1),
+        pipeline.can_stream(),
+    ))
 }
 
 pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {

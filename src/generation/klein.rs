@@ -8,9 +8,8 @@ use super::metadata::{self, Provenance};
 use super::run::{BatchEnds, Image, Outcome, Reporter};
 use super::{Cancel, Error, Job};
 use crate::family::Family;
-use crate::memory_plan::{MemoryEstimate, MemoryPlan};
+use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
-use crate::models::Residency;
 use crate::pipeline::klein::{capped_size, Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
@@ -28,10 +27,6 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
             job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
         ),
         ("--hires", job.hires.is_some()),
-        (
-            "--weights stored/streamed",
-            job.residency.is_some_and(|r| r != Residency::Compute),
-        ),
     ];
     match not_yet.iter().find(|(_, used)| *used) {
         Some((flag, _)) => Err(Error::Request(format!(
@@ -122,36 +117,25 @@ fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Result<R
     Ok(req)
 }
 
-/// What klein's phases hold at most: each phase's weights in the compute dtype (activations
-/// are not estimated for klein yet).
-fn weights_plan(klein: &LoadedKlein, dtype: Dtype) -> Result<MemoryPlan, Error> {
-    let source = klein.pipeline.source();
-    let bytes = |component: &str| -> Result<u64, Error> {
-        let sizes = source
-            .tensor_sizes(component)
-            .map_err(|cause| pipeline::Error::Source {
-                model: source.name(),
-                cause,
-            })?;
-        Ok(sizes
-            .iter()
-            .map(|t| t.shape.iter().product::<u64>() * dtype.size_bytes() as u64)
-            .sum())
-    };
-    Ok(MemoryPlan {
-        residency: Residency::Compute,
-        tiling: None,
-        estimate: MemoryEstimate {
-            base: 0,
-            text: bytes("text_encoder")?,
-            encode: 0,
-            denoise: bytes("transformer")?,
-            decode: bytes("vae")?,
-        },
-        budget: crate::platform::physical_memory().unwrap_or(u64::MAX),
-        budget_source: " (the machine's memory)".into(),
-        cache_limit: None,
-    })
+/// The job's memory plan, before any weights load: `--memory-limit` (else
+/// `ZIMAGE_MEMORY_LIMIT`, else the device's or the machine's memory) honoured, or the job
+/// refused naming the smallest budget that runs it.
+fn plan(
+    job: &Job,
+    klein: &LoadedKlein,
+    req: &Request,
+    references: &[Reference],
+) -> Result<MemoryPlan, Error> {
+    let p = &klein.pipeline;
+    let sizes = p.tensor_sizes()?;
+    let shape = p.request_shape(req, references);
+    super::plan_for(
+        &p.model_sizes(&sizes),
+        &shape,
+        p.can_stream(),
+        job.memory_limit.as_deref(),
+        job.residency,
+    )
 }
 
 /// Makes a klein job's images; the model is loaded.
@@ -175,9 +159,14 @@ pub(super) fn run(
         let c = klein.pipeline.configs.transformer.in_channels;
         first.noise = Some(super::noise::read(path, [c, h, w])?);
     }
-    let plan = weights_plan(klein, dtype)?;
+    let plan = plan(job, klein, &first, &references)?;
     let p = &mut klein.pipeline;
     p.set_previews(job.preview)?;
+    p.set_residency(plan.residency);
+    p.set_tiling(plan.tiling);
+    if let Some(limit) = plan.cache_limit {
+        crate::mlx::memory::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
     let prompt_tokens = p.token_ids(&job.prompt)?.len();
     let model_name = p.source().name();
     let identity = p.source().identity();

@@ -33,7 +33,7 @@ pub use crate::pipeline::control::{
     scale_error as control_scale_error, DEFAULT_SCALE as DEFAULT_CONTROL_SCALE,
 };
 
-use crate::memory_plan::{self, MemoryPlan};
+use crate::memory_plan::{self, MemoryPlan, ModelSizes, RequestShape};
 use crate::mlx::fast::Products;
 use crate::models::Residency;
 use crate::pipeline::{ModelSource, Pipeline, Request};
@@ -49,23 +49,35 @@ pub fn plan_memory<S: ModelSource>(
     limit: Option<&str>,
     residency: Option<Residency>,
 ) -> Result<MemoryPlan, Error> {
+    let sizes = pipeline.tensor_sizes()?;
+    let shape = pipeline.request_shape(req)?;
+    let model = pipeline.model_sizes(&sizes);
+    plan_for(&model, &shape, pipeline.can_stream(), limit, residency)
+}
+
+/// [`plan_memory`] for any family: the model's sizes and the request's shape, whether its
+/// weights can stream.
+pub(super) fn plan_for(
+    model: &ModelSizes,
+    shape: &RequestShape,
+    can_stream: bool,
+    limit: Option<&str>,
+    residency: Option<Residency>,
+) -> Result<MemoryPlan, Error> {
     // bf16 products read bf16 weights as they are: widening them first gains nothing.
     let residency = residency.or_else(|| {
-        (Products::for_process() == Products::Bf16).then(|| match pipeline.can_stream() {
+        (Products::for_process() == Products::Bf16).then_some(match can_stream {
             true => Residency::Streamed,
             false => Residency::Stored,
         })
     });
     let (budget, source) = memory_plan::budget(limit).map_err(Error::Budget)?;
-    let sizes = pipeline.tensor_sizes()?;
-    let model = pipeline.model_sizes(&sizes);
-    let shape = pipeline.request_shape(req)?;
     let base = crate::platform::held_before_loading();
-    let mut plan = model.plan(&shape, budget, &source, base, pipeline.can_stream())?;
+    let mut plan = model.plan(shape, budget, &source, base, can_stream)?;
     if let Some(residency) = residency.filter(|r| *r != plan.residency) {
         plan.residency = residency;
-        plan.estimate = model.estimate(&shape, residency, plan.tiling.as_ref(), base);
-        plan.cache_limit = model.cache_limit(&shape, &plan.estimate, budget);
+        plan.estimate = model.estimate(shape, residency, plan.tiling.as_ref(), base);
+        plan.cache_limit = model.cache_limit(shape, &plan.estimate, budget);
     }
     Ok(plan)
 }

@@ -7,14 +7,16 @@
 //! reports and the stop points are the Z-Image pipeline's; only the steps inside differ.
 
 use super::{
-    check_finite, checkpoint, measure, parse_config, read_config, release_freed_memory, Error,
-    Generated, ModelSource, Progress, Request,
+    check_finite, measure, parse_config, read_config, release_freed_memory, Error, Generated,
+    ModelSource, Progress, Request,
 };
 use crate::family::Family;
+use crate::memory_plan::{Denoiser, ModelSizes, RequestShape, TensorSize};
 use crate::mlx::{self, ops, Array, Dtype};
 use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
+use crate::models::vae_tiling::Tiling;
 use crate::models::{
-    self, Checkpoint, Qwen3Config, Qwen3Encoder, VaeConfig, VaeDecoder, VaeEncoder,
+    self, Checkpoint, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder, VaeEncoder,
 };
 use crate::preview::{LatentFormat, RgbMap, StepPreviews};
 use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
@@ -140,6 +142,10 @@ pub struct KleinPipeline<S: ModelSource> {
     rgb_map: Option<RgbMap>,
     /// Whether steps report previews.
     previews: bool,
+    /// How the text encoder's and the transformer's weights are held.
+    residency: Residency,
+    /// Decode in tiles (`None`: whole).
+    tiling: Option<Tiling>,
 }
 
 impl<S: ModelSource> KleinPipeline<S> {
@@ -181,6 +187,8 @@ impl<S: ModelSource> KleinPipeline<S> {
             adapters: Default::default(),
             rgb_map: None,
             previews: false,
+            residency: Residency::Compute,
+            tiling: None,
         })
     }
 
@@ -214,14 +222,13 @@ impl<S: ModelSource> KleinPipeline<S> {
     }
 
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        let weights = self
-            .source
-            .component(component)
-            .map_err(|e| Error::Source {
-                model: self.source.name(),
-                cause: e,
-            })?;
-        Ok(checkpoint(component, weights, self.dtype, &self.adapters))
+        super::held_checkpoint(
+            &self.source,
+            component,
+            self.dtype,
+            self.residency,
+            &self.adapters,
+        )
     }
 
     /// A component's model, made from its checkpoint.
@@ -547,7 +554,10 @@ impl<S: ModelSource> KleinPipeline<S> {
         let rgb = measure(&mut phases, "decode", || {
             let vae = self.load_vae()?;
             let z = self.vae_latents(&latents, (h, w))?;
-            let image = vae.decode(&z)?;
+            let image = match &self.tiling {
+                Some(tiling) => vae.decode_tiled(&z, tiling)?,
+                None => vae.decode(&z)?,
+            };
             check_finite(&image, "decode", "pixels")?;
             Ok::<_, Error>(models::vae::to_rgb8(&image)?)
         })?;
@@ -627,6 +637,69 @@ fn unpack(latents: &Array, (h, w): (i32, i32), (mean, std): &(Array, Array)) -> 
         .transpose(&[2, 0, 3, 1, 4])?
         .reshape(&[c, 2 * h, 2 * w])?
         .astype(Dtype::F32)
+}
+
+/// What the memory plan reads of a klein model and sets on it.
+impl<S: ModelSource> KleinPipeline<S> {
+    /// Holds the weights in `residency` from the next load on.
+    pub fn set_residency(&mut self, residency: Residency) {
+        self.residency = residency;
+    }
+
+    /// Decodes in tiles from now on (`None`: whole).
+    pub fn set_tiling(&mut self, tiling: Option<Tiling>) {
+        self.tiling = tiling;
+    }
+
+    /// Whether the weights can stream ([`Residency::Streamed`]): mapped from a store, on the
+    /// CPU.
+    pub fn can_stream(&self) -> bool {
+        self.source.maps_weights() && crate::platform::can_stream_weights()
+    }
+
+    /// The sizes of the model's tensors, per component.
+    pub fn tensor_sizes(&self) -> Result<[Vec<TensorSize>; 3], Error> {
+        super::component_sizes(&self.source)
+    }
+
+    /// The model's sizes and configuration as the memory plan reads them.
+    pub fn model_sizes<'a>(&'a self, sizes: &'a [Vec<TensorSize>; 3]) -> ModelSizes<'a> {
+        ModelSizes {
+            text_encoder: &sizes[0],
+            transformer: &sizes[1],
+            vae: &sizes[2],
+            controlnet: &[],
+            text_config: &self.configs.text_encoder,
+            denoiser: Denoiser::Flux2(&self.configs.transformer),
+            vae_config: &self.configs.vae,
+        }
+    }
+
+    /// What `req` with `references` asks of memory apart from the model: every prompt at the
+    /// padded length, twice when guided; the input picture's tokens (its first reference) and
+    /// the references' beside the image's.
+    pub fn request_shape(&self, req: &Request, references: &[Reference]) -> RequestShape {
+        let cell = self.cell();
+        let tokens = |w: u32, h: u32| (w / cell) * (h / cell);
+        let input = req
+            .input
+            .as_ref()
+            .map_or(0, |_| tokens(req.width, req.height));
+        let refs: u32 = references.iter().map(|r| tokens(r.width, r.height)).sum();
+        RequestShape {
+            width: req.width,
+            height: req.height,
+            prompt_tokens: MAX_SEQUENCE_LENGTH as u32,
+            prompts: 1 + self.guided(req) as u32,
+            reference_tokens: input + refs,
+            compute_bytes: self.dtype.size_bytes() as u64,
+            encodes: (references.iter().map(|r| (r.width, r.height)))
+                .chain(req.input.as_ref().map(|_| (req.width, req.height)))
+                .max_by_key(|&(w, h)| w as u64 * h as u64),
+            graph: crate::platform::graph(),
+            device: crate::mlx::default_device(),
+        }
+    }
 }
 
 /// VAE latents `[C, 2h, 2w]` → token space `[4C, h, w]`, channel `c·4 + 2·dy + dx` holding

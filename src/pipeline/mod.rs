@@ -142,19 +142,6 @@ pub fn load_adapters(
     Ok(crate::lora::Adapters::bind(&inputs, &targets, dtype)?)
 }
 
-/// A component's checkpoint of `weights` in `dtype`, with the LoRA pairs bound to its layers.
-fn checkpoint(
-    component: &str,
-    weights: ComponentWeights,
-    dtype: Dtype,
-    adapters: &crate::lora::Adapters,
-) -> Checkpoint {
-    Checkpoint::new(component, weights.tensors, dtype)
-        .with_quantized(weights.quantized)
-        .with_release(weights.release)
-        .with_adapters(adapters.for_component(component))
-}
-
 /// Refuses a phase's result that holds a NaN or an infinity, naming the phase.
 fn check_finite(a: &Array, phase: &'static str, what: &'static str) -> Result<(), Error> {
     let values = a.astype(Dtype::F32)?.to_vec::<f32>()?;
@@ -490,13 +477,7 @@ impl<S: ModelSource> Pipeline<S> {
 
     /// The sizes of the model's tensors, per component, for memory estimates.
     pub fn tensor_sizes(&self) -> Result<[Vec<TensorSize>; 3], Error> {
-        let sizes = |c: &str| {
-            self.source.tensor_sizes(c).map_err(|e| Error::Source {
-                model: self.source.name(),
-                cause: e,
-            })
-        };
-        Ok([sizes("text_encoder")?, sizes("transformer")?, sizes("vae")?])
+        component_sizes(&self.source)
     }
 
     /// The model's sizes and configuration as the memory plan reads them.
@@ -512,7 +493,7 @@ impl<S: ModelSource> Pipeline<S> {
             transformer: &sizes[1],
             vae: &sizes[2],
             text_config: &self.configs.text_encoder,
-            dit_config: &self.configs.transformer,
+            denoiser: crate::memory_plan::Denoiser::ZImage(&self.configs.transformer),
             vae_config: &self.configs.vae,
             controlnet: &self.controlnet_sizes,
         }
@@ -521,7 +502,8 @@ impl<S: ModelSource> Pipeline<S> {
     /// What `req` asks of memory apart from the model.
     pub fn request_shape(&self, req: &Request) -> Result<RequestShape, Error> {
         let mut tokens = self.token_ids(&req.prompt)?.len();
-        if req.guidance > 0.0 {
+        let guided = req.guidance > 0.0;
+        if guided {
             let negative = req.negative_prompt.as_deref().unwrap_or("");
             tokens = tokens.max(self.token_ids(negative)?.len());
         }
@@ -529,9 +511,12 @@ impl<S: ModelSource> Pipeline<S> {
             width: req.width,
             height: req.height,
             prompt_tokens: tokens as u32,
+            prompts: 1 + guided as u32,
+            reference_tokens: 0,
             compute_bytes: self.dtype.size_bytes() as u64,
             // A ControlNet's control image is encoded too.
-            encodes: req.input.is_some() || self.controlnet.is_some(),
+            encodes: (req.input.is_some() || self.controlnet.is_some())
+                .then_some((req.width, req.height)),
             graph: crate::platform::graph(),
             device: crate::mlx::default_device(),
         })
@@ -542,18 +527,13 @@ impl<S: ModelSource> Pipeline<S> {
     }
 
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        // The transformer and the text encoder stream, block by block; the VAE is small.
-        let streams = matches!(component, "transformer" | "text_encoder");
-        let weights = match self.residency == Residency::Streamed && streams {
-            true => self.source.mapped_component(component),
-            false => self.source.component(component),
-        }
-        .map_err(|e| Error::Source {
-            model: self.source.name(),
-            cause: e,
-        })?;
-        Ok(checkpoint(component, weights, self.dtype, &self.adapters)
-            .with_residency(self.residency))
+        held_checkpoint(
+            &self.source,
+            component,
+            self.dtype,
+            self.residency,
+            &self.adapters,
+        )
     }
 
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
@@ -1087,4 +1067,42 @@ fn measure<T, E>(
         peak_resident_bytes: crate::platform::peak_resident_bytes(),
     });
     Ok(out)
+}
+
+/// The sizes of a model's tensors, per component (text encoder, transformer, VAE), for memory
+/// estimates.
+pub(crate) fn component_sizes(source: &impl ModelSource) -> Result<[Vec<TensorSize>; 3], Error> {
+    let sizes = |c: &str| {
+        source.tensor_sizes(c).map_err(|e| Error::Source {
+            model: source.name(),
+            cause: e,
+        })
+    };
+    Ok([sizes("text_encoder")?, sizes("transformer")?, sizes("vae")?])
+}
+
+/// One component's checkpoint, its weights held in `residency`: the transformer and the text
+/// encoder streamed block by block when so asked (the VAE is small), with `adapters`' LoRA
+/// pairs bound to its layers.
+pub(crate) fn held_checkpoint(
+    source: &impl ModelSource,
+    component: &str,
+    dtype: Dtype,
+    residency: Residency,
+    adapters: &crate::lora::Adapters,
+) -> Result<Checkpoint, Error> {
+    let streams = matches!(component, "transformer" | "text_encoder");
+    let weights = match residency == Residency::Streamed && streams {
+        true => source.mapped_component(component),
+        false => source.component(component),
+    }
+    .map_err(|e| Error::Source {
+        model: source.name(),
+        cause: e,
+    })?;
+    Ok(Checkpoint::new(component, weights.tensors, dtype)
+        .with_quantized(weights.quantized)
+        .with_residency(residency)
+        .with_release(weights.release)
+        .with_adapters(adapters.for_component(component)))
 }
