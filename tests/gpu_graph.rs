@@ -465,8 +465,8 @@ fn klein_real_width_model(dir: &Path) -> std::path::PathBuf {
     model
 }
 
-/// klein at the real widths (256², one step, f32 products), bf16 and int4 weights, on the CPU
-/// graph and the GPU graph: each phase's MLX peak and the process's peak RSS within 15% of the
+/// klein at the real widths (256², one step, f32 products), bf16 weights on the GPU graph and
+/// int4 on both graphs: each phase's MLX peak and the process's peak RSS within 15% of the
 /// estimate; under a limit of 60% of the int4 GPU run's peak, the same image or a refusal
 /// before loading that names a limit under which it then runs.
 #[test]
@@ -500,14 +500,18 @@ fn klein_holds_what_its_estimate_says_on_both_graphs_and_keeps_within_a_limit() 
         (out, png)
     };
     let mut int4_gpu = None;
-    for graph in ["cpu", "gpu"] {
-        for (weights, int4) in [("bf16", false), ("int4", true)] {
-            let (out, png) = run(&format!("{graph}-{weights}.png"), int4, graph, &[]);
-            let log = ok(out);
-            estimates_hold(&log, &format!("klein {graph} graph {weights}"));
-            if int4 && graph == "gpu" {
-                int4_gpu = Some((png, log));
-            }
+    // bf16 on the CPU graph is Z-Image's case (its estimate is checked above); the three
+    // others are where klein's own numbers meet a graph or a weight form of their own.
+    for (graph, weights, int4) in [
+        ("gpu", "bf16", false),
+        ("cpu", "int4", true),
+        ("gpu", "int4", true),
+    ] {
+        let (out, png) = run(&format!("{graph}-{weights}.png"), int4, graph, &[]);
+        let log = ok(out);
+        estimates_hold(&log, &format!("klein {graph} graph {weights}"));
+        if int4 && graph == "gpu" {
+            int4_gpu = Some((png, log));
         }
     }
     let (png, log) = int4_gpu.unwrap();
