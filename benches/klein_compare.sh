@@ -23,9 +23,9 @@ zimage=target/release/zimage
 run() { # NAME COMMAND...: "NAME wall_s peak_kb"
   local name=$1
   shift
-  local t
-  t=$( { /usr/bin/time -f "%e %M" "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
-  echo "$name $t"
+  /usr/bin/time -o "$out/time" -f "%e %M" "$@" >"$out/$name.log" 2>&1 ||
+    { echo "$name failed:" >&2; tail -5 "$out/$name.log" >&2; exit 1; }
+  echo "$name $(cat "$out/time")"
 }
 
 results=$(for r in $(seq "$rounds"); do
@@ -35,7 +35,11 @@ results=$(for r in $(seq "$rounds"); do
 done)
 echo "$results" | awk -v size="$size" '
   { wall[$1] = wall[$1] " " $2; rss[$1] = rss[$1] " " $3; print "  " $1 ": " $2 " s, peak RSS " $3 / 1e6 " GB" }
-  function median(list,   a, n) { n = split(list, a, " "); asort(a); return a[int((n + 1) / 2)] }
+  function median(list,   a, n, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return a[int((n + 1) / 2)]
+  }
   END {
     zw = median(wall["zimage"]); dw = median(wall["diffusers"])
     zr = median(rss["zimage"]); dr = median(rss["diffusers"])

@@ -16,7 +16,7 @@ def main():
     torch.set_num_threads(2)
     pipe = Flux2KleinPipeline.from_pretrained(model, torch_dtype=torch.float32)
     image = pipe(
-        "a red fox in the snow", height=size, width=size, num_inference_steps=4,
+        prompt="a red fox in the snow", height=size, width=size, num_inference_steps=4,
         generator=torch.Generator("cpu").manual_seed(42),
     ).images[0]
     image.save(out)
