@@ -536,7 +536,7 @@ fn data_url(path: &Path) -> String {
     format!("data:image/png;base64,{}", encoded(path))
 }
 
-fn klein_cases(dir: &Path) -> Vec<KleinCase> {
+fn klein_cases(dir: &Path, lora: &Path) -> Vec<KleinCase> {
     let picture = inputs().join("picture-96x80.png");
     let mask = inputs().join("mask-96x80.png");
     let reference = inputs().join("picture-128x128.png");
@@ -650,6 +650,28 @@ fn klein_cases(dir: &Path) -> Vec<KleinCase> {
             page: Some(page_body(serde_json::json!({
                 "picture": data_url(&picture), "mask": data_url(&mask), "strength": 0.7,
             }))),
+        },
+        KleinCase {
+            name: "a LoRA",
+            cli: with(&[
+                "--width",
+                "64",
+                "--height",
+                "48",
+                "--lora",
+                &format!("{}:0.8", s(lora)),
+            ]),
+            ollama: Some(json_body(serde_json::json!({
+                "width": 64, "height": 48, "loras": [{"path": "kstyle.safetensors", "scale": 0.8}],
+            }))),
+            openai: None,
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111_body(serde_json::json!({
+                    "prompt": format!("{PROMPT} <lora:kstyle:0.8>"), "width": 64, "height": 48,
+                })),
+            )),
+            page: None,
         },
         KleinCase {
             name: "image to image",
@@ -839,10 +861,17 @@ fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
         assert!(created.status.success(), "{created:?}");
     }
     let gallery = dir.path().join("gallery");
-    let server = Server::start(&store, &["--gallery-dir", s(&gallery)], &[]);
+    // The server resolves LoRA names inside its folder; the command line is given that path.
+    let loras = dir.path().join("loras");
+    std::fs::create_dir_all(&loras).unwrap();
+    let loras = loras.canonicalize().unwrap();
+    let lora = loras.join("kstyle.safetensors");
+    std::fs::copy(models.join("reference/klein-lora-peft.safetensors"), &lora).unwrap();
+    let flags = ["--gallery-dir", s(&gallery), "--lora-dir", s(&loras)];
+    let server = Server::start(&store, &flags, &[]);
 
     let mut pictures = Vec::new();
-    for case in klein_cases(dir.path()) {
+    for case in klein_cases(dir.path(), &lora) {
         let Answer::Png(expected) = cli(&store, dir.path(), &case.cli) else {
             panic!("{}: the command line refused it", case.name)
         };

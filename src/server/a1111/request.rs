@@ -501,10 +501,6 @@ fn refuse_for_klein(job: &generation::Job, pictures: &Pictures) -> Result<(), Ap
                 .map(|_| "inpaint_full_res"),
             "inpainting the masked area alone is not available yet",
         ),
-        (
-            (!job.loras.is_empty()).then_some("prompt"),
-            "LoRAs (`<lora:…>`) are not available yet",
-        ),
     ];
     match refused
         .iter()
