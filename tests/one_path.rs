@@ -674,6 +674,29 @@ fn klein_cases(dir: &Path, lora: &Path) -> Vec<KleinCase> {
             page: None,
         },
         KleinCase {
+            name: "a hires pass",
+            cli: with(&[
+                "--width",
+                "64",
+                "--height",
+                "48",
+                "--hires-scale",
+                "1.5",
+                "--hires-strength",
+                "0.6",
+            ]),
+            ollama: None,
+            openai: None,
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111_body(serde_json::json!({
+                    "width": 64, "height": 48, "enable_hr": true, "hr_scale": 1.5,
+                    "hr_upscaler": "Lanczos", "denoising_strength": 0.6,
+                })),
+            )),
+            page: None,
+        },
+        KleinCase {
             name: "image to image",
             cli: with(&["--image", s(&picture), "--strength", "0.75"]),
             ollama: None,
@@ -988,13 +1011,14 @@ fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
         );
     }
     // A1111's fields klein cannot follow are refused by their names.
-    let hires = serde_json::json!({
-        "prompt": PROMPT, "enable_hr": true, "hr_scale": 2,
+    let whole = serde_json::json!({
+        "prompt": PROMPT, "init_images": [encoded(&inputs().join("picture-96x80.png"))],
+        "mask": encoded(&inputs().join("mask-96x80.png")), "inpaint_full_res": true,
         "override_settings": {"sd_model_checkpoint": "klein"},
     });
-    let answer = a1111(server.port, &("/sdapi/v1/txt2img", hires.to_string()));
+    let answer = a1111(server.port, &("/sdapi/v1/img2img", whole.to_string()));
     let Answer::Refused(400, message) = answer else {
-        panic!("A1111 took a hires pass for klein: {answer:?}")
+        panic!("A1111 inpainted the masked area alone for klein: {answer:?}")
     };
-    assert!(message.contains("field `enable_hr`"), "{message}");
+    assert!(message.contains("field `inpaint_full_res`"), "{message}");
 }

@@ -10,7 +10,7 @@ use super::{Cancel, Error, Job};
 use crate::family::Family;
 use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
-use crate::pipeline::klein::{capped_size, Reference, MAX_REFERENCES};
+use crate::pipeline::klein::{capped_size, KleinPipeline, Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -21,13 +21,10 @@ fn refuse_unsupported(job: &Job) -> Result<(), Error> {
     Family::Flux2Klein
         .refuse(&job.features())
         .map_err(Error::Request)?;
-    let not_yet = [
-        (
-            "--only-masked",
-            job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
-        ),
-        ("--hires", job.hires.is_some()),
-    ];
+    let not_yet = [(
+        "--only-masked",
+        job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
+    )];
     match not_yet.iter().find(|(_, used)| *used) {
         Some((flag, _)) => Err(Error::Request(format!(
             "{flag} is not available for {} models yet",
@@ -138,6 +135,34 @@ fn plan(
     )
 }
 
+/// One pass of image `image` of the batch: `req` run under `plan`, with `references`.
+fn pass<S: ModelSource>(
+    p: &mut KleinPipeline<S>,
+    req: &Request,
+    references: &[Reference],
+    plan: &MemoryPlan,
+    image: usize,
+    reporter: &mut Reporter,
+    cancel: &Cancel,
+) -> Result<pipeline::Generated, Error> {
+    p.set_residency(plan.residency);
+    p.set_tiling(plan.tiling);
+    if let Some(limit) = plan.cache_limit {
+        crate::mlx::memory::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    p.generate_from(req, references, &mut |progress| {
+        reporter.pipeline(progress);
+        match cancel.stops_image() {
+            true => ControlFlow::Break(()),
+            false => ControlFlow::Continue(()),
+        }
+    })
+    .map_err(|e| match e {
+        pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
+        other => other.into(),
+    })
+}
+
 /// Makes a klein job's images; the model is loaded.
 pub(super) fn run(
     job: &Job,
@@ -160,13 +185,19 @@ pub(super) fn run(
         first.noise = Some(super::noise::read(path, [c, h, w])?);
     }
     let plan = plan(job, klein, &first, &references)?;
+    // The hires pass: image-to-image of each first picture at the larger size, the same
+    // references beside it.
+    let hires = match &job.hires {
+        Some(h) => {
+            let p = &klein.pipeline;
+            let second = super::run::hires_request(job, h, p.cell(), |r| p.validate(r), &first)?;
+            let second_plan = self::plan(job, klein, &second, &references)?;
+            Some((h, second, second_plan))
+        }
+        None => None,
+    };
     let p = &mut klein.pipeline;
     p.set_previews(job.preview)?;
-    p.set_residency(plan.residency);
-    p.set_tiling(plan.tiling);
-    if let Some(limit) = plan.cache_limit {
-        crate::mlx::memory::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX));
-    }
     let prompt_tokens = p.token_ids(&job.prompt)?.len();
     let model_name = p.source().name();
     let identity = p.source().identity();
@@ -188,24 +219,42 @@ pub(super) fn run(
             seed,
             ..first.clone()
         };
-        let generated = p
-            .generate_from(&req, &references, &mut |progress| {
-                reporter.pipeline(progress);
-                match cancel.stops_image() {
-                    true => ControlFlow::Break(()),
-                    false => ControlFlow::Continue(()),
-                }
-            })
-            .map_err(|e| match e {
-                pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
-                other => other.into(),
-            });
-        let Some(generated) = ends.pass(generated, cancel, seed, out.len())? else {
+        let generated = pass(p, &req, &references, &plan, image, reporter, cancel);
+        let Some(mut generated) = ends.pass(generated, cancel, seed, out.len())? else {
             if ends.stopped {
                 break;
             }
             continue;
         };
+        let mut steps_run = super::run::steps_run_of(&req);
+        let mut last_req = req.clone();
+        let mut hires_from = None;
+        if let Some((h, second, second_plan)) = &hires {
+            reporter.phase("hires");
+            let picture = (generated.rgb, generated.width, generated.height);
+            let second = super::run::hires_input(picture, second, seed)?;
+            let refined = pass(
+                p,
+                &second,
+                &references,
+                second_plan,
+                image,
+                reporter,
+                cancel,
+            );
+            let Some(refined) = ends.pass(refined, cancel, seed, out.len())? else {
+                if ends.stopped {
+                    break;
+                }
+                continue;
+            };
+            let mut phases = generated.phases;
+            phases.extend(refined.phases);
+            generated = pipeline::Generated { phases, ..refined };
+            steps_run += super::run::steps_run_of(&second);
+            hires_from = Some(metadata::HiresProvenance::of(h, &req));
+            last_req = second;
+        }
         let from = Provenance {
             model_name: &model_name,
             identity: &identity,
@@ -217,7 +266,9 @@ pub(super) fn run(
             only_masked: None,
             references: &reference_pictures,
         };
-        let (infotext, json) = metadata::png_text_full(&req, &from, None, None);
+        // The metadata speaks of the request as asked: the first pass's size and schedule,
+        // with the hires pass's settings beside them.
+        let (infotext, json) = metadata::png_text_full(&req, &from, None, hires_from.as_ref());
         let png = crate::image_out::encode_png(
             &generated.rgb,
             generated.width,
@@ -233,16 +284,20 @@ pub(super) fn run(
             width: generated.width,
             height: generated.height,
             seed,
-            steps: req.steps,
-            steps_run: req.steps - req.input.as_ref().map_or(0, |i| i.first_step(req.steps)),
+            steps: last_req.steps,
+            steps_run,
             prompt_tokens,
             phases: generated.phases,
             control_seconds: None,
             infotext,
         });
     }
+    let larger = match hires {
+        Some((_, _, second)) if second.estimate.peak() > plan.estimate.peak() => second,
+        _ => plan,
+    };
     Ok(super::run::Outcome {
         loras: p.adapters().applied.clone(),
-        ..ends.outcome(out, plan, load, model_name)
+        ..ends.outcome(out, larger, load, model_name)
     })
 }

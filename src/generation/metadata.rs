@@ -94,6 +94,19 @@ pub struct HiresProvenance {
     pub first_height: u32,
 }
 
+impl HiresProvenance {
+    /// The record of `hires` run after the first pass `first`.
+    pub fn of(hires: &super::Hires, first: &Request) -> HiresProvenance {
+        HiresProvenance {
+            scale: hires.scale,
+            steps: hires.steps,
+            strength: hires.strength,
+            first_width: first.width,
+            first_height: first.height,
+        }
+    }
+}
+
 /// The two text chunks of a generated PNG: (`parameters` infotext, `zimage` request JSON).
 pub fn png_text(req: &Request, from: &Provenance) -> (String, String) {
     png_text_full(req, from, None, None)

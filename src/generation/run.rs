@@ -103,7 +103,7 @@ impl Reporter<'_> {
         self.preview = None;
     }
 
-    fn phase(&mut self, name: &'static str) {
+    pub(super) fn phase(&mut self, name: &'static str) {
         self.phase = name;
         self.report(0, 0);
     }
@@ -172,7 +172,11 @@ pub fn run(
     let pipeline = &mut loaded.pipeline;
     pipeline.set_previews(job.preview)?;
     let hires = match &job.hires {
-        Some(h) => Some(hires_request(job, h, pipeline, &first.req)?),
+        Some(h) => {
+            let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
+            let validate = |r: &Request| pipeline.validate(r);
+            Some(hires_request(job, h, cell, validate, &first.req)?)
+        }
         None => None,
     };
     let first_plan = plan_memory(
@@ -222,18 +226,8 @@ pub fn run(
         let (rgb, width, height, last_req, hires_from) = match (&hires, &job.hires, &hires_plan) {
             (Some(second), Some(h), Some(plan)) => {
                 reporter.phase("hires");
-                let mut second = second.clone();
-                second.seed = seed;
-                let picture =
-                    image::RgbImage::from_raw(generated.width, generated.height, generated.rgb)
-                        .ok_or_else(|| {
-                            Error::Png("the first pass's picture has the wrong size".into())
-                        })?;
-                let picture = image::DynamicImage::ImageRgb8(picture);
-                if let Some(input) = second.input.as_mut() {
-                    input.rgb =
-                        crate::image_in::picture(&picture, second.width, second.height).into_raw();
-                }
+                let first = (generated.rgb, generated.width, generated.height);
+                let second = hires_input(first, second, seed)?;
                 let refined = run_pass(pipeline, plan, &second, None, cancel, image, &mut |p| {
                     reporter.pipeline(p)
                 });
@@ -251,13 +245,7 @@ pub fn run(
                     refined.width,
                     refined.height,
                     second,
-                    Some(HiresProvenance {
-                        scale: h.scale,
-                        steps: h.steps,
-                        strength: h.strength,
-                        first_width: req.width,
-                        first_height: req.height,
-                    }),
+                    Some(HiresProvenance::of(h, &req)),
                 )
             }
             _ => (
@@ -421,7 +409,7 @@ fn run_pass<S: ModelSource>(
 }
 
 /// The denoising steps a request runs: image input skips the schedule's first ones.
-fn steps_run_of(req: &Request) -> usize {
+pub(super) fn steps_run_of(req: &Request) -> usize {
     let skipped = req.input.as_ref().map_or(0, |i| i.first_step(req.steps));
     (req.steps - skipped).max(1)
 }
@@ -513,10 +501,11 @@ fn first_pass<S: ModelSource>(
 
 /// The hires pass's request: image-to-image of the first picture (filled in per image) at the
 /// scaled size, from the same seed.
-fn hires_request<S: ModelSource>(
+pub(super) fn hires_request(
     job: &Job,
     hires: &Hires,
-    pipeline: &Pipeline<S>,
+    cell: u32,
+    validate: impl Fn(&Request) -> Result<(), pipeline::Error>,
     first: &Request,
 ) -> Result<Request, Error> {
     if job.input.as_ref().is_some_and(|i| i.mask.is_some()) || job.control.is_some() {
@@ -524,7 +513,6 @@ fn hires_request<S: ModelSource>(
             "--hires-scale works on text → image and image-to-image; inpainting and ControlNet jobs have no hires pass".into(),
         ));
     }
-    let cell = 2 * pipeline.configs.vae.scale_factor() as u32;
     let (width, height) = hires.size(first.width, first.height, cell);
     let req = Request {
         width,
@@ -540,9 +528,29 @@ fn hires_request<S: ModelSource>(
         }),
         ..first.clone()
     };
-    pipeline.validate(&req).map_err(|e| match e {
+    validate(&req).map_err(|e| match e {
         pipeline::Error::Request(m) => Error::Request(format!("the hires pass: {m}")),
         other => other.into(),
     })?;
     Ok(req)
+}
+
+/// The hires pass of one image: `second` (from [`hires_request`]) with `seed`, starting from
+/// the first pass's picture (RGB bytes, width, height) scaled to its size.
+pub(super) fn hires_input(
+    (rgb, width, height): (Vec<u8>, u32, u32),
+    second: &Request,
+    seed: u64,
+) -> Result<Request, Error> {
+    let mut second = Request {
+        seed,
+        ..second.clone()
+    };
+    let picture = image::RgbImage::from_raw(width, height, rgb)
+        .ok_or_else(|| Error::Png("the first pass's picture has the wrong size".into()))?;
+    let picture = image::DynamicImage::ImageRgb8(picture);
+    if let Some(input) = second.input.as_mut() {
+        input.rgb = crate::image_in::picture(&picture, second.width, second.height).into_raw();
+    }
+    Ok(second)
 }

@@ -475,23 +475,19 @@ pub(super) fn job_of(
     crate::server::check_job(API, &job)?;
     pictures.control = super::controlnet::unit(b.alwayson_scripts.as_ref())?;
     if crate::server::family(state, model) == Some(Family::Flux2Klein) {
-        refuse_for_klein(&job, &pictures)?;
+        refuse_for_klein(&pictures)?;
         pictures.references = klein_references(b)?;
     }
     Ok((job, pictures))
 }
 
 /// The fields a FLUX.2 \[klein\] model cannot follow, refused by name before anything loads.
-fn refuse_for_klein(job: &generation::Job, pictures: &Pictures) -> Result<(), ApiError> {
+fn refuse_for_klein(pictures: &Pictures) -> Result<(), ApiError> {
     let klein = Family::Flux2Klein.name();
     let refused = [
         (
             pictures.control.as_ref().map(|c| c.field.as_str()),
             "ControlNet is not available",
-        ),
-        (
-            job.hires.is_some().then_some("enable_hr"),
-            "a hires pass is not available yet",
         ),
         (
             pictures
