@@ -4,6 +4,7 @@
 //! load.
 
 use super::engine::LoadedKlein;
+use super::masked_area::MaskedArea;
 use super::metadata::{self, Provenance};
 use super::run::{BatchEnds, Image, Outcome, Reporter};
 use super::{Cancel, Error, Job};
@@ -15,23 +16,11 @@ use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-/// The request options a klein job uses that klein does not take, or that zimage does not
-/// run for klein yet, refused by their flags.
+/// The request options a klein job uses that klein does not take, refused by their flags.
 fn refuse_unsupported(job: &Job) -> Result<(), Error> {
     Family::Flux2Klein
         .refuse(&job.features())
-        .map_err(Error::Request)?;
-    let not_yet = [(
-        "--only-masked",
-        job.input.as_ref().is_some_and(|i| i.only_masked.is_some()),
-    )];
-    match not_yet.iter().find(|(_, used)| *used) {
-        Some((flag, _)) => Err(Error::Request(format!(
-            "{flag} is not available for {} models yet",
-            Family::Flux2Klein.name()
-        ))),
-        None => Ok(()),
-    }
+        .map_err(Error::Request)
 }
 
 /// The job's references prepared as klein reads them, each refusal naming its picture.
@@ -65,25 +54,14 @@ fn picture_size(picture: &super::Picture, cell: u32) -> Result<(u32, u32), Error
     })
 }
 
-/// The picture an image task starts from, at the request's size (Lanczos-3), with its
-/// binarised mask.
-fn image_input(job: &Job, req: &Request) -> Option<pipeline::ImageInput> {
-    let i = job.input.as_ref()?;
-    let (w, h) = (req.width, req.height);
-    Some(pipeline::ImageInput {
-        rgb: crate::image_in::picture(&i.picture.image, w, h).into_raw(),
-        mask: i
-            .mask
-            .as_ref()
-            .map(|m| crate::image_in::mask(&m.image, w, h)),
-        strength: i.strength.unwrap_or(DEFAULT_STRENGTH),
-    })
-}
-
 /// The job's request: what it says, else the model's recorded defaults, else klein's own
 /// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4); the size, else the
 /// input picture's, else the first reference's, else the VAE's sample size.
-fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Result<Request, Error> {
+fn request(
+    job: &Job,
+    klein: &LoadedKlein,
+    references: &[Reference],
+) -> Result<(Request, Option<MaskedArea>), Error> {
     let p = &klein.pipeline;
     let (steps, guidance) = pipeline::klein::default_steps_and_guidance(p.configs.is_distilled);
     let d = &klein.defaults;
@@ -110,8 +88,13 @@ fn request(job: &Job, klein: &LoadedKlein, references: &[Reference]) -> Result<R
         noise: None,
         input: None,
     };
-    req.input = image_input(job, &req);
-    Ok(req)
+    let mut area = None;
+    if let Some(i) = &job.input {
+        let (input, cut) = super::run::picture_input(i, (req.width, req.height), DEFAULT_STRENGTH)?;
+        req.input = Some(input);
+        area = cut;
+    }
+    Ok((req, area))
 }
 
 /// The job's memory plan, before any weights load: `--memory-limit` (else
@@ -175,7 +158,7 @@ pub(super) fn run(
     refuse_unsupported(job)?;
     klein.bind_loras(&job.loras, job.lora_lenient)?;
     let references = references(job, klein)?;
-    let mut first = request(job, klein, &references)?;
+    let (mut first, area) = request(job, klein, &references)?;
     klein.pipeline.validate(&first)?;
     // The file holds what the seed would draw: `[1, C, h, w]` over the token grid, before
     // the tokens are packed (diffusers' `prepare_latents`).
@@ -255,6 +238,11 @@ pub(super) fn run(
             hires_from = Some(metadata::HiresProvenance::of(h, &req));
             last_req = second;
         }
+        if let Some(area) = &area {
+            let (w, h) = (generated.width, generated.height);
+            generated.rgb = (area.paste(generated.rgb, w, h))
+                .ok_or_else(|| Error::Png("the inpainted area has the wrong size".into()))?;
+        }
         let from = Provenance {
             model_name: &model_name,
             identity: &identity,
@@ -263,7 +251,9 @@ pub(super) fn run(
             loras: &p.adapters().applied,
             // The exponential time shift by μ is the static shift e^μ.
             shift: mu.exp() as f32,
-            only_masked: None,
+            only_masked: area
+                .as_ref()
+                .and(job.input.as_ref().and_then(|i| i.only_masked)),
             references: &reference_pictures,
         };
         // The metadata speaks of the request as asked: the first pass's size and schedule,

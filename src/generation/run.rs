@@ -460,29 +460,13 @@ fn first_pass<S: ModelSource>(
     pipeline.validate(&req)?;
     let mut area = None;
     if let Some(i) = &job.input {
-        let strength = i.strength.unwrap_or(if i.mask.is_some() {
-            pipeline::condition::DEFAULT_INPAINT_STRENGTH
-        } else {
-            pipeline::condition::DEFAULT_STRENGTH
-        });
-        let rgb = crate::image_in::picture(&i.picture.image, req.width, req.height);
-        let mask =
-            (i.mask.as_ref()).map(|m| crate::image_in::mask(&m.image, req.width, req.height));
-        let (rgb, mask) = match (i.only_masked, mask) {
-            (Some(padding), Some(mask)) => {
-                let cut = MaskedArea::new(rgb, mask, padding, (req.width, req.height))
-                    .map_err(|e| Error::Request(format!("--only-masked: {e}")))?;
-                let (rgb, mask) = cut.input(req.width, req.height);
-                area = Some(cut);
-                (rgb, Some(mask))
-            }
-            (_, mask) => (rgb.into_raw(), mask),
+        let strength = match i.mask.is_some() {
+            true => pipeline::condition::DEFAULT_INPAINT_STRENGTH,
+            false => pipeline::condition::DEFAULT_STRENGTH,
         };
-        req.input = Some(pipeline::ImageInput {
-            rgb,
-            mask,
-            strength,
-        });
+        let (input, cut) = picture_input(i, (req.width, req.height), strength)?;
+        req.input = Some(input);
+        area = cut;
         pipeline.validate(&req)?;
     }
     if let Some(path) = &job.noise {
@@ -533,6 +517,34 @@ pub(super) fn hires_request(
         other => other.into(),
     })?;
     Ok(req)
+}
+
+/// An image task's input at `width`×`height`: the picture (Lanczos-3) and its binarised mask,
+/// at the job's strength or `default_strength`; with `--only-masked`, the area around the mask
+/// cut out and scaled to that size instead, with the cut-out to paste the result back with.
+pub(super) fn picture_input(
+    i: &super::PictureInput,
+    (width, height): (u32, u32),
+    default_strength: f64,
+) -> Result<(pipeline::ImageInput, Option<MaskedArea>), Error> {
+    let rgb = crate::image_in::picture(&i.picture.image, width, height);
+    let mask = (i.mask.as_ref()).map(|m| crate::image_in::mask(&m.image, width, height));
+    let (rgb, mask, area) = match (i.only_masked, mask) {
+        (Some(padding), Some(mask)) => {
+            let cut = MaskedArea::new(rgb, mask, padding, (width, height))
+                .map_err(|e| Error::Request(format!("--only-masked: {e}")))?;
+            let (rgb, mask) = cut.input(width, height);
+            (rgb, Some(mask), Some(cut))
+        }
+        (_, mask) => (rgb.into_raw(), mask, None),
+    };
+    let strength = i.strength.unwrap_or(default_strength);
+    let input = pipeline::ImageInput {
+        rgb,
+        mask,
+        strength,
+    };
+    Ok((input, area))
 }
 
 /// The hires pass of one image: `second` (from [`hires_request`]) with `seed`, starting from

@@ -484,20 +484,10 @@ pub(super) fn job_of(
 /// The fields a FLUX.2 \[klein\] model cannot follow, refused by name before anything loads.
 fn refuse_for_klein(pictures: &Pictures) -> Result<(), ApiError> {
     let klein = Family::Flux2Klein.name();
-    let refused = [
-        (
-            pictures.control.as_ref().map(|c| c.field.as_str()),
-            "ControlNet is not available",
-        ),
-        (
-            pictures
-                .init
-                .as_ref()
-                .and_then(|(_, how)| how.only_masked)
-                .map(|_| "inpaint_full_res"),
-            "inpainting the masked area alone is not available yet",
-        ),
-    ];
+    let refused = [(
+        pictures.control.as_ref().map(|c| c.field.as_str()),
+        "ControlNet is not available",
+    )];
     match refused
         .iter()
         .find_map(|(field, why)| field.map(|f| (f, why)))
