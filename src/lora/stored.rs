@@ -199,11 +199,13 @@ pub fn create(
     let name = ModelName::parse(name).map_err(crate::store::StoreError::from)?;
     let _lock = store.lock_for_writing()?;
     let base = store.open(base)?;
-    let source = crate::loader::StoreSource::new(store, &base);
-    let family = crate::pipeline::family_of(&source).map_err(|e| Error::Model {
+    let model_error = |reason: String| Error::Model {
         model: base.name.short(),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let index = (store.config_file(&base, "model_index.json")?)
+        .ok_or_else(|| model_error("has no `model_index.json`".into()))?;
+    let family = crate::family::Family::from_model_index(&index).map_err(model_error)?;
     let targets = Targets::new(
         family,
         &crate::loader::tensor_sizes(&base, "text_encoder"),
