@@ -14,6 +14,12 @@ fn models() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/models"))
 }
 
+/// Asserts that the command was refused (exit 2) with a message holding `needle`.
+fn refused(out: &std::process::Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", text(out));
+    assert!(text(out).contains(needle), "{}", text(out));
+}
+
 fn text(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
@@ -213,12 +219,7 @@ fn an_edit_from_a_reference_matches_diffusers() {
         s(&picture),
     ];
     let out = zimage_in(&tmp.path().join("store"), &args);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(
-        text(&out).contains("--ref is not available for Z-Image"),
-        "{}",
-        text(&out)
-    );
+    refused(&out, "--ref is not available for Z-Image");
 }
 
 /// `--image --mask --strength`: klein inpaints at the picture's size, as diffusers does. The
@@ -473,8 +474,7 @@ fn klein_takes_text_encoder_loras_and_names_the_closest_layer() {
         one_pair_lora(&typo, module, (128, 128));
         let args = ["generate", "a fox", "--model", s(&dir), "--lora", s(&typo)];
         let out = zimage_in(&store, &args);
-        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-        assert!(text(&out).contains(expected), "{}", text(&out));
+        refused(&out, expected);
     }
     // A fused layer's pair must cut into its three layers' rows.
     let odd = tmp.path().join("odd.safetensors");
@@ -487,12 +487,7 @@ fn klein_takes_text_encoder_loras_and_names_the_closest_layer() {
         &store,
         &["generate", "a fox", "--model", s(&dir), "--lora", s(&odd)],
     );
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(
-        text(&out).contains("do not fit layer `transformer_blocks.1.attn.add_"),
-        "{}",
-        text(&out)
-    );
+    refused(&out, "do not fit layer `transformer_blocks.1.attn.add_");
 }
 
 /// The memory plan holds for klein: a budget below what the request needs is refused before

@@ -536,6 +536,23 @@ fn data_url(path: &Path) -> String {
     format!("data:image/png;base64,{}", encoded(path))
 }
 
+/// What each server front end answers to `case` (`None` where it cannot express it).
+fn server_answers(
+    case: &KleinCase,
+    port: u16,
+    gallery: &Path,
+) -> [(&'static str, Option<Answer>); 4] {
+    [
+        ("Ollama", case.ollama.as_ref().map(|b| ollama(port, b))),
+        ("OpenAI", case.openai.as_ref().map(|r| openai(port, r))),
+        ("A1111", case.a1111.as_ref().map(|r| a1111(port, r))),
+        (
+            "the page",
+            case.page.as_ref().map(|b| page_job(port, gallery, b)),
+        ),
+    ]
+}
+
 fn klein_cases(dir: &Path, lora: &Path) -> Vec<KleinCase> {
     let picture = inputs().join("picture-96x80.png");
     let mask = inputs().join("mask-96x80.png");
@@ -921,24 +938,7 @@ fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
         let Answer::Png(expected) = cli(&store, dir.path(), &case.cli) else {
             panic!("{}: the command line refused it", case.name)
         };
-        let answers = [
-            (
-                "Ollama",
-                case.ollama.as_ref().map(|b| ollama(server.port, b)),
-            ),
-            (
-                "OpenAI",
-                case.openai.as_ref().map(|r| openai(server.port, r)),
-            ),
-            ("A1111", case.a1111.as_ref().map(|r| a1111(server.port, r))),
-            (
-                "the page",
-                case.page
-                    .as_ref()
-                    .map(|b| page_job(server.port, &gallery, b)),
-            ),
-        ];
-        for (front, answer) in answers {
+        for (front, answer) in server_answers(&case, server.port, &gallery) {
             match answer {
                 None => {}
                 // The same file, metadata and all.
@@ -983,24 +983,9 @@ fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
 
     let written = files_in(&gallery);
     for (case, needle) in klein_bad_cases(dir.path()) {
-        let answers = [
-            ("command line", Some(cli(&store, dir.path(), &case.cli))),
-            (
-                "Ollama",
-                case.ollama.as_ref().map(|b| ollama(server.port, b)),
-            ),
-            (
-                "OpenAI",
-                case.openai.as_ref().map(|r| openai(server.port, r)),
-            ),
-            ("A1111", case.a1111.as_ref().map(|r| a1111(server.port, r))),
-            (
-                "the page",
-                case.page
-                    .as_ref()
-                    .map(|b| page_job(server.port, &gallery, b)),
-            ),
-        ];
+        let command_line = ("command line", Some(cli(&store, dir.path(), &case.cli)));
+        let answers =
+            std::iter::once(command_line).chain(server_answers(&case, server.port, &gallery));
         for (front, answer) in answers {
             let Some(answer) = answer else { continue };
             let Answer::Refused(code, message) = answer else {
