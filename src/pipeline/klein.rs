@@ -7,8 +7,8 @@
 //! reports and the stop points are the Z-Image pipeline's; only the steps inside differ.
 
 use super::{
-    check_finite, measure, parse_config, read_config, release_freed_memory, Error, Generated,
-    ModelSource, Progress, Request,
+    measure, parse_config, read_config, release_freed_memory, Error, Generated, ModelSource,
+    Progress, Request,
 };
 use crate::family::Family;
 use crate::memory_plan::{Denoiser, ModelSizes, RequestShape, TensorSize};
@@ -495,6 +495,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             let mut previews = (self.rgb_map.as_ref())
                 .filter(|_| self.previews)
                 .map(StepPreviews::new);
+            let _reuse = crate::platform::ReuseFreedMemory::start();
             for i in first..schedule.steps() {
                 let t = schedule.timesteps[i];
                 let tokens = match &ref_tokens {
@@ -554,12 +555,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         let rgb = measure(&mut phases, "decode", || {
             let vae = self.load_vae()?;
             let z = self.vae_latents(&latents, (h, w))?;
-            let image = match &self.tiling {
-                Some(tiling) => vae.decode_tiled(&z, tiling)?,
-                None => vae.decode(&z)?,
-            };
-            check_finite(&image, "decode", "pixels")?;
-            Ok::<_, Error>(models::vae::to_rgb8(&image)?)
+            super::decode_to_rgb8(&vae, &z, self.tiling.as_ref())
         })?;
         Ok(Generated::decoded(rgb, req, phases, latents, None))
     }

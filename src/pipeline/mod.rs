@@ -143,6 +143,21 @@ pub fn load_adapters(
 }
 
 /// Refuses a phase's result that holds a NaN or an infinity, naming the phase.
+/// The VAE's decode of `latents` (tiled when `tiling` says so) as 8-bit RGB, checked finite.
+fn decode_to_rgb8(
+    vae: &VaeDecoder,
+    latents: &Array,
+    tiling: Option<&Tiling>,
+) -> Result<Vec<u8>, Error> {
+    let _reuse = crate::platform::ReuseFreedMemory::start();
+    let image = match tiling {
+        Some(tiling) => vae.decode_tiled(latents, tiling)?,
+        None => vae.decode(latents)?,
+    };
+    check_finite(&image, "decode", "pixels")?;
+    Ok(models::vae::to_rgb8(&image)?)
+}
+
 fn check_finite(a: &Array, phase: &'static str, what: &'static str) -> Result<(), Error> {
     let values = a.astype(Dtype::F32)?.to_vec::<f32>()?;
     match values.into_iter().find(|v| !v.is_finite()) {
@@ -904,12 +919,7 @@ impl<S: ModelSource> Pipeline<S> {
                 Some(v) => v,
                 None => self.load_vae()?,
             };
-            let image = match &self.tiling {
-                Some(tiling) => vae.decode_tiled(&latents, tiling)?,
-                None => vae.decode(&latents)?,
-            };
-            check_finite(&image, "decode", "pixels")?;
-            let rgb = models::vae::to_rgb8(&image)?;
+            let rgb = decode_to_rgb8(&vae, &latents, self.tiling.as_ref())?;
             if self.keep_models {
                 self.vae = Some(vae);
             }
