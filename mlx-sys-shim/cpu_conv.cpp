@@ -152,10 +152,13 @@ MLXS_VECTOR_CLONES void winograd_input_tile(const float* const (&d)[4][4], size_
   for (size_t x = 0; x < 16; ++x) std::memcpy(v + x * stride + c0, out[x], sizeof(float) * n);
 }
 
-// Aᵀ m A + bias of one tile for output channels [o0, o0 + n): product ξ is at m + ξ·stride;
-// y[a][b] points at the tile's output pixel (a, b), null beyond the image.
+// Aᵀ m A + bias (+ residual) of one tile for output channels [o0, o0 + n): product ξ is at
+// m + ξ·stride; y[a][b] points at the tile's output pixel (a, b), null beyond the image, and
+// r[a][b] at the residual's pixel, null when there is none. The residual is added to the biased
+// sum, as an add after the convolution would.
 MLXS_VECTOR_CLONES void winograd_output_tile(const float* __restrict m, size_t stride, const float* __restrict bias,
-                                             size_t o0, size_t n, float* const (&y)[2][2]) {
+                                             size_t o0, size_t n, float* const (&y)[2][2],
+                                             const float* const (&r)[2][2]) {
   float s[2][4][kWinogradChunk];  // Aᵀ m
   for (size_t j = 0; j < 4; ++j) {
     const float *m0 = m + (0 + j) * stride + o0, *m1 = m + (4 + j) * stride + o0;
@@ -172,9 +175,16 @@ MLXS_VECTOR_CLONES void winograd_output_tile(const float* __restrict m, size_t s
       out[a][1][c] = s[a][1][c] - s[a][2][c] - s[a][3][c] + bias[o0 + c];
     }
   }
-  for (size_t a = 0; a < 2; ++a)
-    for (size_t b = 0; b < 2; ++b)
-      if (y[a][b] != nullptr) std::memcpy(y[a][b] + o0, out[a][b], sizeof(float) * n);
+  for (size_t a = 0; a < 2; ++a) {
+    for (size_t b = 0; b < 2; ++b) {
+      if (y[a][b] == nullptr) continue;
+      if (r[a][b] == nullptr) {
+        std::memcpy(y[a][b] + o0, out[a][b], sizeof(float) * n);
+      } else {
+        for (size_t c = 0; c < n; ++c) y[a][b][o0 + c] = out[a][b][c] + r[a][b][o0 + c];
+      }
+    }
+  }
 }
 
 // A stride-1 "same" 3×3 convolution of NHWC float32 by F(2×2, 3×3), taking the [9·I, O] weight
@@ -182,9 +192,16 @@ MLXS_VECTOR_CLONES void winograd_output_tile(const float* __restrict m, size_t s
 // widest layer, against seconds of products). Tiles go in blocks whose transformed input and
 // products (16 × tiles × (I + O) floats) fit kBlockBytes, so they stay in the last-level cache
 // between the transforms and the products.
+//
+// With `upsample` 2 the convolution reads the input enlarged ×2 by nearest neighbour (each pixel
+// a 2×2 block) without making it: a tile's input pixel (y, x) is the input's (y/2, x/2). With a
+// fourth input, that residual (shaped as the output) is added to each output. Both give the
+// bytes the separate upsample and add give, without their buffers (4× the input, and one the
+// size of the output) and passes over memory.
 class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
  public:
-  CpuWinogradConv3x3(mx::Stream stream, Sgemm sgemm) : CpuOnlyPrimitive(stream, "CpuWinogradConv3x3"), sgemm_(sgemm) {}
+  CpuWinogradConv3x3(mx::Stream stream, Sgemm sgemm, int upsample)
+      : CpuOnlyPrimitive(stream, "CpuWinogradConv3x3"), sgemm_(sgemm), upsample_(upsample) {}
 
   static constexpr size_t kBlockBytes = size_t{8} << 20;
 
@@ -192,15 +209,17 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
     const mx::array& x = inputs[0];
     const mx::array& w = inputs[1];
     const mx::array& bias = inputs[2];
+    const float* res = inputs.size() > 3 ? inputs[3].data<float>() : nullptr;
     auto& encoder = begin(inputs, out);
-    const size_t h = x.shape(1), wd = x.shape(2), cin = x.shape(3), cout = out.shape(3);
+    const size_t up = upsample_, src_w = x.shape(2), cin = x.shape(3), cout = out.shape(3);
+    const size_t h = out.shape(1), wd = out.shape(2);  // the (enlarged) input's size, and the output's
     const size_t tiles_w = (wd + 1) / 2, tiles = (h + 1) / 2 * tiles_w;
     const size_t block = std::clamp<size_t>(kBlockBytes / (sizeof(float) * 16 * (cin + cout)), 16, std::max<size_t>(tiles, 1));
     // Transformed weights, transformed input of a block, its products, and one zero pixel.
     auto scratch = patch_scratch(stream(), 16 * cin * cout + 16 * block * (cin + cout) + cin);
-    encoder.dispatch([x, w, bias, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(),
-                      dst = out.data<float>(), batch = x.shape(0), h, wd, cin, cout, tiles_w, tiles, block, scratch,
-                      sgemm = sgemm_]() {
+    encoder.dispatch([inputs, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(), res,
+                      dst = out.data<float>(), batch = x.shape(0), up, src_w, h, wd, cin, cout, tiles_w, tiles, block,
+                      scratch, sgemm = sgemm_]() {
       float* u = scratch->data();
       float* v = u + 16 * cin * cout;
       float* m = v + 16 * block * cin;
@@ -210,8 +229,9 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
         for (size_t i = i0; i < i1; ++i) winograd_weight_row(wt, cin, cout, i, u);
       });
       for (size_t n = 0; n < static_cast<size_t>(batch); ++n) {
-        const float* image = src + n * h * wd * cin;
+        const float* image = src + n * (h / up) * src_w * cin;
         float* result = dst + n * h * wd * cout;
+        const float* residual = res == nullptr ? nullptr : res + n * h * wd * cout;
         for (size_t t0 = 0; t0 < tiles; t0 += block) {
           const size_t nt = std::min(block, tiles - t0);
           // A block's transform takes about a millisecond: worth a second thread (parallel_for's
@@ -224,7 +244,7 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
                 for (size_t c = 0; c < 4; ++c) {
                   // Input row 2·ty + r - 1, column 2·tx + c - 1 (unsigned: -1 wraps past the end).
                   const size_t y = 2 * ty + r - 1, xx = 2 * tx + c - 1;
-                  d[r][c] = y < h && xx < wd ? image + (y * wd + xx) * cin : zeros;
+                  d[r][c] = y < h && xx < wd ? image + ((y / up) * src_w + xx / up) * cin : zeros;
                 }
               }
               for (size_t c0 = 0; c0 < cin; c0 += kWinogradChunk)
@@ -240,14 +260,17 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
             for (size_t t = b0; t < b1; ++t) {
               const size_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
               float* y[2][2];
+              const float* r[2][2];
               for (size_t a = 0; a < 2; ++a) {
                 for (size_t c = 0; c < 2; ++c) {
-                  const size_t row = 2 * ty + a, col = 2 * tx + c;
-                  y[a][c] = row < h && col < wd ? result + (row * wd + col) * cout : nullptr;
+                  const size_t row = 2 * ty + a, col = 2 * tx + c, at = (row * wd + col) * cout;
+                  const bool inside = row < h && col < wd;
+                  y[a][c] = inside ? result + at : nullptr;
+                  r[a][c] = inside && residual != nullptr ? residual + at : nullptr;
                 }
               }
               for (size_t o0 = 0; o0 < cout; o0 += kWinogradChunk)
-                winograd_output_tile(m + t * cout, block * cout, b, o0, std::min(kWinogradChunk, cout - o0), y);
+                winograd_output_tile(m + t * cout, block * cout, b, o0, std::min(kWinogradChunk, cout - o0), y, r);
             }
           });
         }
@@ -256,11 +279,13 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return dynamic_cast<const CpuWinogradConv3x3*>(&other) != nullptr;
+    auto o = dynamic_cast<const CpuWinogradConv3x3*>(&other);
+    return o != nullptr && o->upsample_ == upsample_;
   }
 
  private:
   Sgemm sgemm_;
+  int upsample_;
 };
 
 }  // namespace
@@ -289,7 +314,7 @@ mx::array conv2d(const mx::array& x, const mx::array& weight, const mx::array& b
     const bool winograd = k == 3 && stride == 1 && pad_lo == 1 && pad_hi == 1;
     std::shared_ptr<mx::Primitive> primitive;
     if (winograd) {
-      primitive = std::make_shared<CpuWinogradConv3x3>(stream, sgemm);
+      primitive = std::make_shared<CpuWinogradConv3x3>(stream, sgemm, 1);
     } else {
       primitive = std::make_shared<CpuConv2d>(stream, k, stride, pad_lo, sgemm);
     }
@@ -301,6 +326,41 @@ mx::array conv2d(const mx::array& x, const mx::array& weight, const mx::array& b
   return mx::add(mx::conv_general(x, w, std::vector<int>{stride, stride}, std::vector<int>{pad_lo, pad_lo},
                                   std::vector<int>{pad_hi, pad_hi}, std::vector<int>{1, 1}, std::vector<int>{1, 1}),
                  mx::reshape(bias, {cout}));
+}
+
+mx::array conv3x3_same(const mx::array& x, const mx::array& weight, const mx::array& bias, int upsample,
+                       const std::optional<mx::array>& residual) {
+  if (upsample != 1 && upsample != 2) throw std::invalid_argument("[conv3x3_same] upsamples by 1 or 2");
+  if (x.ndim() != 4) throw std::invalid_argument("[conv3x3_same] expects NHWC input");
+  const mx::Shape shape = {x.shape(0), x.shape(1) * upsample, x.shape(2) * upsample,
+                           weight.ndim() == 2 ? weight.shape(1) : 0};
+  if (residual && residual->shape() != shape) {
+    throw std::invalid_argument("[conv3x3_same] the residual must be shaped as the output");
+  }
+  auto stream = mx::default_stream(mx::default_device());
+  const Sgemm sgemm = blas_sgemm();
+  const bool fused = sgemm != nullptr && stream.device == mx::Device::cpu && x.dtype() == mx::float32 &&
+                     weight.dtype() == mx::float32 && bias.dtype() == mx::float32 &&
+                     (!residual || residual->dtype() == mx::float32);
+  if (!fused) {
+    // The same steps one by one: the enlarged copy, the convolution, the add.
+    auto input = x;
+    if (upsample == 2) {
+      const int b = x.shape(0), h = x.shape(1), w = x.shape(2), c = x.shape(3);
+      input = mx::reshape(mx::broadcast_to(mx::reshape(x, {b, h, 1, w, 1, c}), {b, h, 2, w, 2, c}),
+                          {b, 2 * h, 2 * w, c});
+    }
+    auto y = conv2d(input, weight, bias, 3, 1, 1, 1);
+    return residual ? mx::add(y, *residual) : y;
+  }
+  if (weight.ndim() != 2 || weight.shape(0) != 9 * x.shape(3) || bias.size() != static_cast<size_t>(weight.shape(1))) {
+    throw std::invalid_argument("[conv3x3_same] expects a [9·I, O] weight and O biases");
+  }
+  std::vector<mx::array> inputs = {mx::contiguous(x), mx::contiguous(weight),
+                                   mx::contiguous(mx::reshape(bias, {weight.shape(1)}))};
+  if (residual) inputs.push_back(mx::contiguous(*residual));
+  return mx::array(shape, mx::float32, std::make_shared<CpuWinogradConv3x3>(stream, sgemm, upsample),
+                   std::move(inputs));
 }
 
 }  // namespace mlxs

@@ -36,6 +36,12 @@ mlx::core::array group_norm(const mlx::core::array& x, const mlx::core::array& w
 mlx::core::array conv2d(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias, int k,
                         int stride, int pad_lo, int pad_hi);
 
+// The stride-1 "same" 3×3 case of conv2d on `x` enlarged `upsample` (1 or 2) times by nearest
+// neighbour, plus `residual` (shaped as the output) when given: on the CPU in float32 one pass
+// that makes neither the enlarged input nor the sum's operand; elsewhere the steps one by one.
+mlx::core::array conv3x3_same(const mlx::core::array& x, const mlx::core::array& weight, const mlx::core::array& bias,
+                              int upsample, const std::optional<mlx::core::array>& residual);
+
 // The modes MLX quantizes in, plus "symmetric": packed unsigned q with per-group scales and no
 // biases, value = scale · (q − 2^(bits−1)) computed in float32 (GGUF's Q4_0, Q5_0 and Q8_0 as
 // they come, their f16 scales kept as they are).

@@ -486,6 +486,11 @@ int mlxs_fast_conv2d(mlxs_array** out, const mlxs_array* x, const mlxs_array* we
   return guard([&] { put(out, mlxs::conv2d(x->a, weight->a, bias->a, k, stride, pad_lo, pad_hi)); });
 }
 
+int mlxs_fast_conv3x3_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
+                           int upsample, const mlxs_array* residual) {
+  return guard([&] { put(out, mlxs::conv3x3_same(x->a, weight->a, bias->a, upsample, opt(residual))); });
+}
+
 int mlxs_fast_layer_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
                          float eps) {
   return guard([&] { put(out, mx::fast::layer_norm(x->a, opt(weight), opt(bias), eps)); });

@@ -148,6 +148,10 @@ int mlxs_fast_group_norm(mlxs_array** out, const mlxs_array* x, const mlxs_array
  * pad_lo zero rows and columns before the input, pad_hi after. */
 int mlxs_fast_conv2d(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias, int k,
                      int stride, int pad_lo, int pad_hi);
+/* The stride-1 "same" 3×3 convolution (weight a [9·I, O] matrix) of x enlarged `upsample` (1 or
+ * 2) times by nearest neighbour, plus residual (shaped as the output; may be null). */
+int mlxs_fast_conv3x3_same(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, const mlxs_array* bias,
+                           int upsample, const mlxs_array* residual);
 /* RMS norm of the last axis times weight, plus residual (shaped as x) when not null: on the CPU in
  * float32 one pass on every core. */
 int mlxs_fast_rms_norm_residual(mlxs_array** out, const mlxs_array* x, const mlxs_array* weight, float eps,

@@ -622,6 +622,50 @@ fn convolution_as_products_matches_conv2d() {
 }
 
 #[test]
+fn fused_upsample_and_residual_give_the_separate_steps_bytes() {
+    use zimage::models::vae::conv_matrix;
+    // The decoder's upsampler (nearest ×2, then 3×3) and a resnet's conv2 with its residual, in
+    // one pass: the same bits as the steps one by one, at odd sides (partial tiles) and with a
+    // batch; and at a size whose tiles span several blocks.
+    for (b, h, w, cin, cout) in [(1, 5, 3, 3, 4), (2, 4, 7, 6, 5), (1, 90, 70, 64, 64)] {
+        let (x, wt, bias) = conv_operands(b, h, w, cin, cout, 3);
+        let matrix = conv_matrix(&wt).unwrap();
+        let enlarged = x
+            .reshape(&[b, h, 1, w, 1, cin])
+            .unwrap()
+            .broadcast_to(&[b, h, 2, w, 2, cin])
+            .unwrap()
+            .reshape(&[b, 2 * h, 2 * w, cin])
+            .unwrap();
+        let want = fast::conv2d_same(&enlarged, &matrix, &bias, 3).unwrap();
+        let got = fast::conv3x3_same(&x, &matrix, &bias, true, None).unwrap();
+        let case = format!("{b}×{h}×{w}×{cin} → {cout}");
+        assert_eq!(got.shape(), want.shape(), "{case}");
+        assert_eq!(
+            got.to_vec::<f32>().unwrap(),
+            want.to_vec::<f32>().unwrap(),
+            "upsampled {case}"
+        );
+
+        let residual =
+            random::normal(&[b, h, w, cout], Dtype::F32, &random::key(3).unwrap()).unwrap();
+        let want = (fast::conv2d_same(&x, &matrix, &bias, 3).unwrap() + &residual).unwrap();
+        let got = fast::conv3x3_same(&x, &matrix, &bias, false, Some(&residual)).unwrap();
+        assert_eq!(
+            got.to_vec::<f32>().unwrap(),
+            want.to_vec::<f32>().unwrap(),
+            "with residual {case}"
+        );
+    }
+    // A residual of another shape is refused, naming the rule.
+    let (x, wt, bias) = conv_operands(1, 4, 4, 3, 2, 3);
+    let wrong = Array::zeros(&[1, 4, 4, 3], Dtype::F32).unwrap();
+    let err =
+        fast::conv3x3_same(&x, &conv_matrix(&wt).unwrap(), &bias, false, Some(&wrong)).unwrap_err();
+    assert!(err.to_string().contains("shaped as the output"), "{err}");
+}
+
+#[test]
 fn strided_convolution_as_products_matches_conv2d() {
     use zimage::models::vae::conv_matrix;
     // The VAE encoder's downsample (3×3, stride 2, one zero row and column after the image),

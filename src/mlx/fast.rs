@@ -133,6 +133,30 @@ pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Ar
     conv2d(x, weight, bias, k, 1, (k / 2, k / 2))
 }
 
+/// [`conv2d_same`] by a 3×3 kernel of `x` enlarged ×2 by nearest neighbour when `upsample`
+/// (each pixel a 2×2 block), plus `residual` (shaped as the output) when given. On the CPU in
+/// f32 one pass that makes neither the enlarged input nor a separate sum, with the bytes those
+/// steps give; elsewhere the steps one by one.
+#[track_caller]
+pub fn conv3x3_same(
+    x: &Array,
+    weight: &Array,
+    bias: &Array,
+    upsample: bool,
+    residual: Option<&Array>,
+) -> Result<Array> {
+    shim_call!(
+        "conv3x3_same",
+        mlxs_fast_conv3x3_same(
+            x.as_ptr(),
+            weight.as_ptr(),
+            bias.as_ptr(),
+            if upsample { 2 } else { 1 },
+            Array::opt_ptr(residual)
+        )
+    )
+}
+
 /// A convolution of NHWC `x` by a `k`×`k` kernel, plus `bias`, with a `stride` and `padding`
 /// zero rows and columns (before, after) the input, each below `k`. `weight` is the
 /// `[k·k·I, O]` matrix whose row `(dy·k + dx)·I + i` holds tap `(dy, dx)` of input channel `i`.

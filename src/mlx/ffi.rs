@@ -280,6 +280,14 @@ shim_api! {
         pad_lo: c_int,
         pad_hi: c_int,
     ) -> c_int;
+    pub fn mlxs_fast_conv3x3_same(
+        out: Out,
+        x: Arr,
+        weight: Arr,
+        bias: Arr,
+        upsample: c_int,
+        residual: Arr,
+    ) -> c_int;
     pub fn mlxs_fast_layer_norm(out: Out, x: Arr, weight: Arr, bias: Arr, eps: f32) -> c_int;
     pub fn mlxs_fast_rope(
         out: Out,

@@ -152,6 +152,37 @@ impl Conv2d {
     }
 
     pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        self.forward_with(x, false, None)
+    }
+
+    /// The convolution of `x` enlarged ×2 by nearest neighbour when `upsample` (a 3×3 kernel
+    /// only), plus `residual` (shaped as the output) when given. On the CPU a 3×3 kernel does
+    /// both in its own pass (`fast::conv3x3_same`), without the enlarged copy or the sum's
+    /// operand: those buffers are the decoder's largest, and each new one costs its page faults.
+    pub(super) fn forward_with(
+        &self,
+        x: &Array,
+        upsample: bool,
+        residual: Option<&Array>,
+    ) -> mlx::Result<Array> {
+        if crate::platform::convolutions_as_matmuls() && self.k == 3 {
+            x.eval()?;
+            let y = fast::conv3x3_same(x, &self.matrix, &self.bias, upsample, residual)?;
+            y.eval()?;
+            return Ok(y);
+        }
+        let x = match upsample {
+            true => upsample_nearest_2x(x)?,
+            false => x.clone(),
+        };
+        let y = self.convolve(&x)?;
+        match residual {
+            Some(r) => y + r,
+            None => Ok(y),
+        }
+    }
+
+    fn convolve(&self, x: &Array) -> mlx::Result<Array> {
         if crate::platform::convolutions_as_matmuls() {
             // On the CPU the decoder runs one convolution at a time: its input, then its output,
             // evaluated here. As one lazy graph MLX would allocate every activation before
@@ -255,13 +286,16 @@ impl ResnetBlock {
             .collect()
     }
 
+    /// `shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x))))))`, the sum made by conv2 itself.
     pub(super) fn forward(&self, x: &Array) -> mlx::Result<Array> {
-        let h = self.conv1.forward(&self.norm1.forward_silu(x)?)?;
-        let h = self.conv2.forward(&self.norm2.forward_silu(&h)?)?;
-        match &self.shortcut {
-            Some(s) => s.forward(x)? + h,
-            None => x + h,
-        }
+        let normed = self
+            .norm2
+            .forward_silu(&self.conv1.forward(&self.norm1.forward_silu(x)?)?)?;
+        let residual = match &self.shortcut {
+            Some(s) => s.forward(x)?,
+            None => x.clone(),
+        };
+        self.conv2.forward_with(&normed, false, Some(&residual))
     }
 }
 
@@ -472,7 +506,7 @@ impl VaeDecoder {
             }
             if let Some(conv) = &block.upsample {
                 // Nearest-neighbour ×2, then a 3×3 convolution.
-                x = conv.forward(&upsample_nearest_2x(&x)?)?;
+                x = conv.forward_with(&x, true, None)?;
             }
         }
         let x = self.conv_out.forward(&self.norm_out.forward_silu(&x)?)?;

@@ -307,9 +307,13 @@ fn decode_peak_elems(cfg: &VaeConfig, h: i64, w: i64) -> u64 {
     let z = p * latent;
     // conv_in: z and its output.
     let mut peak = z + p * top;
-    // A resnet block on x (p pixels, cin channels) to cout: conv1 sees x, norm1(x), h1; conv2
-    // x, h1, norm2(h1), h2; the shortcut (when cin ≠ cout) x, h1, h2 and its output.
-    let resnet = |p: i64, cin: i64, cout: i64| (p * (2 * cin + cout)).max(p * (cin + 3 * cout));
+    // A resnet block on x (p pixels, cin channels) to cout: conv1 sees x, norm1(x), h1; then
+    // norm2 x, h1, n2 (and, when cin ≠ cout, the shortcut's output s, made first); conv2, which
+    // adds the residual itself, x, n2, s and its output.
+    let resnet = |p: i64, cin: i64, cout: i64| {
+        let shortcut = if cin != cout { cout } else { 0 };
+        (p * (2 * cin + cout)).max(p * (cin + 2 * cout + shortcut))
+    };
     peak = peak.max(z + resnet(p, top, top));
     if cfg.mid_block_add_attention {
         peak = peak.max(z + attention_elems(p, top));
@@ -322,8 +326,14 @@ fn decode_peak_elems(cfg: &VaeConfig, h: i64, w: i64) -> u64 {
             peak = peak.max(z + resnet(p, c0, cout));
         }
         if i + 1 < chans.len() {
-            // The block's output (p pixels), its nearest ×2 copy and the convolution's output.
-            peak = peak.max(z + p * cout * (1 + 4 + 4));
+            // The block's output (p pixels) and the convolution's output, which on the CPU reads
+            // the input enlarged ×2 without making it; elsewhere that nearest ×2 copy too.
+            let copy = if crate::platform::convolutions_as_matmuls() {
+                0
+            } else {
+                4
+            };
+            peak = peak.max(z + p * cout * (1 + 4 + copy));
             p *= 4;
         }
         cin = cout;
