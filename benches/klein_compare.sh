@@ -19,6 +19,8 @@ mkdir -p "$out"
 [ -f "$model/model_index.json" ] || "$python" models/make_klein_tiny.py --big "$model"
 cargo build --release --quiet
 zimage=target/release/zimage
+# OpenBLAS picks its kernels from the CPU unless OPENBLAS_CORETYPE names them: say which ran.
+"$zimage" info | grep '^BLAS'
 
 run() { # NAME COMMAND...: "NAME wall_s peak_kb"
   local name=$1
