@@ -315,3 +315,199 @@ fn comfy_and_gguf_exports_import_back_to_the_same_model() {
     assert!(shown.contains("quantized"), "{shown}");
     assert_eq!(pixels(&store, "from-q4", tmp.path()).len(), 64 * 64 * 3);
 }
+
+/// `values` (rows of 256-multiples) as Q4_K blocks, the way llama.cpp lays them out (144 bytes
+/// per 256: f16 d and dmin, twelve bytes of 6-bit sub-block scales and mins, 128 of nibbles),
+/// and the values those blocks hold, `d·sc·q − dmin·m`. A plain min/max fit per 32 values: what
+/// matters here is the layout, not the quantizer's error.
+fn q4_k(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    use half::f16;
+    let (mut bytes, mut held) = (Vec::new(), Vec::new());
+    for block in values.chunks_exact(256) {
+        let subs: Vec<(f32, f32)> = (block.chunks_exact(32))
+            .map(|s| {
+                let lo = s.iter().copied().fold(0.0f32, f32::min);
+                let hi = s.iter().copied().fold(f32::MIN, f32::max);
+                ((hi - lo) / 15.0, -lo)
+            })
+            .collect();
+        let d = f16::from_f32(subs.iter().map(|s| s.0).fold(0.0, f32::max) / 63.0);
+        let dmin = f16::from_f32(subs.iter().map(|s| s.1).fold(0.0, f32::max) / 63.0);
+        let six = |v: f32, unit: f16| match unit.to_f32() {
+            u if u > 0.0 => (v / u).round().clamp(0.0, 63.0) as u8,
+            _ => 0,
+        };
+        let sc: Vec<u8> = subs.iter().map(|s| six(s.0, d)).collect();
+        let m: Vec<u8> = subs.iter().map(|s| six(s.1, dmin)).collect();
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            scales[j] = sc[j] | (sc[j + 4] >> 4) << 6;
+            scales[j + 4] = m[j] | (m[j + 4] >> 4) << 6;
+            scales[j + 8] = (sc[j + 4] & 15) | (m[j + 4] & 15) << 4;
+        }
+        let mut q = [0u8; 256];
+        for (j, s) in block.chunks_exact(32).enumerate() {
+            let (step, offset) = (
+                d.to_f32() * f32::from(sc[j]),
+                dmin.to_f32() * f32::from(m[j]),
+            );
+            for (i, &v) in s.iter().enumerate() {
+                let code = match step > 0.0 {
+                    true => ((v + offset) / step).round().clamp(0.0, 15.0) as u8,
+                    false => 0,
+                };
+                q[32 * j + i] = code;
+                held.push(step * f32::from(code) - offset);
+            }
+        }
+        bytes.extend(d.to_le_bytes());
+        bytes.extend(dmin.to_le_bytes());
+        bytes.extend(scales);
+        for c in 0..4 {
+            bytes.extend((0..32).map(|l| q[64 * c + l] | q[64 * c + 32 + l] << 4));
+        }
+    }
+    (bytes, held)
+}
+
+/// A K-quant GGUF transformer, as the published klein GGUFs are: a klein whose rows are 256
+/// wide (the tiny model at D 256, one block of each kind) goes out through `export --format
+/// gguf`, its 256-multiple rows become Q4_K blocks (the fused q|k|v cut into thirds and the
+/// final modulation's halves swapped on those blocks), and it imports as exact int4 and draws
+/// what the same values in f32 draw.
+#[test]
+fn a_k_quant_gguf_transformer_imports_exactly() {
+    use zimage::formats::gguf::{self, GgmlType, WriteTensor};
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let model = tmp.path().join("wide");
+    common::copy_model(&tiny(), &model);
+    // A link to the tiny model's weights: removed, not written through.
+    let weights_file = model.join("transformer/diffusion_pytorch_model.safetensors");
+    std::fs::remove_file(&weights_file).unwrap();
+    let config = tiny().join("transformer/config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
+    for (key, value) in [
+        ("num_attention_heads", serde_json::json!(4)),
+        ("num_layers", serde_json::json!(1)),
+        ("num_single_layers", serde_json::json!(1)),
+        ("mlp_ratio", serde_json::json!(3.0)),
+        ("timestep_guidance_channels", serde_json::json!(256)),
+    ] {
+        config[key] = value;
+    }
+    std::fs::write(model.join("transformer/config.json"), config.to_string()).unwrap();
+    let widths = common::klein::Widths {
+        inner: 256,
+        mlp: 768,
+        joint: config["joint_attention_dim"].as_u64().unwrap() as usize,
+        channels: config["in_channels"].as_u64().unwrap() as usize,
+        sinusoid: 256,
+        head: 64,
+    };
+    let weights = common::klein::weights(&widths);
+    let tensors: Vec<(&str, Dtype, Vec<u64>, Vec<u8>)> = (weights.iter())
+        .map(|(n, shape, v)| {
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (
+                n.as_str(),
+                Dtype::F32,
+                shape.iter().map(|&d| d as u64).collect(),
+                bytes,
+            )
+        })
+        .collect();
+    write_safetensors(&weights_file, &tensors);
+
+    ok(&zimage_in(&store, &["create", "wide", "--from", s(&model)]));
+    let out = tmp.path().join("out");
+    ok(&zimage_in(
+        &store,
+        &["export", "--format", "comfy", "wide", s(&out)],
+    ));
+    ok(&zimage_in(
+        &store,
+        &["export", "--format", "gguf", "wide", s(&out)],
+    ));
+    let exported = std::fs::read(out.join("diffusion_models/wide.gguf")).unwrap();
+    let file = gguf::read(exported.as_slice(), exported.len() as u64).unwrap();
+
+    // Every matrix whose rows fill whole 256-value blocks as Q4_K; the rest as exported. The
+    // other file holds what the blocks hold, in f32.
+    let mut quantized: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = Vec::new();
+    let mut widened = quantized.clone();
+    for t in &file.tensors {
+        let bytes = &exported[t.offset as usize..(t.offset + t.nbytes) as usize];
+        let entry = |ty, data| (t.name.clone(), ty, t.shape.clone(), data);
+        if t.ggml_type == GgmlType::F32 && t.shape.len() == 2 && t.shape[1] % 256 == 0 {
+            let v: Vec<f32> = (bytes.chunks_exact(4))
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let (blocks, held) = q4_k(&v);
+            quantized.push(entry(GgmlType::Q4_K, blocks));
+            widened.push(entry(
+                GgmlType::F32,
+                held.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ));
+        } else {
+            quantized.push(entry(t.ggml_type, bytes.to_vec()));
+            widened.push(entry(t.ggml_type, bytes.to_vec()));
+        }
+    }
+    let names: Vec<&str> = (quantized.iter())
+        .filter(|t| t.1 == GgmlType::Q4_K)
+        .map(|t| t.0.as_str())
+        .collect();
+    for name in [
+        "double_blocks.0.img_attn.qkv.weight",
+        "final_layer.adaLN_modulation.1.weight",
+    ] {
+        assert!(names.iter().any(|n| n.ends_with(name)), "{names:?}");
+    }
+    let write = |name: &str, tensors: &[(String, GgmlType, Vec<u64>, Vec<u8>)]| {
+        let path = tmp.path().join(name);
+        let tensors: Vec<WriteTensor> = (tensors.iter())
+            .map(|(name, ty, shape, data)| WriteTensor {
+                name: name.clone(),
+                ggml_type: *ty,
+                shape: shape.clone(),
+                data,
+            })
+            .collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        gguf::write(&mut f, &file.metadata, &tensors).unwrap();
+        path
+    };
+    let from = |name: &str, transformer: &Path| {
+        let encoder = out.join("text_encoders/wide.safetensors");
+        let vae = out.join("vae/wide.safetensors");
+        ok(&zimage_in(
+            &store,
+            &[
+                "create",
+                name,
+                "--transformer",
+                s(transformer),
+                "--text-encoder",
+                s(&encoder),
+                "--vae",
+                s(&vae),
+            ],
+        ))
+    };
+    let said = from("wide-q4k", &write("q4k.gguf", &quantized));
+    assert!(said.contains("Q4_K → int4, group 32 (exact)"), "{said}");
+    from("wide-f32", &write("f32.gguf", &widened));
+
+    let (got, want) = (
+        pixels(&store, "wide-q4k", tmp.path()),
+        pixels(&store, "wide-f32", tmp.path()),
+    );
+    let off: Vec<u8> = got.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).collect();
+    let mse = off.iter().map(|&d| f64::from(d).powi(2)).sum::<f64>() / off.len() as f64;
+    let psnr = 10.0 * (255f64.powi(2) / mse.max(1e-12)).log10();
+    // int4 products against f32 ones on the same values: rounding apart, the same picture.
+    println!("Q4_K klein against the same values in f32: {psnr:.1} dB");
+    assert!(psnr >= 40.0, "{psnr:.1} dB");
+}

@@ -6,69 +6,24 @@
 
 mod common;
 
-use common::controlnet::fill;
+use common::klein;
 use std::collections::HashMap;
 use zimage::mlx::{io, Array, Dtype};
 use zimage::models::flux2::{rope, Flux2Config, Flux2Transformer};
 use zimage::models::Checkpoint;
 
-/// Every tensor of the two-block transformer, with its shape.
-fn shapes() -> Vec<(String, Vec<usize>)> {
-    let (d, m, j, c) = (3072usize, 9216usize, 7680usize, 128usize);
-    let mut shapes: Vec<(String, Vec<usize>)> = vec![
-        ("x_embedder".into(), vec![d, c]),
-        ("context_embedder".into(), vec![d, j]),
-        (
-            "time_guidance_embed.timestep_embedder.linear_1".into(),
-            vec![d, 256],
-        ),
-        (
-            "time_guidance_embed.timestep_embedder.linear_2".into(),
-            vec![d, d],
-        ),
-        ("double_stream_modulation_img.linear".into(), vec![6 * d, d]),
-        ("double_stream_modulation_txt.linear".into(), vec![6 * d, d]),
-        ("single_stream_modulation.linear".into(), vec![3 * d, d]),
-        ("norm_out.linear".into(), vec![2 * d, d]),
-        ("proj_out".into(), vec![c, d]),
-    ];
-    let b = "transformer_blocks.0.";
-    for n in [
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    ] {
-        shapes.push((format!("{b}attn.{n}"), vec![d, d]));
-    }
-    for n in ["norm_q", "norm_k", "norm_added_q", "norm_added_k"] {
-        shapes.push((format!("{b}attn.{n}"), vec![128]));
-    }
-    for f in ["ff", "ff_context"] {
-        shapes.push((format!("{b}{f}.linear_in"), vec![2 * m, d]));
-        shapes.push((format!("{b}{f}.linear_out"), vec![d, m]));
-    }
-    let s = "single_transformer_blocks.0.attn.";
-    shapes.push((format!("{s}to_qkv_mlp_proj"), vec![3 * d + 2 * m, d]));
-    shapes.push((format!("{s}to_out"), vec![d, d + m]));
-    shapes.push((format!("{s}norm_q"), vec![128]));
-    shapes.push((format!("{s}norm_k"), vec![128]));
-    shapes
-}
-
 #[test]
 fn the_transformer_at_real_widths_matches_diffusers() {
+    let widths = klein::Widths {
+        inner: 3072,
+        mlp: 9216,
+        joint: 7680,
+        channels: 128,
+        sinusoid: 256,
+        head: 128,
+    };
     let mut tensors = HashMap::new();
-    for (name, shape) in shapes() {
-        let name = format!("{name}.weight");
-        let mut v = fill(&name, &shape);
-        if name.contains("modulation") || name.starts_with("norm_out.") {
-            v.iter_mut().for_each(|x| *x *= 16.0);
-        }
+    for (name, shape, v) in klein::weights(&widths) {
         let sh: Vec<i32> = shape.iter().map(|&x| x as i32).collect();
         tensors.insert(name, Array::from_slice(&v, &sh).unwrap());
     }

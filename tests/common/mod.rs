@@ -161,6 +161,7 @@ pub fn write_safetensors_with_metadata(
 pub mod browser;
 pub mod controlnet;
 pub mod hub;
+pub mod klein;
 pub mod server;
 
 /// The share of equal bytes and the largest difference between two pictures' bytes.
