@@ -202,11 +202,22 @@ fn an_edit_from_a_reference_matches_diffusers() {
     assert!(out.status.success(), "{}", text(&out));
     let ours = image::open(&png).unwrap().to_rgb8();
     assert_eq!(ours.dimensions(), (96, 80));
-    let (same, worst) = compare_pixels(&ours.into_raw(), &klein_reference_image("edit1"));
+    let (same, worst) = compare_pixels(ours.as_raw(), &klein_reference_image("edit1"));
     assert!(
         same >= 0.999 && worst <= 1,
         "{same} identical, worst {worst}"
     );
+
+    // Image to image at strength 1 noises the picture away wholly, so it enters only as the
+    // condition every klein picture gives, as a reference does: the same pixels when it has the
+    // output's size (how A1111's img2img asks for an edit).
+    let whole = tmp.path().join("strength-1.png");
+    let mut args = args.to_vec();
+    args.splice(4..6, ["--image", s(&picture), "--strength", "1"]);
+    *args.last_mut().unwrap() = s(&whole);
+    let out = zimage_in(&tmp.path().join("store"), &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(image::open(&whole).unwrap().to_rgb8(), ours);
 
     // Z-Image takes no references.
     let zimage = models().join("z-image-tiny");
