@@ -146,6 +146,23 @@ fn write_original(path: &Path, prefix: &str) {
     write_safetensors(path, &borrowed);
 }
 
+/// `zimage create NAME --transformer T --text-encoder E --vae V`: a model from its three files.
+fn create_from_files(store: &Path, name: &str, [transformer, encoder, vae]: [&Path; 3]) -> String {
+    ok(&zimage_in(
+        store,
+        &[
+            "create",
+            name,
+            "--transformer",
+            s(transformer),
+            "--text-encoder",
+            s(encoder),
+            "--vae",
+            s(vae),
+        ],
+    ))
+}
+
 /// The pixels of a 64² picture the stored model `model` makes from seed 3.
 fn pixels(store: &Path, model: &str, dir: &Path) -> Vec<u8> {
     let png = dir.join(format!("{}.png", model.replace('/', "_")));
@@ -268,19 +285,11 @@ fn comfy_and_gguf_exports_import_back_to_the_same_model() {
 
     // The three files alone (their metadata carries the configs) make the same model.
     let from_files = |name: &str, transformer: &Path| {
-        ok(&zimage_in(
-            &store,
-            &[
-                "create",
-                name,
-                "--transformer",
-                s(transformer),
-                "--text-encoder",
-                s(&file("text_encoders", "safetensors")),
-                "--vae",
-                s(&file("vae", "safetensors")),
-            ],
-        ))
+        let (encoder, vae) = (
+            file("text_encoders", "safetensors"),
+            file("vae", "safetensors"),
+        );
+        create_from_files(&store, name, [transformer, &encoder, &vae])
     };
     let out = from_files("from-comfy", &file("diffusion_models", "safetensors"));
     assert!(out.contains(" 0 blobs written"), "{out}");
@@ -482,19 +491,7 @@ fn a_k_quant_gguf_transformer_imports_exactly() {
     let from = |name: &str, transformer: &Path| {
         let encoder = out.join("text_encoders/wide.safetensors");
         let vae = out.join("vae/wide.safetensors");
-        ok(&zimage_in(
-            &store,
-            &[
-                "create",
-                name,
-                "--transformer",
-                s(transformer),
-                "--text-encoder",
-                s(&encoder),
-                "--vae",
-                s(&vae),
-            ],
-        ))
+        create_from_files(&store, name, [transformer, &encoder, &vae])
     };
     let said = from("wide-q4k", &write("q4k.gguf", &quantized));
     assert!(said.contains("Q4_K → int4, group 32 (exact)"), "{said}");

@@ -40,16 +40,9 @@ pub fn shapes(w: &Widths) -> Vec<(String, Vec<usize>)> {
     .map(|(n, s)| (n.to_string(), s))
     .collect();
     let b = "transformer_blocks.0.attn.";
-    for n in [
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    ] {
+    let image = ["to_q", "to_k", "to_v", "to_out.0"];
+    let text = ["add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"];
+    for n in image.iter().chain(&text) {
         shapes.push((format!("{b}{n}"), vec![d, d]));
     }
     for n in ["norm_q", "norm_k", "norm_added_q", "norm_added_k"] {
