@@ -30,6 +30,8 @@ void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double*, int,
                        double*, int);
 void scipy_cblas_cgemm(int, int, int, int, int, int, const void*, const void*, int, const void*, int,
                        const void*, void*, int);
+void scipy_cblas_sgemm_batch_strided(int, int, int, int, int, int, float, const float*, int, int, const float*, int,
+                                     int, float, float*, int, int, int);
 char* scipy_openblas_get_config(void);
 int scipy_openblas_get_num_threads(void);
 
@@ -242,6 +244,15 @@ const char* mlxs_blas_description(void) {
 #endif
   snprintf(text, sizeof text, "%s", owner);
   return text;
+}
+
+void* mlxs_sgemm_batch_strided_symbol(void) {
+#ifdef ZIMAGE_OPENBLAS
+  void* fn = NULL;
+  sgemm_owner(&fn);
+  if (fn == (void*)&cblas_sgemm) return (void*)&scipy_cblas_sgemm_batch_strided;
+#endif
+  return NULL;
 }
 
 void* mlxs_sgemm_symbol(void) {

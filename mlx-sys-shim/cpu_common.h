@@ -182,6 +182,22 @@ inline Sgemm blas_sgemm() {
 }
 constexpr int kTransposed = 112;
 
+extern "C" void* mlxs_sgemm_batch_strided_symbol(void);
+
+// CBLAS row-major strided batch of sgemms: product i is A + i·stride_a times B + i·stride_b
+// into C + i·stride_c (OpenBLAS's and MKL's argument order).
+using SgemmBatchStrided = void (*)(int, int, int, int, int, int, float, const float*, int, int, const float*, int,
+                                   int, float, float*, int, int, int);
+
+// OpenBLAS's strided batch, when it is the BLAS MLX uses; null elsewhere. It spreads whole
+// products over the threads, each product on one, so no thread waits on another inside a
+// product: a batch of small products then runs at the rate of one large one, and a core taken
+// by another process delays only its own share.
+inline SgemmBatchStrided blas_sgemm_batch_strided() {
+  static const auto batch = reinterpret_cast<SgemmBatchStrided>(mlxs_sgemm_batch_strided_symbol());
+  return batch;
+}
+
 // The gather buffer of the kernels queued on `stream`, at least `floats` long. Taken in eval,
 // where a failed allocation can still be reported, and shared by every kernel of the stream: a
 // stream runs its tasks one at a time, so they never use it at once, and reusing it spares each

@@ -251,10 +251,15 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
                 winograd_input_tile(d, c0, std::min(kWinogradChunk, cin - c0), v + t * cin, block * cin);
             }
           });
-          for (size_t xi = 0; xi < 16; ++xi) {
-            sgemm(kRowMajor, kNoTrans, kNoTrans, static_cast<int>(nt), static_cast<int>(cout), static_cast<int>(cin),
-                  1.0f, v + xi * block * cin, static_cast<int>(cin), u + xi * cin * cout, static_cast<int>(cout), 0.0f,
-                  m + xi * block * cout, static_cast<int>(cout));
+          const int rows = static_cast<int>(nt), ni = static_cast<int>(cin), no = static_cast<int>(cout);
+          if (auto batch = blas_sgemm_batch_strided(); batch != nullptr) {
+            batch(kRowMajor, kNoTrans, kNoTrans, rows, no, ni, 1.0f, v, ni, static_cast<int>(block * cin), u, no,
+                  static_cast<int>(cin * cout), 0.0f, m, no, static_cast<int>(block * cout), 16);
+          } else {
+            for (size_t xi = 0; xi < 16; ++xi) {
+              sgemm(kRowMajor, kNoTrans, kNoTrans, rows, no, ni, 1.0f, v + xi * block * cin, ni, u + xi * cin * cout,
+                    no, 0.0f, m + xi * block * cout, no);
+            }
           }
           parallel_for(nt, 64 * cout, [&](size_t b0, size_t b1, size_t) {
             for (size_t t = b0; t < b1; ++t) {
