@@ -27,10 +27,10 @@ use common::{env_or, median};
 use std::path::PathBuf;
 use std::time::Instant;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::transformer::SEQ_MULTI_OF;
+use zimage::families::zimage::DitConfig;
+use zimage::families::zimage::Pipeline;
 use zimage::mlx::{self, ops, random, Array, Dtype};
-use zimage::models::transformer::SEQ_MULTI_OF;
-use zimage::models::DitConfig;
-use zimage::pipeline::Pipeline;
 
 fn peak_rss_mb() -> f64 {
     zimage::platform::peak_resident_bytes().unwrap_or(0) as f64 / 1e6

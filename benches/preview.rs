@@ -16,7 +16,8 @@ use common::{best_of, env_or, median};
 use std::path::PathBuf;
 use std::time::Instant;
 use zimage::diffusers_dir::DiffusersDir;
-use zimage::pipeline::{Pipeline, Progress};
+use zimage::families::zimage::Pipeline;
+use zimage::pipeline::Progress;
 
 fn main() {
     let model = std::env::var_os("ZIMAGE_BENCH_MODEL")

@@ -13,9 +13,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::Pipeline;
 use zimage::mlx::{self, random, Dtype};
 use zimage::models::vae_encoder::LatentDistribution;
-use zimage::pipeline::Pipeline;
 
 fn main() {
     let model = std::env::var_os("ZIMAGE_BENCH_MODEL")

@@ -14,9 +14,9 @@ mod synthetic;
 use common::{env_or, median};
 use std::path::PathBuf;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::Pipeline;
 use zimage::loader::{ReadPath, StoreSource};
 use zimage::models::Residency;
-use zimage::pipeline::Pipeline;
 use zimage::store::{ImportOptions, Quantization, Store};
 
 fn main() {

@@ -192,6 +192,12 @@ def write_inputs():
     ramp = np.clip((0.7 * w - x) / (0.25 * w), 0.0, 1.0) * 255.0
     mask = np.where((y > 0.15 * h) & (y < 0.8 * h), ramp, 0.0)
     Image.fromarray(np.rint(mask).astype(np.uint8), "L").save(os.path.join(KLEIN_INPUT_DIR, f"mask-{w}x{h}.png"))
+    # A rectangle whose edges fall inside token cells (8 pixels here): the left and right edges
+    # split their cells' centre pixels, the top edge misses its cell's centre.
+    w, h = 96, 80
+    rect = np.zeros((h, w), np.uint8)
+    rect[21:52, 12:60] = 255
+    Image.fromarray(rect, "L").save(os.path.join(KLEIN_INPUT_DIR, f"mask-rect-{w}x{h}.png"))
 
 
 def input_path(name):
@@ -215,6 +221,9 @@ CASES = {
     "inpaint": ("inpaint", "distilled", dict(prompt="a red fox in the snow", image="klein-inputs/picture-100x75.png",
                                              mask_image="klein-inputs/mask-100x75.png", strength=0.8,
                                              num_inference_steps=6, guidance_scale=1.0, seed=11)),
+    "inpaint-offgrid": ("inpaint", "distilled", dict(prompt="a red fox in the snow", image="inputs/picture-96x80.png",
+                                                     mask_image="klein-inputs/mask-rect-96x80.png", strength=1.0,
+                                                     num_inference_steps=4, guidance_scale=1.0, seed=13)),
     "inpaint-ref-cfg": ("inpaint", "base", dict(prompt="a cat on a sofa", image="inputs/picture-96x80.png",
                                                 mask_image="inputs/mask-96x80.png",
                                                 image_reference="inputs/picture-128x128.png", strength=0.6,

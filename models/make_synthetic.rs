@@ -77,8 +77,11 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(path) = &a.controlnet {
-        let bytes =
-            synthetic::write_controlnet(path, zimage::models::ControlNetVersion::V2_1, &spec)?;
+        let bytes = synthetic::write_controlnet(
+            path,
+            zimage::families::zimage::ControlNetVersion::V2_1,
+            &spec,
+        )?;
         println!("wrote {} ({bytes} bytes, ControlNet 2.1)", path.display());
     }
     let Some(out) = &a.out else {

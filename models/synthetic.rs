@@ -1192,7 +1192,7 @@ fn write_parts(
 /// `1/sqrt(fan_in)`, norm weights 1, biases 0, seeded by `spec.seed` and each name.
 pub fn write_controlnet(
     path: &Path,
-    version: zimage::models::ControlNetVersion,
+    version: zimage::families::zimage::ControlNetVersion,
     spec: &Spec,
 ) -> Result<u64> {
     use std::io::Write;

@@ -13,7 +13,7 @@ use crate::safetensors;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-/// Components whose weights a Z-Image pipeline stores, in the order Ollama writes them.
+/// Components whose weights a pipeline stores, in the order Ollama writes them.
 pub(crate) const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", "vae"];
 
 /// zimage's record of the settings a model is meant to run with (see

@@ -1,6 +1,6 @@
-//! The generation settings a model is meant to be run with (Z-Image base: 28–50 steps,
+//! The generation settings a model is meant to be run with (a base model: 28–50 steps,
 //! guidance 3–5, a negative prompt), kept beside its configs as `generation_defaults.json`,
-//! and used where a request names none. A model without the file (Turbo) keeps zimage's own
+//! and used where a request names none. A model without the file (a distilled one) keeps zimage's own
 //! defaults: 8 steps, no guidance, the scheduler config's shift.
 //!
 //! ```json
@@ -13,7 +13,7 @@ use crate::pipeline::{self, ModelSource};
 use crate::store::{SourceTensor, StoreError, TensorSource};
 use std::path::PathBuf;
 
-/// Denoising steps when neither a request nor its model names any (Z-Image Turbo's setting).
+/// Denoising steps when neither a request, its model nor its family names any.
 pub const DEFAULT_STEPS: usize = 8;
 
 /// The file, at the model's root (a diffusers directory's, or a config layer of the store).

@@ -7,11 +7,12 @@
 //! Nothing is read or computed: each tensor stands in as a lazy array of its shape that is never
 //! evaluated, so the check costs no memory whatever the model's size.
 
+use crate::families::{Family, Misfit};
 use crate::memory_plan::TensorSize;
 use crate::mlx::Array;
 use crate::models::weights::{Checkpoint, ComponentWeights};
-use crate::models::{DitConfig, Qwen3Config, VaeConfig};
-use crate::pipeline::{ModelSource, Pipeline, SourceError};
+use crate::models::{Qwen3Config, VaeConfig};
+use crate::pipeline::{ModelSource, SourceError};
 use crate::store::import::{Encoding, SourceTensor, TensorSource};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -176,12 +177,17 @@ pub fn check<S: TensorSource + ?Sized>(source: &S) -> Result<(), DoesNotFit> {
         Ok(Checkpoint::new(c, w.tensors, crate::mlx::Dtype::F32))
     };
     if let (true, Some(bytes)) = (has("transformer"), config("transformer/config.json")) {
-        let cfg: DitConfig = parse(bytes, DitConfig::validate)
-            .map_err(|r| bad_config("transformer/config.json", r))?;
-        drop(
-            crate::models::transformer::ZImageTransformer::new(&cfg, checkpoint("transformer")?)
-                .map_err(model_err)?,
-        );
+        let class = serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .and_then(|v| v["_class_name"].as_str().map(String::from));
+        let family = (class.as_deref())
+            .and_then(Family::of_transformer_class)
+            .unwrap_or_else(Family::default_family);
+        match family.check_transformer(bytes, checkpoint("transformer")?) {
+            Ok(()) => {}
+            Err(Misfit::Config(r)) => return Err(bad_config("transformer/config.json", r)),
+            Err(Misfit::Model(e)) => return Err(model_err(e)),
+        }
     }
     if let (true, Some(bytes)) = (has("text_encoder"), config("text_encoder/config.json")) {
         let cfg: Qwen3Config = parse(bytes, Qwen3Config::validate)
@@ -207,22 +213,8 @@ pub fn check<S: TensorSource + ?Sized>(source: &S) -> Result<(), DoesNotFit> {
 fn check_pipeline(preview: Preview) -> Result<(), DoesNotFit> {
     let tensors = preview.tensors.clone();
     let failed = |e: crate::pipeline::Error| explain(&tensors, e);
-    if crate::pipeline::family_of(&preview).map_err(failed)? == crate::family::Family::Flux2Klein {
-        let klein = crate::pipeline::klein::KleinPipeline::new(preview, crate::mlx::Dtype::F32)
-            .map_err(failed)?;
-        drop(klein.load_text_encoder().map_err(failed)?);
-        drop(klein.load_transformer().map_err(failed)?);
-        drop(klein.load_vae().map_err(failed)?);
-        drop(klein.load_vae_encoder().map_err(failed)?);
-        drop(klein.latent_statistics().map_err(failed)?);
-        return Ok(());
-    }
-    let pipeline = Pipeline::new(preview, crate::mlx::Dtype::F32, false).map_err(failed)?;
-    drop(pipeline.load_text_encoder().map_err(failed)?);
-    drop(pipeline.load_transformer().map_err(failed)?);
-    drop(pipeline.load_vae().map_err(failed)?);
-    drop(pipeline.load_vae_encoder().map_err(failed)?);
-    Ok(())
+    let family = Family::of(&preview).map_err(failed)?;
+    family.check_model(&preview).map_err(failed)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(

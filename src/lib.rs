@@ -1,4 +1,4 @@
-//! zimage: diffusion image models (Z-Image, FLUX.2 \[klein\]) on Apple's MLX, from Rust.
+//! zimage: diffusion image models on Apple's MLX, from Rust.
 //!
 //! # The API
 //!
@@ -10,7 +10,8 @@
 //! - [`diffusers_dir`]: a diffusers directory read in place, as a model source;
 //! - [`loader`]: a stored model's components as MLX arrays, with load profiling;
 //! - [`mlx`]: the safe wrapper over MLX's C++ API those arrays live in;
-//! - [`family`]: the model families (Z-Image, FLUX.2 \[klein\]) and what each takes.
+//! - [`families`]: the model families zimage runs, each in its folder, and the registry the
+//!   rest of the code asks about them.
 //!
 //! The other modules are the `zimage` program's and its tests': the formats, layouts,
 //! pipelines, servers and the rest. They are hidden from this documentation and are not a
@@ -44,14 +45,12 @@
 
 #[doc(hidden)]
 pub mod component;
-#[doc(hidden)]
-pub mod controlnet_source;
 pub mod diffusers_dir;
 #[doc(hidden)]
 pub mod dtype;
 #[doc(hidden)]
 pub mod embedded;
-pub mod family;
+pub mod families;
 #[doc(hidden)]
 pub mod files;
 #[doc(hidden)]
@@ -72,10 +71,14 @@ pub mod import_check;
 #[doc(hidden)]
 pub mod input_budget;
 #[doc(hidden)]
+pub mod jobs;
+#[doc(hidden)]
 pub mod layouts;
 pub mod loader;
 #[doc(hidden)]
 pub mod lora;
+#[doc(hidden)]
+pub mod mapping;
 #[doc(hidden)]
 pub mod memory_plan;
 pub mod mlx;

@@ -22,9 +22,8 @@
 //! rest (weights as held, the text encoder, the VAE, the choice under a budget) is shared.
 
 use crate::mlx::Device;
-use crate::models::flux2::{self, Flux2Config};
 use crate::models::vae_tiling::{self as tiling, Tiling};
-use crate::models::{DitConfig, Qwen3Config, Residency, VaeConfig};
+use crate::models::{Qwen3Config, Residency, VaeConfig};
 use crate::platform::Graph;
 use std::collections::{HashMap, HashSet};
 
@@ -48,70 +47,44 @@ impl TensorSize {
     }
 }
 
-/// A family's denoiser, as the plan counts its sequence and one block's activations.
+/// A family's denoiser, as the plan counts its sequence and one block's activations: plain
+/// figures its family reads from the model's configs.
 #[derive(Debug, Clone, Copy)]
-pub enum Denoiser<'a> {
-    /// Z-Image's single-stream transformer over image + caption tokens, each padded to 32;
-    /// its text encoder runs all layers but the last.
-    ZImage(&'a DitConfig),
-    /// FLUX.2 \[klein\]'s double- then single-stream blocks over the 512 padded text tokens,
-    /// the image's and the references'; its text encoder runs up to the deepest layer it reads.
-    Flux2(&'a Flux2Config),
+pub struct Denoiser {
+    /// The hidden width of the token stream.
+    pub dim: u64,
+    /// Attention heads.
+    pub heads: u64,
+    /// Values per token of a block's widest products in the compute dtype.
+    pub wide_values: u64,
+    /// Pixels on a side of one image token (the VAE's downscale times the patch).
+    pub cell: u64,
+    /// The image's and the prompt's tokens are each padded to a multiple of this (1: none).
+    pub pad_to: u64,
+    /// Decoder layers of the text encoder that run.
+    pub text_layers: i32,
+    /// Hidden states the text phase keeps per prompt beside its activations.
+    pub text_outputs: u64,
+    /// The CPU graph attends through the shim's kernel (else MLX's, on both graphs).
+    pub shim_attention: bool,
+    /// Values the denoise keeps for all its steps per prompt token (projected text features
+    /// held outside the sequence) and per reference token.
+    pub kept_per_text_token: u64,
+    pub kept_per_reference_token: u64,
+    /// Values per token beside a quantized layer widened on the GPU graph when the block's
+    /// widest layer runs apart from its transients (a fused input projection); `None` when it
+    /// runs amid them.
+    pub widest_apart: Option<u64>,
 }
 
-impl Denoiser<'_> {
-    /// The hidden width of the token stream.
-    fn dim(&self) -> u64 {
-        match self {
-            Denoiser::ZImage(c) => c.dim as u64,
-            Denoiser::Flux2(c) => c.dim() as u64,
-        }
-    }
-
-    fn heads(&self) -> u64 {
-        match self {
-            Denoiser::ZImage(c) => c.n_heads as u64,
-            Denoiser::Flux2(c) => c.num_attention_heads as u64,
-        }
-    }
-
-    /// Values per token of a block's widest products in the compute dtype: Z-Image's
-    /// feed-forward gate, up projection, their SiLU and product (`4·ffn`); FLUX.2's single
-    /// block's fused projection `[q k v | gate up]`, the gated MLP and the `[attention | MLP]`
-    /// input of its output projection (`3d + 2m + m + d + m`).
-    fn wide_values(&self) -> u64 {
-        match self {
-            Denoiser::ZImage(c) => 4 * (c.dim as f64 / 3.0 * 8.0) as u64,
-            Denoiser::Flux2(c) => 4 * (c.dim() as u64 + c.mlp_dim() as u64),
-        }
-    }
-
-    /// Tokens the blocks attend over: Z-Image's image and prompt tokens, each padded to 32;
-    /// FLUX.2's 512 text rows, the image's tokens and the references'.
+impl Denoiser {
+    /// Tokens the blocks attend over: the image's, the prompt's and the references', the first
+    /// two padded as the family pads them.
     fn sequence(&self, req: &RequestShape) -> u64 {
-        let cell = 16;
+        let cell = self.cell.max(1);
         let image = (req.width as u64 / cell) * (req.height as u64 / cell);
-        match self {
-            Denoiser::ZImage(_) => round_up(image, 32) + round_up(req.prompt_tokens as u64, 32),
-            Denoiser::Flux2(_) => image + req.reference_tokens as u64 + req.prompt_tokens as u64,
-        }
-    }
-
-    /// Decoder layers of the text encoder that run.
-    fn text_layers(&self, text: &Qwen3Config) -> i32 {
-        match self {
-            Denoiser::ZImage(_) => text.layers_used(),
-            Denoiser::Flux2(_) => *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32,
-        }
-    }
-
-    /// Hidden states the text phase keeps per prompt beside its activations: none for
-    /// Z-Image (its one output is the last residual stream), FLUX.2's three.
-    fn text_outputs(&self) -> u64 {
-        match self {
-            Denoiser::ZImage(_) => 0,
-            Denoiser::Flux2(_) => flux2::TEXT_LAYERS.len() as u64,
-        }
+        let pad = self.pad_to.max(1);
+        round_up(image, pad) + round_up(req.prompt_tokens as u64, pad) + req.reference_tokens as u64
     }
 }
 
@@ -123,7 +96,7 @@ pub struct ModelSizes<'a> {
     /// A ControlNet loaded beside the transformer (empty: none).
     pub controlnet: &'a [TensorSize],
     pub text_config: &'a Qwen3Config,
-    pub denoiser: Denoiser<'a>,
+    pub denoiser: Denoiser,
     pub vae_config: &'a VaeConfig,
 }
 
@@ -445,7 +418,7 @@ impl ModelSizes<'_> {
     }
 
     pub fn text_weights(&self, residency: Residency, compute_bytes: u64) -> u64 {
-        let layers = self.denoiser.text_layers(self.text_config);
+        let layers = self.denoiser.text_layers;
         held_bytes(
             self.text_encoder,
             |n| text_encoder_uses(n, layers),
@@ -486,7 +459,7 @@ impl ModelSizes<'_> {
         if self.controlnet.is_empty() {
             return 0;
         }
-        4 * self.sequence(req) * self.denoiser.dim() * req.compute_bytes
+        4 * self.sequence(req) * self.denoiser.dim * req.compute_bytes
     }
 
     pub fn vae_weights(&self, compute_bytes: u64) -> u64 {
@@ -501,41 +474,35 @@ impl ModelSizes<'_> {
         // The residual stream and its norms, q/k/v/o, gate/up/product, and the scores; then
         // the hidden states kept for each prompt.
         let values = l * (6 * h + 3 * q + 3 * i) + 2 * c.num_attention_heads as u64 * l * l;
-        let kept = req.prompts as u64 * self.denoiser.text_outputs() * l * h * req.compute_bytes;
+        let kept = req.prompts as u64 * self.denoiser.text_outputs * l * h * req.compute_bytes;
         values * 4 + kept
     }
 
     fn denoise_activations(&self, req: &RequestShape) -> u64 {
         let s = self.sequence(req);
-        let dim = self.denoiser.dim();
-        let heads = self.denoiser.heads();
-        // Z-Image's CPU graph attends through the shim's kernel, FLUX.2 through MLX's on both
-        // graphs.
-        let scores = match self.denoiser {
-            Denoiser::ZImage(_) => (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4)),
-            Denoiser::Flux2(_) => self.mlx_attention_scores(req),
+        let dim = self.denoiser.dim;
+        let heads = self.denoiser.heads;
+        // Attention through the shim's kernel on the CPU graph, or MLX's on both graphs, as
+        // the family's denoiser says.
+        let scores = match self.denoiser.shim_attention {
+            true => (heads * s * s * 4).min(SCORE_CHUNK_BYTES.max(s * s * 4)),
+            false => self.mlx_attention_scores(req),
         };
         // Residual stream, its norms and q/k/v/o in f32 whatever the dtype (RoPE), the
         // block's widest products, two copies of a chunk of scores (scores and exponentials).
         s * dim * 4 * 16
-            + s * self.denoiser.wide_values() * req.compute_bytes
+            + s * self.denoiser.wide_values * req.compute_bytes
             + 2 * scores
             + self.denoise_inputs(req)
     }
 
-    /// What the denoise phase keeps for all its steps beside the blocks: FLUX.2's projected
-    /// text features for each prompt and the references' tokens (Z-Image's caption lies in
-    /// its sequence).
+    /// What the denoise phase keeps for all its steps beside the blocks: projected text
+    /// features for each prompt held outside the sequence, and the references' tokens.
     fn denoise_inputs(&self, req: &RequestShape) -> u64 {
-        match self.denoiser {
-            Denoiser::ZImage(_) => 0,
-            Denoiser::Flux2(c) => {
-                let text = req.prompts as u64 * req.prompt_tokens as u64;
-                (text * c.joint_attention_dim as u64
-                    + req.reference_tokens as u64 * c.in_channels as u64)
-                    * req.compute_bytes
-            }
-        }
+        let text = req.prompts as u64 * req.prompt_tokens as u64;
+        (text * self.denoiser.kept_per_text_token
+            + req.reference_tokens as u64 * self.denoiser.kept_per_reference_token)
+            * req.compute_bytes
     }
 
     /// Tokens of the sequence the denoiser's blocks attend over.
@@ -550,11 +517,11 @@ impl ModelSizes<'_> {
     /// attention: fused, nothing more; else one chunk of queries' scores and their softmax.
     fn denoise_activations_gpu(&self, req: &RequestShape) -> u64 {
         let s = self.sequence(req);
-        let dim = self.denoiser.dim();
+        let dim = self.denoiser.dim;
         let cb = req.compute_bytes;
         let scores = 2 * self.mlx_attention_scores(req);
         s * dim * (GPU_STREAM_F32 * 4 + GPU_STREAM_NARROW * cb)
-            + s * self.denoiser.wide_values() * cb
+            + s * self.denoiser.wide_values * cb
             + scores
             + self.denoise_inputs(req)
     }
@@ -565,24 +532,22 @@ impl ModelSizes<'_> {
         if crate::platform::attention_is_fused_on(req.device) {
             return 0;
         }
-        let (s, heads) = (self.sequence(req), self.denoiser.heads());
-        let rows = crate::models::transformer::query_chunk(heads, s).min(s);
+        let (s, heads) = (self.sequence(req), self.denoiser.heads);
+        let rows = crate::models::blocks::query_chunk(heads, s).min(s);
         heads * rows * s * req.compute_bytes
     }
 
     /// The GPU graph's peak within one block: its transients and the widened copy of a
-    /// quantized layer. Z-Image's widest layers (the feed-forward's) run amid the block's
-    /// transients, so both count; FLUX.2's widest is the single block's fused input projection,
-    /// which runs when the block holds little but its input, that input normed and the
-    /// projection's output `[S, 3d + 2m]`.
+    /// quantized layer. Where the widest layer runs amid the block's transients both count;
+    /// where it runs apart (a fused input projection, when the block holds little but its input)
+    /// it counts with what the denoiser says lies beside it.
     fn block_peak_gpu(&self, req: &RequestShape) -> u64 {
         let transients = self.denoise_activations_gpu(req);
         let widened = widened_layer(self.transformer, req, self.sequence(req));
-        match self.denoiser {
-            Denoiser::ZImage(_) => transients + widened,
-            Denoiser::Flux2(c) => {
-                let (d, m) = (c.dim() as u64, c.mlp_dim() as u64);
-                let beside = self.sequence(req) * (2 * d + 3 * d + 2 * m) * req.compute_bytes;
+        match self.denoiser.widest_apart {
+            None => transients + widened,
+            Some(values) => {
+                let beside = self.sequence(req) * values * req.compute_bytes;
                 transients.max(widened + beside + self.denoise_inputs(req))
             }
         }
@@ -898,5 +863,52 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("10").is_err());
+    }
+}
+
+/// A model's estimated run-time peak at one size, with weights held either way, as `show`
+/// reports it.
+pub struct RuntimeMemory {
+    /// The side of the square image sized.
+    pub side: u32,
+    pub dtype: crate::mlx::Dtype,
+    /// Weights widened to the compute dtype.
+    pub compute: MemoryEstimate,
+    /// Weights as stored.
+    pub stored: MemoryEstimate,
+    /// The smallest budget a run of this size fits, in its leanest mode.
+    pub needs: u64,
+}
+
+impl RuntimeMemory {
+    /// `model`'s figures for a `side`² image from `prompts` prompts of `prompt_tokens` tokens,
+    /// computing in `dtype`.
+    pub fn of(
+        model: &ModelSizes,
+        side: u32,
+        prompt_tokens: u32,
+        prompts: u32,
+        dtype: crate::mlx::Dtype,
+        can_stream: bool,
+    ) -> RuntimeMemory {
+        let shape = RequestShape {
+            width: side,
+            height: side,
+            prompt_tokens,
+            prompts,
+            reference_tokens: 0,
+            compute_bytes: dtype.size_bytes() as u64,
+            encodes: None,
+            graph: crate::platform::graph(),
+            device: crate::mlx::default_device(),
+        };
+        let base = crate::platform::held_before_loading();
+        RuntimeMemory {
+            side,
+            dtype,
+            compute: model.estimate(&shape, Residency::Compute, None, base),
+            stored: model.estimate(&shape, Residency::Stored, None, base),
+            needs: model.smallest_budget(&shape, base, can_stream),
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! The flow-matching Euler schedule of `FlowMatchEulerDiscreteScheduler` as Z-Image uses it
-//! (diffusers ≥ 0.39: custom sigmas `linspace(1, 1/N, N)`, static shift, final σ = 0).
+//! The flow-matching Euler schedules of `FlowMatchEulerDiscreteScheduler` (diffusers ≥ 0.39:
+//! custom sigmas `linspace(1, 1/N, N)`, final σ = 0), with a static shift or the exponential
+//! time shift by an empirical μ.
 //!
 //! Every value is computed with the same f32/f64 roundings as torch on the CPU, so the
 //! schedule is bit-identical to the reference (zimage-spec §4.3).
@@ -37,7 +38,7 @@ impl SchedulerConfig {
         }
         if self.use_dynamic_shifting {
             return Err(
-                "scheduler `use_dynamic_shifting: true` is not supported (Z-Image uses a static shift)"
+                "scheduler `use_dynamic_shifting: true` is not supported (this schedule uses a static shift)"
                     .into(),
             );
         }
@@ -64,7 +65,7 @@ impl SchedulerConfig {
 
 /// FLUX.2's μ for `image_tokens` output tokens and `steps` steps: a line in the step count
 /// through the 10-step and the 200-step fits, or the 200-step value above 4300 tokens
-/// (klein-spec §6.2, evaluated in f64 in this order).
+/// (the FLUX.2 spec §6.2, evaluated in f64 in this order).
 pub fn empirical_mu(image_tokens: usize, steps: usize) -> f64 {
     let (a1, b1, a2, b2) = (8.73809524e-05, 1.89833333, 0.00016927, 0.45666666);
     let s = image_tokens as f64;
@@ -109,7 +110,7 @@ impl Schedule {
 
     /// The schedule for `steps` with the exponential time shift by `mu`: numpy's f64
     /// `linspace(1, 1/n, n)` rounded once to f32, then `e^μ / (e^μ + (1/σ − 1))` in f32 with
-    /// `e^μ` rounded to f32 (klein-spec §6.3).
+    /// `e^μ` rounded to f32 (the FLUX.2 spec §6.3).
     pub fn exponential(steps: usize, mu: f64) -> Schedule {
         assert!(steps >= 1, "at least one step");
         let n = steps;
@@ -166,7 +167,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn klein_schedules_match_the_spec() {
+    fn exponential_schedules_match_the_spec() {
         assert!((empirical_mu(4096, 4) - 2.291180).abs() < 1e-6);
         assert!((empirical_mu(4096, 50) - 2.023351).abs() < 1e-6);
         assert!((empirical_mu(4301, 4) - 1.184697).abs() < 1e-6);

@@ -4,8 +4,9 @@
 //! from the byte-level BPE files the Qwen2 tokenizer also ships (`vocab.json`, `merges.txt`) and
 //! the added tokens of `tokenizer_config.json`, with Qwen2's pre-tokenizer. Both give the same ids.
 //!
-//! The chat template is the one `ZImagePipeline` applies (one user message, generation prompt,
-//! thinking enabled), which renders to a fixed string, so no template engine is needed.
+//! Qwen3's chat template with one user message and the generation prompt, thinking enabled or
+//! disabled as the family's pipeline applies it, renders to a fixed string, so no template
+//! engine is needed.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -39,13 +40,13 @@ pub fn chat_template(prompt: &str) -> String {
     format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
 }
 
-/// The prompt as FLUX.2 \[klein\] feeds it: thinking disabled, so Qwen3's template closes an
-/// empty think block after the generation prompt (klein-spec §2.1).
+/// The prompt with thinking disabled: Qwen3's template closes an empty think block after the
+/// generation prompt (the FLUX.2 spec §2.1).
 pub fn chat_template_no_thinking(prompt: &str) -> String {
     format!("{}<think>\n\n</think>\n\n", chat_template(prompt))
 }
 
-/// Tokenizer of a Z-Image model.
+/// The Qwen tokenizer of a model's `tokenizer/` folder.
 pub struct PromptTokenizer {
     inner: Tokenizer,
 }

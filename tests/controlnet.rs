@@ -7,9 +7,10 @@ use common::controlnet::{tiny_config, tiny_tensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::Pipeline;
+use zimage::families::zimage::{ControlNet, ControlNetVersion, ZImageTransformer};
 use zimage::mlx::{io, Array, Dtype};
-use zimage::models::{Checkpoint, ControlNet, ControlNetVersion, ZImageTransformer};
-use zimage::pipeline::Pipeline;
+use zimage::models::Checkpoint;
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
@@ -161,7 +162,7 @@ fn a_diffusers_directory_loads_and_matches_diffusers() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("controlnet");
     common::controlnet::write_tiny_dir("2.1", &dir);
-    let source = zimage::controlnet_source::ControlNetSource::open(&dir).unwrap();
+    let source = zimage::families::zimage::controlnet_source::ControlNetSource::open(&dir).unwrap();
     assert_eq!(source.version(), ControlNetVersion::V2_1);
     assert_eq!(source.config, tiny_config("2.1"));
     let tr = transformer();
@@ -243,7 +244,8 @@ fn published_single_files_are_recognised_without_a_config() {
             .path()
             .join(format!("union-{}.safetensors", version.name()));
         write_published(&path, version);
-        let source = zimage::controlnet_source::ControlNetSource::open(&path).unwrap();
+        let source =
+            zimage::families::zimage::controlnet_source::ControlNetSource::open(&path).unwrap();
         assert_eq!(source.version(), version, "{}", path.display());
         assert_eq!(source.config, version.published_config());
         assert_eq!(source.config.version(), version);
@@ -254,7 +256,7 @@ fn published_single_files_are_recognised_without_a_config() {
 #[test]
 fn a_file_that_is_no_controlnet_is_refused_by_name() {
     let path = models().join("z-image-tiny/transformer/diffusion_pytorch_model.safetensors");
-    let err = zimage::controlnet_source::ControlNetSource::open(&path)
+    let err = zimage::families::zimage::controlnet_source::ControlNetSource::open(&path)
         .err()
         .unwrap()
         .to_string();
@@ -296,7 +298,7 @@ fn a_controlnet_stored_by_name_says_what_it_is_and_matches_diffusers() {
 
     let tr = transformer();
     let source = stored(&store, "cn");
-    let cn = zimage::controlnet_source::load_stored(
+    let cn = zimage::families::zimage::controlnet_source::load_stored(
         &source,
         &tr.config,
         Dtype::F32,
@@ -332,7 +334,7 @@ fn a_quantized_controlnet_stays_packed_and_still_steers() {
     let show = String::from_utf8(common::zimage_in(&store, &["show", "cn8"]).stdout).unwrap();
     assert!(show.contains("MLX affine"), "{show}");
     let tr = transformer();
-    let cn = zimage::controlnet_source::load_stored(
+    let cn = zimage::families::zimage::controlnet_source::load_stored(
         &stored(&store, "cn8"),
         &tr.config,
         Dtype::F32,

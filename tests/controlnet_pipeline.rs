@@ -10,10 +10,11 @@ mod common;
 use image::{GrayImage, RgbImage};
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use zimage::controlnet_source::ControlNetSource;
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::controlnet_source::ControlNetSource;
+use zimage::families::zimage::Pipeline;
 use zimage::mlx::{io, Array, Dtype};
-use zimage::pipeline::{ControlInput, ImageInput, Pipeline, Request};
+use zimage::pipeline::{ControlInput, ImageInput, Request};
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
@@ -195,7 +196,7 @@ fn check(case: &str) {
     // The control input as the ControlNet reads it (diffusers pads a 2.x one to 33 channels
     // before the call; ours pads inside the ControlNet).
     let encoder = p.load_vae_encoder().unwrap();
-    let latents = zimage::pipeline::control::control_latents(
+    let latents = zimage::families::zimage::control::control_latents(
         &encoder,
         &control,
         req.input.as_ref(),

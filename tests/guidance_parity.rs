@@ -8,8 +8,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::Pipeline;
 use zimage::mlx::{io, Dtype};
-use zimage::pipeline::{Pipeline, Request};
+use zimage::pipeline::Request;
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")

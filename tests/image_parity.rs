@@ -7,9 +7,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::Pipeline;
 use zimage::image_in;
 use zimage::mlx::{io, Array, Dtype};
-use zimage::pipeline::{ImageInput, Pipeline, Request};
+use zimage::pipeline::{ImageInput, Request};
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")

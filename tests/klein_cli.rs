@@ -5,9 +5,10 @@
 mod common;
 
 use common::{compare_pixels, klein_reference_image, s, zimage_in};
+use image::GenericImageView;
 use std::ops::ControlFlow;
 use std::path::Path;
-use zimage::pipeline::klein::KleinPipeline;
+use zimage::families::flux2_klein::pipeline::KleinPipeline;
 use zimage::pipeline::Request;
 
 fn models() -> &'static Path {
@@ -177,6 +178,39 @@ fn options_klein_lacks_are_refused_by_name() {
     }
 }
 
+/// Sides are multiples of the model's own token cell, not of a cell every family shares: the
+/// tiny klein's VAE has three levels, so its cell is 8 pixels (the real models' 16).
+#[test]
+fn sizes_are_multiples_of_the_models_own_cell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let dir = models().join("flux2-klein-tiny");
+    let png = tmp.path().join("tall.png");
+    let args = [
+        "generate",
+        "a fox",
+        "--model",
+        s(&dir),
+        "--width",
+        "72",
+        "--height",
+        "96",
+        "--steps",
+        "1",
+        "-o",
+        s(&png),
+    ];
+    let out = zimage_in(&store, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(image::open(&png).unwrap().dimensions(), (72, 96));
+    let args = ["generate", "a fox", "--model", s(&dir), "--width", "100"];
+    refused(
+        &zimage_in(&store, &args),
+        "--width is 100; widths and heights are multiples of 8",
+    );
+    assert!(!tmp.path().join("zimage.png").exists());
+}
+
 /// `--ref`: the output takes the reference's size and matches diffusers' edit of it.
 #[test]
 fn an_edit_from_a_reference_matches_diffusers() {
@@ -274,6 +308,45 @@ fn inpainting_from_the_command_line_matches_diffusers() {
     let (same, worst) = compare_pixels(&ours.into_raw(), &klein_reference_image("inpaint"));
     println!("inpaint from the command line: {same} identical, worst off by {worst}");
     assert!(worst <= 2, "{same} identical, worst {worst}");
+}
+
+/// A mask whose edges fall inside token cells (some cells half or a quarter covered) inpaints
+/// as diffusers does: the token mask is the bilinear reduction's, partial values and all.
+#[test]
+fn inpainting_a_mask_off_the_token_grid_matches_diffusers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let png = tmp.path().join("inpainted.png");
+    let model = models().join("flux2-klein-tiny");
+    let picture = models().join("reference/inputs/picture-96x80.png");
+    let mask = models().join("reference/klein-inputs/mask-rect-96x80.png");
+    let args = [
+        "generate",
+        "a red fox in the snow",
+        "--model",
+        s(&model),
+        "--image",
+        s(&picture),
+        "--mask",
+        s(&mask),
+        "--strength",
+        "1",
+        "--steps",
+        "4",
+        "--seed",
+        "13",
+        "--dtype",
+        "f32",
+        "-o",
+        s(&png),
+    ];
+    let out = zimage_in(&tmp.path().join("store"), &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let ours = image::open(&png).unwrap().to_rgb8();
+    assert_eq!(ours.dimensions(), (96, 80));
+    let reference = klein_reference_image("inpaint-offgrid");
+    let (same, worst) = compare_pixels(&ours.into_raw(), &reference);
+    println!("off-grid inpaint from the command line: {same} identical, worst off by {worst}");
+    assert!(worst <= 1, "{same} identical, worst {worst}");
 }
 
 /// Generates "a red fox in the snow" with seed 42 in f32 from `model` with `flags`, against

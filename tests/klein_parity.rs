@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::flux2_klein::{pipeline as klein, KleinPipeline};
 use zimage::mlx::{io, Array, Dtype};
-use zimage::pipeline::klein::{self, KleinPipeline};
 use zimage::pipeline::Request;
 
 fn models() -> PathBuf {
@@ -52,7 +52,7 @@ impl Case {
     }
 
     /// The request, its size from the first reference where the call names none.
-    fn request_sized(&self, first: &klein::Reference) -> Request {
+    fn request_sized(&self, first: &zimage::pipeline::reference::Reference) -> Request {
         let c = &self.call;
         let width = c["width"].as_u64().map_or(first.width, |w| w as u32);
         let height = c["height"].as_u64().map_or(first.height, |h| h as u32);
@@ -158,9 +158,10 @@ fn check_text_case(name: &str, model: &str) {
     // Each step's transformer output from the reference's own input.
     let transformer = p.load_transformer().unwrap();
     let cfg = &p.configs.transformer;
-    let ids = zimage::models::flux2::rope::ids(klein::MAX_SEQUENCE_LENGTH, (h, w), &[]);
+    let ids = zimage::families::flux2_klein::rope::ids(klein::MAX_SEQUENCE_LENGTH, (h, w), &[]);
     let rope =
-        zimage::models::flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta).unwrap();
+        zimage::families::flux2_klein::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)
+            .unwrap();
     let text = case.unbatched("prompt_embeds");
     for i in 0..req.steps {
         let input = case.unbatched(&format!("step{i}.model_input"));
@@ -271,14 +272,14 @@ fn check_edit_case(name: &str) {
     let case = Case::load(name);
     let mut p = pipeline("flux2-klein-tiny");
     let cell = p.cell();
-    let references: Vec<klein::Reference> = case.call["image"]
+    let references: Vec<zimage::pipeline::reference::Reference> = case.call["image"]
         .as_array()
         .unwrap()
         .iter()
         .map(|path| {
             let path = models().join("reference").join(path.as_str().unwrap());
             let img = image::open(&path).unwrap();
-            klein::Reference::prepare(&img, cell, "reference").unwrap()
+            zimage::pipeline::reference::Reference::prepare(&img, cell, "reference").unwrap()
         })
         .collect();
     for (k, r) in references.iter().enumerate() {
@@ -303,9 +304,10 @@ fn check_edit_case(name: &str) {
     req.guidance = case.call["guidance_scale"].as_f64().unwrap() as f32;
     let (h, w) = p.grid(&req);
     let cfg = &p.configs.transformer;
-    let ids = zimage::models::flux2::rope::ids(klein::MAX_SEQUENCE_LENGTH, (h, w), &grids);
+    let ids = zimage::families::flux2_klein::rope::ids(klein::MAX_SEQUENCE_LENGTH, (h, w), &grids);
     let rope =
-        zimage::models::flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta).unwrap();
+        zimage::families::flux2_klein::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)
+            .unwrap();
     let transformer = p.load_transformer().unwrap();
     let text = case.unbatched("prompt_embeds");
     let timesteps = values(&case.array("timesteps"));
@@ -405,8 +407,12 @@ fn inpainting_with_a_reference_and_guidance_matches_diffusers() {
     let reference = models()
         .join("reference")
         .join(case.call["image_reference"].as_str().unwrap());
-    let reference =
-        klein::Reference::prepare(&image::open(&reference).unwrap(), p.cell(), "ref").unwrap();
+    let reference = zimage::pipeline::reference::Reference::prepare(
+        &image::open(&reference).unwrap(),
+        p.cell(),
+        "ref",
+    )
+    .unwrap();
     let mask_png = models()
         .join("reference")
         .join(case.call["mask_image"].as_str().unwrap());
@@ -448,8 +454,12 @@ fn a_bf16_edit_follows_the_reference_run_in_bf16() {
     let path = models()
         .join("reference")
         .join(case.call["image"][0].as_str().unwrap());
-    let reference =
-        klein::Reference::prepare(&image::open(&path).unwrap(), p.cell(), "ref").unwrap();
+    let reference = zimage::pipeline::reference::Reference::prepare(
+        &image::open(&path).unwrap(),
+        p.cell(),
+        "ref",
+    )
+    .unwrap();
     let req = case.request_sized(&reference);
     let out = p
         .generate_from(&req, &[reference], &mut |_| ControlFlow::Continue(()))

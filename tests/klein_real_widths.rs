@@ -8,8 +8,8 @@ mod common;
 
 use common::klein;
 use std::collections::HashMap;
+use zimage::families::flux2_klein::{rope, Flux2Config, Flux2Transformer};
 use zimage::mlx::{io, Array, Dtype};
-use zimage::models::flux2::{rope, Flux2Config, Flux2Transformer};
 use zimage::models::Checkpoint;
 
 #[test]

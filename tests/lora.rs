@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use zimage::diffusers_dir::DiffusersDir;
-use zimage::family::Family;
+use zimage::families::zimage::Pipeline;
 use zimage::lora::{Adapters, LoraSpec};
 use zimage::mlx::Dtype;
-use zimage::pipeline::{Pipeline, Request};
+use zimage::pipeline::Request;
 use zimage::safetensors::{self, Dtype as StDtype};
 
 const RANK: usize = 4;
@@ -270,7 +270,7 @@ fn generate(model: &Path, specs: &[LoraSpec]) -> Vec<u8> {
     let mut p = Pipeline::new(DiffusersDir::open(model).unwrap(), Dtype::F32, false).unwrap();
     if !specs.is_empty() {
         let [te, tr, _] = p.tensor_sizes().unwrap();
-        p.set_adapters(Adapters::load(specs, Family::ZImage, &te, &tr, false, Dtype::F32).unwrap());
+        p.set_adapters(Adapters::load(specs, None, &te, &tr, false, Dtype::F32).unwrap());
     }
     p.generate(&request(), &mut |_| {}).unwrap().rgb
 }

@@ -7,9 +7,10 @@ mod synthetic;
 
 mod common;
 
-use zimage::memory_plan::{Denoiser, ModelSizes, RequestShape, TensorSize};
+use zimage::families::zimage::DitConfig;
+use zimage::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use zimage::models::vae_tiling::{decoder_tensor_shapes, flux_vae_config};
-use zimage::models::{DitConfig, Qwen3Config, Residency};
+use zimage::models::{Qwen3Config, Residency};
 
 const GB: u64 = 1_000_000_000;
 
@@ -184,7 +185,11 @@ impl RealModel {
             transformer: &self.transformer,
             vae: &self.vae,
             text_config: &self.text_config,
-            denoiser: Denoiser::ZImage(&self.dit_config),
+            denoiser: zimage::families::zimage::denoiser(
+                &self.dit_config,
+                &self.text_config,
+                &self.vae_config,
+            ),
             vae_config: &self.vae_config,
             controlnet: &[],
         }
@@ -267,7 +272,7 @@ fn the_plan_takes_the_fastest_mode_that_fits_and_refuses_what_cannot() {
 fn a_controlnet_adds_its_weights_and_hints_to_the_denoise_phase() {
     let real = RealModel::new();
     let m = real.sizes();
-    let cfg = zimage::models::ControlNetVersion::V2_1.published_config();
+    let cfg = zimage::families::zimage::ControlNetVersion::V2_1.published_config();
     let cn: Vec<TensorSize> = common::controlnet::tensor_shapes(&cfg)
         .into_iter()
         .map(|(n, s)| tensor(n, &s.iter().map(|&d| d as u64).collect::<Vec<_>>(), 2))
@@ -427,7 +432,7 @@ struct KleinModel {
     transformer: Vec<TensorSize>,
     vae: Vec<TensorSize>,
     text_config: Qwen3Config,
-    transformer_config: zimage::models::flux2::Flux2Config,
+    transformer_config: zimage::families::flux2_klein::Flux2Config,
     vae_config: zimage::models::VaeConfig,
 }
 
@@ -465,7 +470,7 @@ impl KleinModel {
             transformer: &self.transformer,
             vae: &self.vae,
             text_config: &self.text_config,
-            denoiser: Denoiser::Flux2(&self.transformer_config),
+            denoiser: zimage::families::flux2_klein::denoiser(&self.transformer_config, 16),
             vae_config: &self.vae_config,
             controlnet: &[],
         }

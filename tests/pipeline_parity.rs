@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use zimage::diffusers_dir::DiffusersDir;
+use zimage::families::zimage::Pipeline;
 use zimage::mlx::{io, Array, Dtype};
-use zimage::pipeline::{Pipeline, Request};
+use zimage::pipeline::Request;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models")

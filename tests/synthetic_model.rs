@@ -383,7 +383,7 @@ fn shallow_model_has_the_spec_tensors_and_generates_through_the_store() {
         serde_json::json!([128, 256, 512, 512])
     );
     assert_eq!(sch_cfg["shift"], 3.0);
-    serde_json::from_value::<zimage::models::DitConfig>(tr_cfg)
+    serde_json::from_value::<zimage::families::zimage::DitConfig>(tr_cfg)
         .unwrap()
         .validate()
         .unwrap();

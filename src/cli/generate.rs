@@ -21,14 +21,16 @@ use zimage::store::{ImportOptions, Store};
 pub struct GenerateArgs {
     /// The prompt.
     pub prompt: String,
-    /// Stored model to use, or a diffusers directory (default: the first Z-Image in the store,
+    /// Stored model to use, or a diffusers directory (default: the first image model in the store,
     /// else the embedded demo model).
     #[arg(long)]
     pub model: Option<String>,
-    /// Image width in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
+    /// Image width in pixels (a multiple of the model's token cell, 16 for the real models, up to
+    /// 8192; default: the model's VAE sample size).
     #[arg(long, allow_negative_numbers = true)]
     pub width: Option<u32>,
-    /// Image height in pixels (a multiple of 16 up to 8192; default: the model's VAE sample size).
+    /// Image height in pixels (a multiple of the model's token cell, 16 for the real models, up to
+    /// 8192; default: the model's VAE sample size).
     #[arg(long, allow_negative_numbers = true)]
     pub height: Option<u32>,
     /// Denoising steps, 1 to 1000 (default: the model's recorded default, else 8 as for Turbo).
@@ -101,8 +103,8 @@ pub struct GenerateArgs {
     /// Skip LoRA keys that name no layer of the model instead of refusing the file.
     #[arg(long)]
     pub lora_lenient: bool,
-    /// A reference picture to edit from (FLUX.2 [klein] models; repeat for up to 4). Each is
-    /// scaled to at most 1024² pixels and centre-cropped to multiples of 16; without
+    /// A reference picture to edit from (models that take references; repeat for up to 4).
+    /// Each is scaled to at most 1024² pixels and centre-cropped to the model's token cell; without
     /// `--width/--height` the output takes the first one's size.
     #[arg(long = "ref", value_name = "FILE")]
     pub references: Vec<PathBuf>,
@@ -131,7 +133,7 @@ pub struct GenerateArgs {
     /// multiple of 16. With --image and --mask: ControlNet inpainting (a 2.x ControlNet).
     #[arg(long, value_name = "CONTROL.png")]
     pub control: Option<PathBuf>,
-    /// The Z-Image ControlNet Union that reads --control: a stored name, a diffusers directory,
+    /// The ControlNet that reads --control: a stored name, a diffusers directory,
     /// or a published single .safetensors file (1.0, 2.0 and 2.1 are recognised).
     #[arg(long, value_name = "PATH|NAME")]
     pub controlnet: Option<String>,
@@ -210,8 +212,8 @@ impl WeightsArg {
 /// The embedded demo model (random weights), shipped in the source tree.
 const DEMO_NAME: &str = "zimage/z-image-tiny:demo";
 
-/// The model to run: `--model` (a diffusers directory, or a stored name), else a Z-Image in
-/// the store, else the demo imported into a small store of its own (so the user's store is
+/// The model to run: `--model` (a diffusers directory, or a stored name), else an image model
+/// in the store, else the demo imported into a small store of its own (so the user's store is
 /// left alone); and whether it is the demo.
 fn resolve_model(
     store: Option<&Path>,
@@ -454,7 +456,7 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         ComputeDtype::F32 => Dtype::F32,
     });
     if demo {
-        eprintln!("note: no Z-Image in the store; running the embedded demo model, whose weights are random");
+        eprintln!("note: no image model in the store; running the embedded demo model, whose weights are random");
     }
     let keep_models = a.runs > 1 || a.count > 1 || a.hires_scale.is_some();
     let mut engine = Engine::new(dtype, keep_models);

@@ -199,7 +199,10 @@ fn lora_facts(path: &Path) -> Vec<(&'static str, Value)> {
                 .map(|(t, n)| format!("{t} ×{n}"))
                 .collect::<Vec<_>>()),
         ),
-        ("lora_base", json!(zimage::lora::base_guess(&s.targets))),
+        (
+            "lora_base",
+            json!(zimage::families::lora_base_guess(&s.targets)),
+        ),
     ];
     if !file.skipped.is_empty() {
         facts.push(("lora_unmatched", json!(file.skipped.len())));

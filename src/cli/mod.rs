@@ -18,6 +18,7 @@ mod generate;
 mod hash;
 mod info;
 mod inspect;
+mod progress;
 mod registry;
 mod serve;
 mod store;
@@ -37,7 +38,7 @@ pub fn exit_error() -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Run Z-Image diffusion models on MLX, stored the way Ollama stores them.
+/// Run diffusion image models on MLX, stored the way Ollama stores them.
 #[derive(Parser, Debug)]
 #[command(name = "zimage", version, about)]
 pub struct Cli {

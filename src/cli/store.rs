@@ -3,15 +3,14 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zimage::controlnet_source::{recognise_file, ControlNetSource};
 use zimage::diffusers_dir::DiffusersDir;
-use zimage::family::Family;
+use zimage::families::Family;
+use zimage::families::{controlnet_at, describe_stored_controlnet};
 use zimage::formats::{dfsn, ztensor, FileKind};
 use zimage::generation_defaults::{GenerationDefaults, WithDefaults};
 use zimage::hub::{FetchOptions, HubEnv, HubRepo};
 use zimage::loader::{self, ReadPath};
 use zimage::memory_plan;
-use zimage::models::Residency;
 use zimage::safetensors::Dtype;
 use zimage::store::import::TensorSourceSync;
 use zimage::store::{self, ImportOptions, Quantization, SafetensorsFile, Store};
@@ -26,8 +25,8 @@ pub struct CreateArgs {
     /// directory whose components they replace.
     #[arg(long, required_unless_present_any = ["transformer", "text_encoder", "vae"])]
     pub from: Option<PathBuf>,
-    /// The transformer: a safetensors file (diffusers or original Z-Image layout, as ComfyUI
-    /// ships it), several shards, or a shard index.
+    /// The transformer: a safetensors file (diffusers names or the family's original ones, as
+    /// ComfyUI ships it), several shards, or a shard index.
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub transformer: Vec<PathBuf>,
     /// The Qwen3 text encoder: a safetensors file (with or without the `model.` prefix),
@@ -38,7 +37,7 @@ pub struct CreateArgs {
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub vae: Vec<PathBuf>,
     /// The tokenizer: a folder of tokenizer files or one of them (default: `--from`'s, else
-    /// Z-Image-Turbo's, which the binary carries).
+    /// the demo model's, which the binary carries).
     #[arg(long, value_name = "DIR|FILE")]
     pub tokenizer: Option<PathBuf>,
     /// For a single-file source: the component its tensors go under (`transformer`, …).
@@ -287,7 +286,7 @@ fn from_hub(from: PathBuf) -> anyhow::Result<PathBuf> {
         return Ok(from);
     };
     let repo = repo?;
-    let bar = super::registry::Bar::files("downloading");
+    let bar = super::progress::Bar::files("downloading");
     let fetched = zimage::hub::fetch(&repo, &HubEnv::from_env(), &FetchOptions::default(), &bar);
     bar.bar.finish_and_clear();
     let fetched = fetched.with_context(|| format!("downloading `{}`", repo.store_name))?;
@@ -308,7 +307,15 @@ fn print_ggml_report(r: &zimage::store::import::GgmlReport) {
 fn create_derived(store: &Store, a: &CreateArgs) -> anyhow::Result<ExitCode> {
     let from = a.from.as_deref().context("--lora needs --from")?;
     let base = from.to_string_lossy();
-    let derived = zimage::lora::stored::create(store, &a.name, &base, &a.loras, a.lora_lenient);
+    let original_names = |index: &[u8]| Family::from_model_index(index).map(|f| f.original_names());
+    let derived = zimage::lora::stored::create(
+        store,
+        &a.name,
+        &base,
+        &a.loras,
+        a.lora_lenient,
+        &original_names,
+    );
     let derived = match derived {
         Err(zimage::lora::Error::Store(
             store::StoreError::NotFound(_) | store::StoreError::Name(_),
@@ -330,31 +337,10 @@ fn create_derived(store: &Store, a: &CreateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A ControlNet: a directory whose `config.json` is a `ZImageControlNetModel`'s, or (when no
-/// `--component` says where the tensors go) a safetensors file recognised as a published one.
-fn is_controlnet(from: &Path, component: &str) -> anyhow::Result<bool> {
-    if from.is_dir() {
-        let config = from.join("config.json");
-        if !config.is_file() {
-            return Ok(false);
-        }
-        let bytes = zimage::files::read_bounded(&config, 1 << 20, "config")?;
-        let json: serde_json::Value = serde_json::from_slice(&bytes)
-            .with_context(|| format!("`{}` is not JSON", config.display()))?;
-        return Ok(json["_class_name"] == "ZImageControlNetModel");
-    }
-    if component != "model" || !from.is_file() {
-        return Ok(false);
-    }
-    let kind =
-        FileKind::of_file(from).with_context(|| format!("cannot read `{}`", from.display()))?;
-    Ok(kind == FileKind::Safetensors && recognise_file(from)?.is_some())
-}
-
 /// What `--from` names: a diffusers directory or a single model file, told by its content.
 fn open_source(from: &Path, component: &str) -> anyhow::Result<Box<dyn TensorSourceSync>> {
-    if is_controlnet(from, component)? {
-        return Ok(Box::new(ControlNetSource::open(from)?));
+    if let Some(controlnets) = controlnet_at(from, component).map_err(|e| anyhow::anyhow!(e))? {
+        return controlnets.open(from).map_err(|e| anyhow::anyhow!(e));
     }
     if from.is_dir() {
         return Ok(Box::new(DiffusersDir::open(from)?));
@@ -416,7 +402,7 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
             .map(|n| format!("  + {n}"))
             .or_else(|| controlnet_note(&store, &m).map(|n| format!("  {n}")))
             .or_else(|| {
-                let family = family_of(&store, &m).filter(|f| *f != Family::ZImage);
+                let family = family_of(&store, &m).filter(|f| !f.is_default());
                 family.map(|f| format!("  {}", f.name()))
             })
             .unwrap_or_default();
@@ -456,75 +442,17 @@ fn lora_note(store: &Store, model: &store::StoredModel) -> Option<String> {
 /// `ControlNet 2.1 (…)` for a stored ControlNet; `None` for any other model.
 fn controlnet_note(store: &Store, model: &store::StoredModel) -> Option<String> {
     let source = zimage::loader::StoreSource::new(store, model);
-    Some(match zimage::controlnet_source::stored_config(&source) {
-        Ok(Some(c)) => format!(
-            "ControlNet {} ({} control layers, {} control channels)",
-            c.version().name(),
-            c.control_layers_places.len(),
-            c.control_in_dim
-        ),
-        Ok(None) => return None,
-        Err(e) => format!("ControlNet, config unreadable: {e}"),
+    Some(match describe_stored_controlnet(&source)? {
+        Ok(line) | Err(line) => line,
     })
 }
 
-/// A stored model's estimated run-time peak, with weights held either way.
-struct RuntimeMemory {
-    side: u32,
-    dtype: zimage::mlx::Dtype,
-    compute: memory_plan::MemoryEstimate,
-    stored: memory_plan::MemoryEstimate,
-    /// The smallest budget a run of this size fits, in its leanest mode.
-    needs: u64,
-}
-
-/// The estimate at the model's default size for a typical prompt (64 tokens; klein's padded
-/// 512, twice on a base model); `None` for a model that is no pipeline of a family zimage runs
-/// (no configs to size it by).
-fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<RuntimeMemory> {
-    let dtype = zimage::platform::default_compute_dtype();
+/// The estimate at the model's default size for a typical prompt (as its family sizes one);
+/// `None` for a model that is no pipeline of a family zimage runs (no configs to size it by).
+fn runtime_memory(store: &Store, model: &store::StoredModel) -> Option<memory_plan::RuntimeMemory> {
     let source = zimage::loader::StoreSource::new(store, model);
-    let shape = |side: u32, prompt_tokens: u32, prompts: u32| memory_plan::RequestShape {
-        width: side,
-        height: side,
-        prompt_tokens,
-        prompts,
-        reference_tokens: 0,
-        compute_bytes: dtype.size_bytes() as u64,
-        encodes: None,
-        graph: zimage::platform::graph(),
-        device: zimage::mlx::default_device(),
-    };
-    let base = zimage::platform::held_before_loading();
-    let figures =
-        |m: memory_plan::ModelSizes, shape: memory_plan::RequestShape, streams| RuntimeMemory {
-            side: shape.width,
-            dtype,
-            compute: m.estimate(&shape, Residency::Compute, None, base),
-            stored: m.estimate(&shape, Residency::Stored, None, base),
-            needs: m.smallest_budget(&shape, base, streams),
-        };
-    if family_of(store, model) == Some(Family::Flux2Klein) {
-        let klein = zimage::pipeline::klein::KleinPipeline::new(source, dtype).ok()?;
-        let c = &klein.configs;
-        let side = c.vae.sample_size.unwrap_or(1024);
-        let prompts = if c.is_distilled { 1 } else { 2 };
-        let tokens = zimage::pipeline::klein::MAX_SEQUENCE_LENGTH as u32;
-        let sizes = klein.tensor_sizes().ok()?;
-        return Some(figures(
-            klein.model_sizes(&sizes),
-            shape(side, tokens, prompts),
-            klein.can_stream(),
-        ));
-    }
-    let pipeline = zimage::pipeline::Pipeline::new(source, dtype, false).ok()?;
-    let side = pipeline.configs.vae.sample_size.unwrap_or(1024);
-    let sizes = pipeline.tensor_sizes().ok()?;
-    Some(figures(
-        pipeline.model_sizes(&sizes),
-        shape(side, 64, 1),
-        pipeline.can_stream(),
-    ))
+    let dtype = zimage::platform::default_compute_dtype();
+    family_of(store, model)?.runtime_memory(&source, dtype)
 }
 
 pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
@@ -606,19 +534,15 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
             r.hash
         );
     }
-    match (family, defaults.is_empty()) {
-        (Some(Family::Flux2Klein), true) => {
-            let source = zimage::loader::StoreSource::new(&store, &model);
-            if let Some((steps, guidance, distilled)) =
-                zimage::pipeline::klein::family_defaults(&source)
-            {
-                println!(
-                    "defaults    none recorded: {steps} steps, guidance {guidance} ({} model)",
-                    if distilled { "distilled" } else { "base" }
-                );
-            }
-        }
-        _ => println!("defaults    {}", describe_defaults(&defaults)),
+    let source = zimage::loader::StoreSource::new(&store, &model);
+    let own = family.filter(|_| defaults.is_empty());
+    match own.and_then(|f| f.own_defaults(&source)) {
+        Some(d) => println!(
+            "defaults    none recorded: {} steps, guidance {} ({} model)",
+            d.steps, d.guidance, d.kind
+        ),
+        None if own.is_some_and(|f| !f.is_default()) => {}
+        None => println!("defaults    {}", describe_defaults(&defaults)),
     }
     if let Some(r) = &runtime {
         println!(

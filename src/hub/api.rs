@@ -231,14 +231,14 @@ mod tests {
 
     #[test]
     fn names_give_the_repository_the_revision_and_the_stored_name() {
-        let r = HubRepo::parse("hf.co/Tongyi-MAI/Z-Image-Turbo")
+        let r = HubRepo::parse("hf.co/acme/Image-Model-Turbo")
             .unwrap()
             .unwrap();
         assert_eq!(
             (r.id().as_str(), r.revision.as_str()),
-            ("Tongyi-MAI/Z-Image-Turbo", "main")
+            ("acme/Image-Model-Turbo", "main")
         );
-        assert_eq!(r.store_name, "hf.co/Tongyi-MAI/Z-Image-Turbo");
+        assert_eq!(r.store_name, "hf.co/acme/Image-Model-Turbo");
         let r = HubRepo::parse("huggingface.co/o/r:v2").unwrap().unwrap();
         assert_eq!(
             (r.revision.as_str(), r.store_name.as_str()),

@@ -1,10 +1,10 @@
-//! A stored model written out as ComfyUI's three files: the transformer in the original
-//! Z-Image layout (fused `attention.qkv`), the `model.`-prefixed Qwen3 text encoder and the
+//! A stored model written out as ComfyUI's three files: the transformer in its family's
+//! original layout (fused projections joined again), the `model.`-prefixed Qwen3 text encoder and the
 //! LDM-layout VAE, each carrying its diffusers config in its metadata so that importing the
 //! files again gives the same model. Bytes are copied from the blobs as they are.
 
-use super::{Component, Joined, CONFIG_METADATA_KEY};
 use crate::files::{FileError, TempFile};
+use crate::mapping::{Component, Joined, CONFIG_METADATA_KEY};
 use crate::safetensors::{self, Dtype, TensorSpec};
 use crate::store::{blob, Store, StoreError, StoredModel};
 use std::collections::{BTreeMap, HashMap};
@@ -104,7 +104,7 @@ pub fn export_comfy(
             .map(|(n, t)| (n.clone(), t.shape.clone()))
             .collect();
         let joined = match component {
-            Component::Transformer => super::transformer_to_original(&shapes),
+            Component::Transformer => super::resolve::transformer_to_original(&shapes),
             Component::TextEncoder => super::text_encoder::to_original(&shapes),
             Component::Vae => super::vae::to_original(&shapes),
         };
@@ -195,7 +195,7 @@ fn write_file(
                 bytes.extend(crate::files::read_range(&p.file, p.offset, p.nbytes)?);
             }
             let rows = spec.shape.first().copied().unwrap_or(1);
-            super::roll_rows(&mut bytes, rows, j.roll_rows);
+            crate::mapping::roll_rows(&mut bytes, rows, j.roll_rows);
             out.write_all(&bytes).map_err(&io)?;
             n = bytes.len() as u64;
         }

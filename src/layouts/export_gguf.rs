@@ -1,4 +1,4 @@
-//! A stored model's transformer written as a GGUF file in the original Z-Image layout, as
+//! A stored model's transformer written as a GGUF file in its family's original layout, as
 //! stable-diffusion.cpp and ComfyUI-GGUF load it, each tensor in the ggml type nearest to how
 //! the store holds it:
 //!
@@ -13,11 +13,11 @@
 //! `general.architecture = lumina2` (ComfyUI-GGUF's name for this family) and the transformer's
 //! config under [`super::CONFIG_METADATA_KEY`], so importing it again gives the same model.
 
-use super::CONFIG_METADATA_KEY;
 use crate::dtype::Dtype;
 use crate::files::{FileError, TempFile};
 use crate::formats::gguf::{self, GgmlType, TensorHead, Value};
 use crate::ggml::{self, Group, GROUP};
+use crate::mapping::CONFIG_METADATA_KEY;
 use crate::mlx::QuantMode;
 use crate::store::{blob, Store, StoredModel};
 use std::collections::{BTreeMap, HashMap};
@@ -422,7 +422,7 @@ pub fn export_gguf(
     let shapes: Vec<(String, Vec<u64>)> = (stored.iter())
         .map(|(n, t)| (n.clone(), t.shape.clone()))
         .collect();
-    let joined = super::transformer_to_original(&shapes);
+    let joined = super::resolve::transformer_to_original(&shapes);
 
     // Every tensor's type, decided before anything is written: the header comes first.
     let mut heads = Vec::with_capacity(joined.len());
@@ -502,7 +502,7 @@ pub fn export_gguf(
         if j.roll_rows > 0 {
             // ggml rows are whole blocks, so the rows roll as bytes.
             let rows = head.shape.first().copied().unwrap_or(1);
-            super::roll_rows(&mut rolled, rows, j.roll_rows);
+            crate::mapping::roll_rows(&mut rolled, rows, j.roll_rows);
             out.write_all(&rolled).map_err(&io)?;
         }
         let want = head.nbytes().map_err(|e| fail(e.to_string()))?;

@@ -2,8 +2,9 @@
 //! as tensors, and a model composed from them: the source `zimage create --transformer FILE
 //! --text-encoder FILE --vae FILE` imports.
 
-use super::{resolve, to_diffusers, Component, Layout, LayoutError, Mapped, CONFIG_METADATA_KEY};
+use super::{resolve, Component, Layout, LayoutError, Mapped, CONFIG_METADATA_KEY};
 use crate::diffusers_dir::{self, DiffusersDir};
+use crate::families::Family;
 use crate::formats::FileKind;
 use crate::store::{SafetensorsFile, SourceTensor, StoreError, TensorSource};
 use std::collections::{BTreeMap, HashMap};
@@ -146,7 +147,7 @@ impl Checkpoint {
     /// The checkpoint's tensors as `component` under diffusers names.
     pub fn map(self, component: Component) -> Result<Mapped, LayoutError> {
         let what = self.describe();
-        to_diffusers(component, self.tensors, &what, self.config_hint.as_ref())
+        resolve::to_diffusers(component, self.tensors, &what, self.config_hint.as_ref())
     }
 }
 
@@ -241,7 +242,7 @@ pub struct ComponentOrigin {
 }
 
 /// A model assembled from component checkpoints over a base (a diffusers directory, or when
-/// there is none Qwen's tokenizer and the family's scheduler: Z-Image-Turbo's or klein's).
+/// there is none Qwen's tokenizer and the files of the transformer's family).
 #[derive(Debug, Clone)]
 pub struct ComposedModel {
     pub tensors: Vec<SourceTensor>,
@@ -249,7 +250,7 @@ pub struct ComposedModel {
     pub origins: Vec<ComponentOrigin>,
 }
 
-/// The files a model needs besides its weights that Z-Image-Turbo's are used for when no base
+/// The files a model needs besides its weights that the demo model's are used for when no base
 /// directory gives them: `model_index.json`, the scheduler config and the tokenizer.
 pub fn turbo_defaults(embedded: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
     embedded
@@ -259,36 +260,6 @@ pub fn turbo_defaults(embedded: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
         })
         .map(|(p, b)| (p.to_string(), b.to_vec()))
         .collect()
-}
-
-/// `model_index.json` and the scheduler config of a FLUX.2 \[klein\] model composed without a
-/// base directory: a base model when the transformer's file says so in its name, as Black
-/// Forest Labs names them (`flux-2-klein-base-4b.safetensors`), else the step-distilled one.
-fn klein_defaults(transformer_source: &str) -> Vec<(String, Vec<u8>)> {
-    let distilled = !transformer_source.to_ascii_lowercase().contains("base");
-    let index = serde_json::json!({
-        "_class_name": "Flux2KleinPipeline",
-        "_diffusers_version": "0.42.1",
-        "is_distilled": distilled,
-        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-        "text_encoder": ["transformers", "Qwen3ForCausalLM"],
-        "tokenizer": ["transformers", "Qwen2Tokenizer"],
-        "transformer": ["diffusers", "Flux2Transformer2DModel"],
-        "vae": ["diffusers", "AutoencoderKLFlux2"],
-    });
-    let scheduler = serde_json::json!({
-        "_class_name": "FlowMatchEulerDiscreteScheduler",
-        "_diffusers_version": "0.42.1",
-        "num_train_timesteps": 1000,
-        "shift": 3.0,
-        "time_shift_type": "exponential",
-        "use_dynamic_shifting": true,
-    });
-    let json = |v: serde_json::Value| serde_json::to_vec_pretty(&v).expect("JSON values serialize");
-    vec![
-        ("model_index.json".into(), json(index)),
-        ("scheduler/scheduler_config.json".into(), json(scheduler)),
-    ]
 }
 
 impl ComposedModel {
@@ -314,15 +285,18 @@ impl ComposedModel {
                         missing.join(", ")
                     )));
                 }
-                let klein = components.iter().find(|(m, _)| {
-                    m.component == Component::Transformer
-                        && m.config["_class_name"] == "Flux2Transformer2DModel"
+                let family_files = components.iter().find_map(|(m, source)| {
+                    let class = m.config["_class_name"].as_str();
+                    let family = class.and_then(Family::of_transformer_class)?;
+                    (m.component == Component::Transformer)
+                        .then(|| family.composed_files(source))
+                        .flatten()
                 });
                 let mut defaults = defaults;
-                if let Some((_, source)) = klein {
-                    // The tokenizer is Qwen's for both families; the rest is klein's own.
+                if let Some(files) = family_files {
+                    // The tokenizer is shared; the rest is the family's own.
                     defaults.retain(|(p, _)| p.starts_with("tokenizer/"));
-                    defaults.extend(klein_defaults(source));
+                    defaults.extend(files);
                 }
                 (Vec::new(), defaults)
             }

@@ -1,13 +1,12 @@
 //! One component's config from the places that can say it, each value with its origin: the
-//! file's own metadata, then the `--from` directory's config, then the shapes, then
-//! Z-Image-Turbo's values. A value given by the file or `--from` that a shape contradicts is
+//! file's own metadata, then the `--from` directory's config, then the shapes, then the
+//! defaults the binary carries. A value given by the file or `--from` that a shape contradicts is
 //! refused, naming the tensor; the result is checked as `generate` checks it, so that a model
 //! `create` stores is one `generate` runs.
 
-use super::{Component, LayoutError, Mapped};
-use crate::family::Family;
-use crate::models::flux2::Flux2Config;
-use crate::models::{DitConfig, Qwen3Config, VaeConfig};
+use super::{Component, Joined, LayoutError, Mapped};
+use crate::families::Family;
+use crate::store::SourceTensor;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -25,7 +24,7 @@ pub enum Origin {
     From,
     /// Read off the tensors' shapes.
     Inferred,
-    /// Z-Image-Turbo's value, which nothing else gave.
+    /// The value the binary carries, which nothing else gave.
     Default,
 }
 
@@ -198,49 +197,43 @@ fn check_against_shapes(mapped: &Mapped, what: &str, r: &Resolved) -> Result<(),
 }
 
 /// Checks a model's three configs as `generate` does before it loads anything: each on its
-/// own, and the widths that join them. `configs` holds `(path, bytes)` in diffusers layout.
+/// own, and the widths that join them, as the model's family reads them. `configs` holds
+/// `(path, bytes)` in diffusers layout.
 pub fn check_model_configs(configs: &[(String, Vec<u8>)]) -> Result<(), String> {
-    fn parse<T: serde::de::DeserializeOwned>(
-        configs: &[(String, Vec<u8>)],
-        path: &str,
-        validate: impl Fn(&T) -> Result<(), String>,
-    ) -> Result<T, String> {
-        let bytes = configs
-            .iter()
-            .find(|(p, _)| p == path)
-            .map(|(_, b)| b)
-            .ok_or_else(|| format!("the model would have no `{path}`"))?;
-        let config: T = serde_json::from_slice(bytes).map_err(|e| format!("`{path}`: {e}"))?;
-        validate(&config).map_err(|e| format!("`{path}`: {e}"))?;
-        Ok(config)
-    }
     let index = configs
         .iter()
         .find(|(p, _)| p == "model_index.json")
         .ok_or("the model would have no `model_index.json`")?;
-    let family = Family::from_model_index(&index.1)?;
-    let text: Qwen3Config = parse(configs, "text_encoder/config.json", Qwen3Config::validate)?;
-    let vae: VaeConfig = parse(configs, "vae/config.json", VaeConfig::validate)?;
-    if family == Family::Flux2Klein {
-        let transformer: Flux2Config =
-            parse(configs, "transformer/config.json", Flux2Config::validate)?;
-        return crate::models::flux2::check_configs(&text, &transformer, &vae)
-            .map_err(|(path, reason)| format!("`{path}` {reason}"));
+    Family::from_model_index(&index.1)?.check_configs(configs)
+}
+
+/// Maps a component's tensors (any names, from any file) onto diffusers names and infers its
+/// config. `what` names the source in errors (a file path); `hint` is a config carried in
+/// the file's metadata, kept for [`resolve`].
+pub fn to_diffusers(
+    component: Component,
+    tensors: Vec<SourceTensor>,
+    what: &str,
+    hint: Option<&serde_json::Value>,
+) -> Result<Mapped, LayoutError> {
+    let mut mapped = match component {
+        Component::Transformer => {
+            Family::of_checkpoint(&tensors).transformer_to_diffusers(tensors, what)?
+        }
+        Component::TextEncoder => super::text_encoder::to_diffusers(tensors, what)?,
+        Component::Vae => super::vae::to_diffusers(tensors, what)?,
+    };
+    crate::mapping::check_unique(&mapped.tensors, what)?;
+    for t in &mut mapped.tensors {
+        t.component = component.dir().to_string();
     }
-    let dit: DitConfig = parse(configs, "transformer/config.json", DitConfig::validate)?;
-    if dit.cap_feat_dim != text.hidden_size {
-        return Err(format!(
-            "the transformer reads captions {} wide (`cap_feat_dim`), but the text encoder's `hidden_size` is {}",
-            dit.cap_feat_dim, text.hidden_size
-        ));
-    }
-    if dit.in_channels != vae.latent_channels {
-        return Err(format!(
-            "the transformer reads {} latent channels (`in_channels`), but the VAE's `latent_channels` is {}",
-            dit.in_channels, vae.latent_channels
-        ));
-    }
-    Ok(())
+    mapped.hint = hint.cloned();
+    Ok(mapped)
+}
+
+/// The original layout of a stored transformer's (diffusers-named) tensors, its family's.
+pub fn transformer_to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
+    Family::of_stored(tensors).transformer_to_original(tensors)
 }
 
 /// One value of a stored model's component config and where it came from.

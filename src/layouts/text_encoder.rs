@@ -3,7 +3,7 @@
 //!
 //! The pipeline reads the hidden states, so a language-model head (`lm_head.weight`) is left out.
 
-use super::{sample, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
+use crate::mapping::{sample, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const EXPECTED: &str = "Qwen3 names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, …), with or without the `model.` prefix";
@@ -36,11 +36,11 @@ pub fn to_diffusers(tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, La
             dropped.push(t.name.clone());
             continue;
         }
-        out.push(super::renamed(&t, name, None));
+        out.push(crate::mapping::renamed(&t, name, None));
     }
     let inferred = infer_config(&out, what)?;
     Ok(Mapped::new(
-        super::Component::TextEncoder,
+        crate::mapping::Component::TextEncoder,
         layout,
         out,
         inferred,

@@ -7,7 +7,7 @@
 //! convolutions, whose weights drop their unit axes to become linear weights), and the outer
 //! `norm_out` → `conv_norm_out`. Decoder up blocks are numbered in reverse.
 
-use super::{strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
+use crate::mapping::{strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["first_stage_model.", "vae."];
@@ -23,7 +23,7 @@ const ATTENTION: [(&str, &str); 5] = [
 
 pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
     strip_prefix(&mut tensors, &PREFIXES);
-    let layout = super::layout_of(
+    let layout = crate::mapping::layout_of(
         &tensors,
         (&["decoder.up_blocks."], &["decoder.up."]),
         what,
@@ -43,14 +43,14 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
                 let linear = name.contains(".attentions.0.to_") && name.ends_with(".weight");
                 let shape = (linear && t.shape.len() > 2 && t.shape[2..].iter().all(|&d| d == 1))
                     .then(|| t.shape[..2].to_vec());
-                out.push(super::renamed(t, name, shape));
+                out.push(crate::mapping::renamed(t, name, shape));
             }
             out
         }
     };
     let inferred = infer_config(&tensors, what)?;
     Ok(Mapped::new(
-        super::Component::Vae,
+        crate::mapping::Component::Vae,
         layout,
         tensors,
         inferred,

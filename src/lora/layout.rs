@@ -10,8 +10,8 @@
 //!   and `.alpha`, some trainers writing `lora_unet__…`; the text encoder's under `lora_te_`.
 //!
 //! The module is whatever name the file gives; which names the model's layers answer to is the
-//! model family's (FLUX.2 \[klein\]'s also answer to their original names,
-//! `double_blocks.N.img_attn.qkv`, `single_blocks.N.linear1`, …: see [`super::Modules`]).
+//! model family's (a family's layers also answer to the original names its checkpoints use,
+//! where it has them: see [`super::Modules`]).
 //!
 //! Alpha as trainers mean it: the update is `alpha / rank · B·A`, and an absent alpha means
 //! alpha = rank (a scale of 1).

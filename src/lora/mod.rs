@@ -8,9 +8,9 @@
 //!
 //! [`Adapters::load`] resolves every file against the model's linear layers before any weight
 //! loads: a key that names no layer is an error naming the closest one, unless lenient. Which
-//! names a layer answers to depends on the model's family: its diffusers name always, and for
-//! FLUX.2 \[klein\] also its original (BFL) name, a fused `qkv` standing for the three layers
-//! its rows hold ([`crate::layouts::flux2`]).
+//! names a layer answers to depends on the model's family: its diffusers name always, and the
+//! original names its family's checkpoints use where it has them ([`OriginalNames`]), a fused
+//! `qkv` standing for the three layers its rows hold.
 
 pub mod adapter;
 pub mod layout;
@@ -20,8 +20,7 @@ pub use crate::models::weights::LoraPair;
 pub use adapter::{LoraFile, StoredPair};
 pub use layout::{Component, Layout, ModuleKey};
 
-use crate::family::Family;
-use crate::layouts::flux2::{self, Rows};
+use crate::mapping::Rows;
 use crate::memory_plan::TensorSize;
 use crate::mlx::{self, ops, Array, Dtype};
 use std::collections::{BTreeMap, HashMap};
@@ -128,17 +127,26 @@ pub struct Modules {
     flat: HashMap<String, String>,
 }
 
+/// The original names a family's checkpoints give a diffusers-named linear layer of its
+/// transformer: the original layer and which of its rows the diffusers layer holds.
+pub type OriginalNames = fn(&str) -> Option<(String, Rows)>;
+
 /// A layer a key targets, with the rows of the key's pair that belong to it.
-struct Target<'m> {
-    layer: &'m str,
-    shape: [u64; 2],
-    rows: Rows,
+pub(crate) struct Target<'m> {
+    pub layer: &'m str,
+    pub shape: [u64; 2],
+    pub rows: Rows,
 }
 
 impl Modules {
     /// The linear layers among a component's tensors: every 2-D `….weight` except token
-    /// tables. The text encoder's `model.` prefix is dropped, as the encoder drops it.
-    pub fn from_sizes(component: Component, family: Family, sizes: &[TensorSize]) -> Modules {
+    /// tables. The text encoder's `model.` prefix is dropped, as the encoder drops it. The
+    /// transformer's layers also answer to `original_names`, where its family has them.
+    pub fn from_sizes(
+        component: Component,
+        original_names: Option<OriginalNames>,
+        sizes: &[TensorSize],
+    ) -> Modules {
         let mut m = Modules::default();
         for t in sizes {
             let name = match component {
@@ -155,9 +163,10 @@ impl Modules {
             m.shapes
                 .insert(module.to_string(), [t.shape[0], t.shape[1]]);
         }
-        if (component, family) == (Component::Transformer, Family::Flux2Klein) {
+        let originals = original_names.filter(|_| component == Component::Transformer);
+        if let Some(original_linear) = originals {
             for module in m.shapes.keys() {
-                if let Some((original, rows)) = flux2::original_linear(module) {
+                if let Some((original, rows)) = original_linear(module) {
                     m.flat.insert(layout::flatten(&original), original.clone());
                     let stands_for = m.originals.entry(original).or_default();
                     stands_for.push((module.clone(), rows));
@@ -169,7 +178,7 @@ impl Modules {
 
     /// The layers `key` names (several for a fused original layer), each with its `[out, in]`;
     /// empty when it names none.
-    fn resolve(&self, key: &ModuleKey) -> Vec<Target<'_>> {
+    pub(crate) fn resolve(&self, key: &ModuleKey) -> Vec<Target<'_>> {
         let dotted = match key {
             ModuleKey::Dotted(d) => Some(d.as_str()),
             ModuleKey::Flat(f) => self.flat.get(f).map(String::as_str),
@@ -261,12 +270,16 @@ pub struct Bound<'f> {
 }
 
 impl Targets {
-    /// The linear layers among the text encoder's and the transformer's tensors of a model of
-    /// `family`.
-    pub fn new(family: Family, text_encoder: &[TensorSize], transformer: &[TensorSize]) -> Targets {
+    /// The linear layers among the text encoder's and the transformer's tensors of a model
+    /// whose transformer's layers also answer to `original_names` (its family's).
+    pub fn new(
+        original_names: Option<OriginalNames>,
+        text_encoder: &[TensorSize],
+        transformer: &[TensorSize],
+    ) -> Targets {
         Targets {
-            text_encoder: Modules::from_sizes(Component::TextEncoder, family, text_encoder),
-            transformer: Modules::from_sizes(Component::Transformer, family, transformer),
+            text_encoder: Modules::from_sizes(Component::TextEncoder, original_names, text_encoder),
+            transformer: Modules::from_sizes(Component::Transformer, original_names, transformer),
         }
     }
 
@@ -305,7 +318,7 @@ impl Adapters {
     /// `lenient` (then the key is skipped and listed).
     pub fn load(
         specs: &[LoraSpec],
-        family: Family,
+        original_names: Option<OriginalNames>,
         text_encoder: &[TensorSize],
         transformer: &[TensorSize],
         lenient: bool,
@@ -315,7 +328,7 @@ impl Adapters {
             .iter()
             .map(|spec| Input::read(spec, lenient))
             .collect::<Result<Vec<_>, _>>()?;
-        let targets = Targets::new(family, text_encoder, transformer);
+        let targets = Targets::new(original_names, text_encoder, transformer);
         Adapters::bind(&inputs, &targets, dtype)
     }
 
@@ -492,24 +505,6 @@ pub fn is_adapter(header: &crate::safetensors::Header) -> bool {
     })
 }
 
-/// The model family an adapter's targets suggest.
-pub fn base_guess(targets: &BTreeMap<String, usize>) -> &'static str {
-    let has = |s: &str| targets.keys().any(|t| t.contains(s));
-    if has("feed_forward") && (has("adaLN_modulation") || has("attention")) {
-        "Z-Image (S3-DiT: `layers.*.attention`, `feed_forward.w1..w3`)"
-    } else if has("double_blocks") || has("single_blocks") {
-        "FLUX, original names (`double_blocks`/`single_blocks`): FLUX.2 [klein] if the widths fit"
-    } else if has("transformer_blocks") {
-        "FLUX, diffusers names (`transformer_blocks`/`single_transformer_blocks`): FLUX.2 [klein] if the widths fit"
-    } else if has("down_blocks") || has("up_blocks") || has("input_blocks") {
-        "Stable Diffusion UNet; not a Z-Image LoRA"
-    } else if has("self_attn") || has("mlp") {
-        "a text encoder only"
-    } else {
-        "unknown"
-    }
-}
-
 /// A layer name with its block indices as `*`: `layers.*.attention.to_q`.
 fn generic(module: &str) -> String {
     let star = |part: &str| {
@@ -551,55 +546,6 @@ mod tests {
             generic("layers_3_feed_forward_w1"),
             "layers_*_feed_forward_w1"
         );
-    }
-
-    #[test]
-    fn klein_layers_answer_to_their_original_names_in_every_spelling() {
-        let size = |name: &str, shape: [u64; 2]| TensorSize {
-            name: format!("{name}.weight"),
-            shape: shape.to_vec(),
-            stored_bytes: 0,
-            packed: false,
-        };
-        let sizes = [
-            size("transformer_blocks.0.attn.to_q", [128, 128]),
-            size("transformer_blocks.0.attn.to_k", [128, 128]),
-            size("transformer_blocks.0.attn.to_v", [128, 128]),
-            size("single_transformer_blocks.1.attn.to_out", [448, 128]),
-        ];
-        let klein = Modules::from_sizes(Component::Transformer, Family::Flux2Klein, &sizes);
-        let layers = |key: ModuleKey| -> Vec<(String, Vec<(u64, u64)>)> {
-            (klein.resolve(&key).into_iter())
-                .map(|t| (t.layer.to_string(), t.rows.ranges(384).unwrap()))
-                .collect()
-        };
-        let qkv = vec![
-            (
-                "transformer_blocks.0.attn.to_k".to_string(),
-                vec![(128, 256)],
-            ),
-            ("transformer_blocks.0.attn.to_q".to_string(), vec![(0, 128)]),
-            (
-                "transformer_blocks.0.attn.to_v".to_string(),
-                vec![(256, 384)],
-            ),
-        ];
-        assert_eq!(
-            layers(ModuleKey::Dotted("double_blocks.0.img_attn.qkv".into())),
-            qkv
-        );
-        assert_eq!(
-            layers(ModuleKey::Flat("double_blocks_0_img_attn_qkv".into())),
-            qkv
-        );
-        let single = layers(ModuleKey::Flat("single_blocks_1_linear2".into()));
-        assert_eq!(single[0].0, "single_transformer_blocks.1.attn.to_out");
-        let direct = layers(ModuleKey::Dotted("transformer_blocks.0.attn.to_q".into()));
-        assert_eq!(direct, vec![(qkv[1].0.clone(), vec![(0, 384)])]);
-        // Z-Image's layers answer to their own names only.
-        let zimage = Modules::from_sizes(Component::Transformer, Family::ZImage, &sizes);
-        let key = ModuleKey::Dotted("double_blocks.0.img_attn.qkv".into());
-        assert!(zimage.resolve(&key).is_empty());
     }
 
     #[test]

@@ -188,13 +188,15 @@ impl Derived {
 /// Stores `name`: every layer of stored model `base`, plus the LoRAs `specs` as layers of their
 /// own. Every file is read and resolved against the base's layers before anything is written,
 /// so a file that would not apply writes nothing. The store is held (shared) throughout, so a
-/// `gc` cannot take the base's blobs before the new manifest names them.
+/// `gc` cannot take the base's blobs before the new manifest names them. `original_names`
+/// reads the base's `model_index.json` into the original names its family's layers answer to.
 pub fn create(
     store: &Store,
     name: &str,
     base: &str,
     specs: &[LoraSpec],
     lenient: bool,
+    original_names: &dyn Fn(&[u8]) -> Result<Option<super::OriginalNames>, String>,
 ) -> Result<Derived, Error> {
     let name = ModelName::parse(name).map_err(crate::store::StoreError::from)?;
     let _lock = store.lock_for_writing()?;
@@ -205,9 +207,8 @@ pub fn create(
     };
     let index = (store.config_file(&base, "model_index.json")?)
         .ok_or_else(|| model_error("has no `model_index.json`".into()))?;
-    let family = crate::family::Family::from_model_index(&index).map_err(model_error)?;
     let targets = Targets::new(
-        family,
+        original_names(&index).map_err(model_error)?,
         &crate::loader::tensor_sizes(&base, "text_encoder"),
         &crate::loader::tensor_sizes(&base, "transformer"),
     );

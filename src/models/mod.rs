@@ -1,10 +1,9 @@
-//! The model components on MLX: Z-Image's here, FLUX.2 \[klein\]'s own in [`flux2`] (which reuses
-//! Qwen3, the VAE blocks and the attention helpers below).
+//! The building blocks every family shares, on MLX; each family's own networks live in its
+//! folder under `crate::families`.
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
-//! - [`transformer`]: the S3-DiT that predicts the flow velocity (with [`rope`]);
-//! - [`controlnet`]: the Z-Image-Turbo Fun ControlNet Union, whose hints the transformer adds
-//!   into its layers ([`controlnet_config`]: its config, published versions and recognition);
+//! - [`blocks`]: what the transformers share (timestep sinusoids, attention, the RoPE
+//!   rotation, the evaluation point after a block), with [`rope`]'s tables;
 //! - [`vae`]: the AutoencoderKL decoder (latents → pixels);
 //! - [`vae_encoder`]: its encoder (pixels → latent distribution), for image-to-image;
 //! - [`weights`]: binding checkpoint tensors to modules, strictly.
@@ -12,21 +11,15 @@
 //! Every dimension comes from the model's own `config.json` files; each component's
 //! `validate()` rejects what the port does not support, up front, with the key at fault.
 
-pub mod controlnet;
-pub mod controlnet_config;
-pub mod flux2;
+pub mod blocks;
 pub mod qwen3;
 pub mod rope;
-pub mod transformer;
 pub mod vae;
 pub mod vae_encoder;
 pub mod vae_tiling;
 pub mod weights;
 
-pub use controlnet::ControlNet;
-pub use controlnet_config::{ControlNetConfig, ControlNetVersion};
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
-pub use transformer::{DitConfig, Hints, LayerHints, Prepared, ZImageTransformer};
 pub use vae::{VaeConfig, VaeDecoder};
 pub use vae_encoder::{LatentDistribution, VaeEncoder};
 pub use weights::{Checkpoint, LoadError, Residency};
@@ -50,25 +43,6 @@ pub(crate) fn check_range(
     ))
 }
 
-/// Checks what a Z-Image DiT (the transformer or a ControlNet) is shaped by: patch sizes of 2
-/// in space and 1 in time (the only ones its patching supports), and its width, heads and
-/// refiner layers within bounds.
-pub(crate) fn check_dit_shape(
-    what: &str,
-    patch: &[i32],
-    f_patch: &[i32],
-    [dim, n_heads, n_refiner_layers]: [i32; 3],
-) -> Result<(), String> {
-    if patch != [2] || f_patch != [1] {
-        return Err(format!(
-            "{what} `all_patch_size` {patch:?} / `all_f_patch_size` {f_patch:?} are not supported (Z-Image uses [2]/[1])"
-        ));
-    }
-    check_range(what, "dim", dim, 1..=MAX_WIDTH)?;
-    check_range(what, "n_heads", n_heads, 1..=MAX_COUNT)?;
-    check_range(what, "n_refiner_layers", n_refiner_layers, 0..=MAX_COUNT)
-}
-
 /// Checks that a floating-point `key` is finite and, when `positive`, above 0.
 pub(crate) fn check_finite(
     what: &str,
@@ -87,15 +61,14 @@ pub(crate) fn check_finite(
     Ok(())
 }
 
-/// The widest or tallest image a request may ask for: Z-Image's position tables end at 8192
-/// pixels.
+/// The widest or tallest image a request may ask for: the position tables end at 8192 pixels.
 pub const MAX_IMAGE_SIDE: u32 = 8192;
-/// The most pixels a request may ask for (4096², 16 MP: 16× what Z-Image was trained at),
+/// The most pixels a request may ask for (4096², 16 MP: 16× what the models were trained at),
 /// which keeps every latent, token and pixel count far inside `i32`.
 pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
 
 /// The widest hidden size, channel count or head width a config may give: 4× the widest
-/// model of this family, and small enough that a product of two stays within `i32`.
+/// model zimage runs, and small enough that a product of two stays within `i32`.
 pub(crate) const MAX_WIDTH: i32 = 1 << 15;
 /// The most layers or heads a config may give.
 pub(crate) const MAX_COUNT: i32 = 1024;

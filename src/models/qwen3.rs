@@ -1,4 +1,4 @@
-//! Qwen3 as Z-Image's text encoder: the output of the second-to-last decoder layer
+//! Qwen3 as a text encoder: by default the output of the second-to-last decoder layer
 //! (`hidden_states[-2]`: after all layers but the last, without the final norm), computed over
 //! the real tokens only.
 //!
@@ -323,7 +323,7 @@ impl Qwen3Encoder {
     /// `hidden_states[k]`: the output of `k` layers, no final norm), for `ids` right-padded with
     /// `pad_id` to `length` rows. A row attends to the rows at or before it that are real
     /// tokens, so a padding row reads the prompt only, as the padded reference run computes it
-    /// (klein-spec §2.2–2.3). Each output is `[length, hidden]`.
+    /// (the FLUX.2 spec §2.2–2.3). Each output is `[length, hidden]`.
     pub fn encode_padded(
         &self,
         ids: &[u32],
@@ -370,7 +370,7 @@ impl Qwen3Encoder {
         let mut kept = Vec::new();
         for (i, layer) in self.layers[..last].iter().enumerate() {
             x = layer.forward(&x, mask)?;
-            super::transformer::after_block(self.release.as_ref(), &x, ("text_encoder.layers", i))?;
+            super::blocks::after_block(self.release.as_ref(), &x, ("text_encoder.layers", i))?;
             if outputs.contains(&(i + 1)) {
                 kept.push(x.clone());
             }

@@ -1,6 +1,6 @@
 //! What a request starts from besides its prompt: nothing (text → image), a picture to rework
-//! (`ZImageImg2ImgPipeline`), or a picture and the part of it to repaint
-//! (`ZImageInpaintPipeline`).
+//! (diffusers' `…Img2ImgPipeline`s), or a picture and the part of it to repaint
+//! (`…InpaintPipeline`s).
 //!
 //! Both image tasks encode the picture with the VAE encoder, draw a latent from its
 //! distribution with the request's generator, then draw the noise from the same generator (so a
@@ -115,7 +115,7 @@ pub fn image_latents(
 }
 
 /// `(z − shift) · scale`, the inverse of what decoding undoes.
-pub(super) fn scaled(z: &Array, cfg: &VaeConfig) -> mlx::Result<Array> {
+pub(crate) fn scaled(z: &Array, cfg: &VaeConfig) -> mlx::Result<Array> {
     let z = match cfg.shift_factor {
         Some(shift) => (z - shift)?,
         None => z.clone(),

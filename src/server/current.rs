@@ -30,8 +30,8 @@ fn image_models_in(store: &Store) -> Result<Vec<StoredModel>, String> {
 pub fn is_controlnet(store: &Store, model: &StoredModel) -> bool {
     let source = crate::loader::StoreSource::new(store, model);
     matches!(
-        crate::controlnet_source::stored_config(&source),
-        Ok(Some(_))
+        crate::families::describe_stored_controlnet(&source),
+        Some(Ok(_))
     )
 }
 
@@ -74,7 +74,7 @@ pub async fn current_model(state: &AppState, api: Api) -> Result<ModelName, ApiE
         ApiError::new(
             api,
             StatusCode::NOT_FOUND,
-            "the store holds no Z-Image model; import one with `zimage create NAME --from DIR`",
+            "the store holds no image model; import one with `zimage create NAME --from DIR`",
         )
     })
 }

@@ -682,10 +682,10 @@ pub async fn open_model(
 
 /// The family of `name` in this server's store (`None`: not there, or no image model): what
 /// a request's pictures mean depends on it.
-pub fn family(state: &AppState, name: &crate::store::ModelName) -> Option<crate::family::Family> {
+pub fn family(state: &AppState, name: &crate::store::ModelName) -> Option<crate::families::Family> {
     let model = state.store.open(&name.to_string()).ok()?;
     let index = state.store.config_file(&model, "model_index.json").ok()??;
-    crate::family::Family::from_model_index(&index).ok()
+    crate::families::Family::from_model_index(&index).ok()
 }
 
 /// Refuses, before it is queued, a job that uses an option the family of `name` does not

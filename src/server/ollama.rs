@@ -373,16 +373,17 @@ pub async fn generate(
     job.loras = super::request_loras(&state, API, body.loras.as_deref())?;
     let strength = request_strength(&body)?;
     let (image, control_image) = request_pictures(&body)?;
-    // A FLUX.2 [klein] model edits from its `images`, every one a reference; for Z-Image the
-    // first is the picture image-to-image starts from.
-    let klein = super::family(&state, &name) == Some(crate::family::Family::Flux2Klein);
-    let references: Vec<Vec<u8>> = match klein {
+    // A model of a family that takes references edits from its `images`, every one a
+    // reference; for the others the first is the picture image-to-image starts from.
+    let takes_references =
+        super::family(&state, &name).is_some_and(|f| f.takes(crate::families::Feature::References));
+    let references: Vec<Vec<u8>> = match takes_references {
         true => (body.images.iter().flatten().enumerate())
             .map(|(k, t)| super::base64_field(API, &format!("images[{k}]"), t))
             .collect::<Result<_, _>>()?,
         false => Vec::new(),
     };
-    let image = image.filter(|_| !klein);
+    let image = image.filter(|_| !takes_references);
     let names: Vec<String> = (0..references.len())
         .map(|k| format!("images[{k}]"))
         .collect();

@@ -310,9 +310,11 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         );
     };
     super::check_strength(API, body.strength, true)?;
-    // Without a mask, a FLUX.2 [klein] model edits from every picture given, as references.
-    let klein =
-        mask.is_none() && super::family(&state, &name) == Some(crate::family::Family::Flux2Klein);
+    // Without a mask, a model of a family that takes references edits from every picture
+    // given, as references.
+    let as_references = mask.is_none()
+        && super::family(&state, &name)
+            .is_some_and(|f| f.takes(crate::families::Feature::References));
     let names: Vec<String> = (1..=extra_images.len())
         .map(|k| format!("image[{k}]"))
         .collect();
@@ -321,7 +323,7 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
         ("field", "mask", mask.as_deref()),
         ("field", "control_image", control_image.as_deref()),
     ];
-    if klein {
+    if as_references {
         let extra = names.iter().zip(&extra_images);
         given.extend(extra.map(|(n, b)| ("field", n.as_str(), Some(b.as_slice()))));
     }
@@ -330,9 +332,9 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     let copies = body.n.unwrap_or(1).clamp(1, MAX_IMAGES_PER_REQUEST);
     let _reservation = super::admit_inputs(&state, API, &pictures, copies)?;
     let strength = body.strength;
-    let ignored = if klein { 0 } else { extra_images.len() };
+    let ignored = if as_references { 0 } else { extra_images.len() };
     let (input, references) = super::decoding(API, true, move || {
-        Ok(match klein {
+        Ok(match as_references {
             true => {
                 let all: Vec<Vec<u8>> = std::iter::once(image).chain(extra_images).collect();
                 (None, super::decode_references(API, "image", &all)?)
@@ -380,7 +382,8 @@ pub struct EditForm {
     pub body: ImagesBody,
     pub image: Option<Vec<u8>>,
     /// `image[]` files after the first: clients send several to newer models, which take them
-    /// as references. A FLUX.2 \[klein\] model does, without a mask; otherwise zimage edits the
+    /// as references. A model whose family takes references does, without a mask; otherwise
+    /// zimage edits the
     /// first and leaves these out (the answer says so).
     pub extra_images: Vec<Vec<u8>>,
     pub mask: Option<Vec<u8>>,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// The largest manifest read or written. A real Z-Image manifest is about 1 MB (a few thousand
+/// The largest manifest read or written. A real model's manifest is about 1 MB (a few thousand
 /// layers); the bound keeps a hostile file from being read whole, and an import whose manifest
 /// could not be read back is refused before it writes anything.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;

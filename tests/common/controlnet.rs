@@ -3,7 +3,7 @@
 //! their configs (`models/controlnet-tiny/*/config.json`) and diffusers' outputs with them.
 
 use std::path::{Path, PathBuf};
-use zimage::models::ControlNetConfig;
+use zimage::families::zimage::ControlNetConfig;
 
 /// `models/controlnet-tiny/LAYOUT`, holding its `config.json`.
 pub fn tiny_dir(layout: &str) -> PathBuf {

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 const API: Api = Api::A1111;
-/// The one sampler zimage has: the flow-matching Euler step of Z-Image's scheduler.
+/// The one sampler zimage has: the flow-matching Euler step every family's schedule takes.
 const SAMPLER: &str = "Euler";
 /// The one schedule: flow matching with the model's shift, which A1111 clients call automatic.
 const SCHEDULER: &str = "automatic";

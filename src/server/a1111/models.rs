@@ -1,4 +1,4 @@
-//! The store's Z-Image models as A1111's checkpoints, the options that pick the current one,
+//! The store's image models as A1111's checkpoints, the options that pick the current one,
 //! and the listings clients read before they generate.
 
 use super::request::Body1111;
@@ -178,7 +178,7 @@ pub(super) async fn request_model(state: &AppState, b: &Body1111) -> Result<Mode
     }
 }
 
-/// `GET /sdapi/v1/sd-models`: the store's Z-Image models.
+/// `GET /sdapi/v1/sd-models`: the store's image models.
 pub async fn sd_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let all = checkpoints(&state).await?;
     Ok(Json(Value::Array(

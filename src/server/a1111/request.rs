@@ -2,7 +2,7 @@
 //! that the fields zimage has no counterpart for are at the value that changes nothing.
 
 use super::{bad, API, SAMPLER, SCHEDULER};
-use crate::family::Family;
+use crate::families::{Family, Feature};
 use crate::generation::{self, Hires, Picture, PictureInput};
 use crate::server::errors::ApiError;
 use crate::server::AppState;
@@ -92,7 +92,7 @@ fn check_sampler(field: &str, name: &Option<String>) -> Result<(), ApiError> {
         None | Some("") => Ok(()),
         Some(s) if s.eq_ignore_ascii_case(SAMPLER) || s == "k_euler" => Ok(()),
         Some(s) => Err(bad(format!(
-            "{field} `{}`: zimage has one sampler, `{SAMPLER}` (Z-Image's flow-matching Euler step); send `{SAMPLER}`",
+            "{field} `{}`: zimage has one sampler, `{SAMPLER}` (the flow-matching Euler step); send `{SAMPLER}`",
             s.escape_debug()
         ))),
     }
@@ -280,7 +280,7 @@ pub(super) struct Pictures {
     init: Option<(Vec<u8>, Img2Img)>,
     mask: Option<Vec<u8>>,
     control: Option<super::controlnet::UnitRequest>,
-    /// A FLUX.2 \[klein\] model's reference pictures: `init_images` after the first, named.
+    /// The reference pictures of a model that takes them: `init_images` after the first, named.
     references: Vec<(String, Vec<u8>)>,
 }
 
@@ -474,18 +474,22 @@ pub(super) fn job_of(
     };
     crate::server::check_job(API, &job)?;
     pictures.control = super::controlnet::unit(b.alwayson_scripts.as_ref())?;
-    if crate::server::family(state, model) == Some(Family::Flux2Klein) {
-        refuse_for_klein(&pictures)?;
-        pictures.references = klein_references(b)?;
+    if let Some(family) = crate::server::family(state, model) {
+        refuse_untaken(family, &pictures)?;
+        if family.takes(Feature::References) {
+            pictures.references = references(b)?;
+        }
     }
     Ok((job, pictures))
 }
 
-/// The fields a FLUX.2 \[klein\] model cannot follow, refused by name before anything loads.
-fn refuse_for_klein(pictures: &Pictures) -> Result<(), ApiError> {
-    let klein = Family::Flux2Klein.name();
+/// The fields a model of `family` cannot follow, refused by name before anything loads.
+fn refuse_untaken(family: Family, pictures: &Pictures) -> Result<(), ApiError> {
+    let name = family.name();
     let refused = [(
-        pictures.control.as_ref().map(|c| c.field.as_str()),
+        (pictures.control.as_ref())
+            .filter(|_| !family.takes(Feature::ControlNet))
+            .map(|c| c.field.as_str()),
         "ControlNet is not available",
     )];
     match refused
@@ -493,15 +497,16 @@ fn refuse_for_klein(pictures: &Pictures) -> Result<(), ApiError> {
         .find_map(|(field, why)| field.map(|f| (f, why)))
     {
         Some((field, why)) => Err(bad(format!(
-            "field `{field}`: {why} for {klein} models; leave it out"
+            "field `{field}`: {why} for {name} models; leave it out"
         ))),
         None => Ok(()),
     }
 }
 
-/// A FLUX.2 \[klein\] img2img's `init_images` after the first: the reference pictures the
-/// edit follows, in order (the first is the picture img2img starts from, as for every model).
-fn klein_references(b: &Body1111) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+/// An img2img's `init_images` after the first, for a model that takes references: the
+/// reference pictures the edit follows, in order (the first is the picture img2img starts
+/// from, as for every model).
+fn references(b: &Body1111) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
     let extra = b.init_images.iter().flatten().enumerate().skip(1);
     extra
         .map(|(k, text)| {

@@ -12,7 +12,7 @@ pub mod jobs;
 
 use super::errors::{Api, ApiError};
 use super::{AppState, LoraBody};
-use crate::family::{Family, Feature};
+use crate::families::{Family, Feature};
 use crate::generation;
 use crate::store::{Store, StoredModel};
 use axum::body::Body;
@@ -160,7 +160,8 @@ async fn info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiErro
         "loras": loras,
         "controlnets": controlnets,
         "max_count": generation::MAX_COUNT,
-        "max_references": crate::pipeline::klein::MAX_REFERENCES,
+        "max_references": crate::pipeline::reference::MAX_REFERENCES,
+        // Where the model's own is unknown; each model gives its own.
         "size_multiple": 16,
     })))
 }
@@ -177,12 +178,14 @@ fn model_entry(store: &Store, model: &StoredModel) -> Value {
         .and_then(|c| c["sample_size"].as_u64())
         .unwrap_or(1024);
     let (mut steps, mut guidance, negative) = defaults.resolve(None, None, None);
-    // A FLUX.2 [klein] model's own defaults where the model records none.
-    if let Some((s, g, _)) = crate::pipeline::klein::family_defaults(&source) {
-        (steps, guidance) = (defaults.steps.unwrap_or(s), defaults.guidance.unwrap_or(g));
+    // A model without a family of its own is the first family's, as the runner reads it.
+    let family = Family::of(&source).unwrap_or_else(|_| Family::default_family());
+    // The family's own defaults where the model records none.
+    if let Some(own) = family.own_defaults(&source) {
+        steps = defaults.steps.unwrap_or(own.steps);
+        guidance = defaults.guidance.unwrap_or(own.guidance);
     }
-    // A model without a family of its own is Z-Image's, as the runner reads it.
-    let family = crate::pipeline::family_of(&source).unwrap_or(Family::ZImage);
+    let cell = family.cell(&source).unwrap_or(16);
     json!({
         "name": model.name.to_string(),
         "short": model.name.short(),
@@ -196,6 +199,7 @@ fn model_entry(store: &Store, model: &StoredModel) -> Value {
         },
         "width": side,
         "height": side,
+        "size_multiple": cell,
         "steps": steps,
         "guidance": guidance,
         "negative_prompt": negative.unwrap_or_default(),
@@ -250,7 +254,8 @@ struct PageBody {
     loras: Option<Vec<LoraBody>>,
     /// A data URL or base64.
     picture: Option<String>,
-    /// Pictures the model edits from (FLUX.2 \[klein\]), data URLs or base64, in order.
+    /// Pictures the model edits from (a family that takes references), data URLs or base64, in
+    /// order.
     references: Option<Vec<String>>,
     strength: Option<f64>,
     /// White repaints, black keeps; the picture's size.

@@ -154,8 +154,9 @@ function currentModel() {
   return page.info?.models.find((m) => m.short === name) || null;
 }
 
+// The model's own token cell: sides are multiples of it.
 function sizeMultiple() {
-  return page.info?.size_multiple || 16;
+  return currentModel()?.size_multiple || page.info?.size_multiple || 16;
 }
 
 function roundToMultiple(value, multiple) {
@@ -238,7 +239,7 @@ function applyModelDefaults() {
 }
 
 // What the model's family takes, as the server says; a model that says nothing takes all but
-// references (Z-Image's).
+// references (the first family's rule).
 function takes(model, option) {
   return model?.takes?.[option] ?? option !== "references";
 }
@@ -412,7 +413,7 @@ function sizeFromPictures() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference pictures (a model that edits from them, FLUX.2 [klein])
+// Reference pictures (a model that edits from them)
 
 function maxReferences() {
   return page.info?.max_references || 4;

@@ -5,9 +5,11 @@
 //! sample at a time (B = 1): classifier-free guidance runs the two prompts separately, which
 //! equals the reference's masked batch.
 
-use super::rope::RopeTables;
-use super::weights::{Checkpoint, Linear, Release, RmsNorm, Weights};
 use crate::mlx::{self, fast, ops, Array, Dtype};
+use crate::models::blocks::{after_block, apply_rope, attend, sinusoid};
+use crate::models::rope::RopeTables;
+use crate::models::weights::{Checkpoint, Linear, Release, RmsNorm, Weights};
+use crate::models::{check_range, ModelError, MAX_COUNT, MAX_WIDTH};
 
 /// Width of the timestep embedding input (sinusoids) and cap of the adaLN width.
 const ADALN_EMBED_DIM: i32 = 256;
@@ -45,11 +47,11 @@ impl DitConfig {
     /// Checks every key the transformer divides by, indexes with, or sizes a shape or a table
     /// by, before anything is allocated.
     pub fn validate(&self) -> Result<(), String> {
-        use super::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
+        use crate::models::check_finite;
         const WHAT: &str = "transformer";
         let (patch, f_patch) = (&self.all_patch_size, &self.all_f_patch_size);
         let widths = [self.dim, self.n_heads, self.n_refiner_layers];
-        super::check_dit_shape(WHAT, patch, f_patch, widths)?;
+        check_dit_shape(WHAT, patch, f_patch, widths)?;
         check_range(WHAT, "in_channels", self.in_channels, 1..=MAX_COUNT)?;
         check_range(WHAT, "n_layers", self.n_layers, 1..=MAX_COUNT)?;
         check_range(WHAT, "cap_feat_dim", self.cap_feat_dim, 1..=MAX_WIDTH)?;
@@ -192,71 +194,6 @@ impl Attention {
         let o = o.squeeze(0)?.transpose(&[1, 0, 2])?.reshape(&[s, h * hd])?;
         self.to_out.forward(&o)
     }
-}
-
-/// diffusers' `Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0)` of `s`, in f32:
-/// frequencies `exp(−ln(10000)·k/(dim/2))`, then `[cos | sin]` of `s·f_k`.
-pub(crate) fn sinusoid(s: f32, dim: i32) -> Vec<f32> {
-    let half = dim / 2;
-    let neg_ln = -(10000f64.ln() as f32);
-    let args: Vec<f32> = (0..half)
-        .map(|k| s * ((neg_ln * k as f32) / half as f32).exp())
-        .collect();
-    args.iter()
-        .map(|a| a.cos())
-        .chain(args.iter().map(|a| a.sin()))
-        .collect()
-}
-
-/// Unmasked attention of `[1, H, S, D]` inputs through MLX's attention. Where MLX fuses it
-/// (a GPU) in one call, which never writes the `[H, S, S]` scores; elsewhere in chunks of
-/// queries whose scores stay under [`crate::platform::ATTENTION_CHUNK_BYTES`], each evaluated
-/// before the next is built (left in one graph, MLX would compute them side by side).
-pub(crate) fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> mlx::Result<Array> {
-    let (heads, s) = (q.dim(1) as u64, q.dim(2));
-    let chunk = query_chunk(heads, s as u64);
-    if crate::platform::attention_is_fused() || chunk >= s as u64 {
-        return fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None);
-    }
-    mlx::eval(&[q, k, v])?;
-    let mut outs = Vec::new();
-    for start in (0..s).step_by(chunk as usize) {
-        let qc = q.slice_axis(2, start, (start + chunk as i32).min(s))?;
-        let o = fast::scaled_dot_product_attention(&qc, k, v, scale, fast::Mask::None)?;
-        o.eval()?;
-        outs.push(o);
-    }
-    ops::concatenate(&outs.iter().collect::<Vec<_>>(), 2)
-}
-
-/// Queries per chunk of `attend` where MLX's attention is not fused: `heads` × chunk × `keys`
-/// f32 scores within [`crate::platform::ATTENTION_CHUNK_BYTES`], at least one row.
-pub fn query_chunk(heads: u64, keys: u64) -> u64 {
-    (crate::platform::ATTENTION_CHUNK_BYTES / (heads * keys * 4).max(1)).max(1)
-}
-
-/// Interleaved-pair rotation in f32: `(x₀, x₁) → (x₀cos − x₁sin, x₀sin + x₁cos)`, written as
-/// `x·cos + swap(x)·sin±` with `swap(x)` the pairs exchanged and `sin±` = `(−sin, sin)`, which
-/// rounds exactly as the pairwise form (a product of a narrow value by an f32 one widens it
-/// first; `a + (−b)` is `a − b`) in three f32 passes over `x` instead of a dozen.
-pub(crate) fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
-    let dtype = x.dtype();
-    let shape = x.shape();
-    let (s, h, hd) = (shape[0], shape[1], shape[2]);
-    let pairs = x.reshape(&[s, h, hd / 2, 2])?;
-    let swapped = ops::concatenate(
-        &[&pairs.slice_axis(3, 1, 2)?, &pairs.slice_axis(3, 0, 1)?],
-        3,
-    )?;
-    // [S, 1, hd/2] tables, each value twice: (cos, cos) and (−sin, sin) per pair.
-    let interleave = |a: &Array, b: &Array| -> mlx::Result<Array> {
-        ops::stack(&[a, b], 3)?.reshape(&[s, 1, hd])
-    };
-    let cos2 = interleave(cos, cos)?.reshape(&[s, 1, hd / 2, 2])?;
-    let sin2 = interleave(&sin.neg()?, sin)?.reshape(&[s, 1, hd / 2, 2])?;
-    ((&pairs * &cos2)? + (&swapped * &sin2)?)?
-        .reshape(&[s, h, hd])?
-        .astype(dtype)
 }
 
 /// w1 and w3: one product over their joined weights in the CPU form, else two.
@@ -489,8 +426,8 @@ pub struct ZImageTransformer {
 }
 
 impl ZImageTransformer {
-    pub fn new(cfg: &DitConfig, ckpt: Checkpoint) -> Result<ZImageTransformer, super::ModelError> {
-        cfg.validate().map_err(super::ModelError::Config)?;
+    pub fn new(cfg: &DitConfig, ckpt: Checkpoint) -> Result<ZImageTransformer, ModelError> {
+        cfg.validate().map_err(ModelError::Config)?;
         let dtype = ckpt.dtype();
         let model = {
             let w = ckpt.root();
@@ -807,40 +744,6 @@ impl Hints {
     }
 }
 
-/// After a block named `block` (`("layers", 3)`): with `release` (streamed weights) computes
-/// `x` now and lets go of the weights' pages; in the GPU graph computes `x` now, so that the
-/// next block starts from evaluated inputs and no more than one block's transients are alive
-/// ([`crate::platform::evaluates_per_block`]). Under `ZIMAGE_DEBUG_BLOCKS` reports MLX's memory.
-pub(crate) fn after_block(
-    release: Option<&Release>,
-    x: &Array,
-    block: (&str, usize),
-) -> mlx::Result<()> {
-    if release.is_some() || crate::platform::evaluates_per_block() {
-        mlx::eval(&[x])?;
-    }
-    if let Some(release) = release {
-        release.release();
-    }
-    if crate::platform::debug_blocks() {
-        report_block(block);
-    }
-    Ok(())
-}
-
-/// One line of `ZIMAGE_DEBUG_BLOCKS`'s report: MLX's live arrays, its peak so far in the phase
-/// and its cache, after block `name.index`.
-fn report_block((name, index): (&str, usize)) {
-    let mb = |b: usize| b as f64 / 1e6;
-    eprintln!(
-        "block    {:<22} MLX active {:>9.1} MB   peak {:>9.1} MB   cache {:>9.1} MB",
-        format!("{name}.{index}"),
-        mb(mlx::memory::active_memory()),
-        mb(mlx::memory::peak_memory()),
-        mb(mlx::memory::cache_memory()),
-    );
-}
-
 /// `[C, h, w]` → `[N, 4C]` patches of 2×2: feature (ph·2 + pw)·C + c, token i·Wt + j.
 pub(crate) fn patchify(latent: &Array) -> mlx::Result<Array> {
     let (c, h, w) = (latent.dim(0), latent.dim(1), latent.dim(2));
@@ -862,4 +765,23 @@ pub(crate) fn pad_rows(x: &Array, pad: &Array, count: i32) -> mlx::Result<Array>
     }
     let fill = pad.broadcast_to(&[count, pad.dim(1)])?;
     ops::concatenate(&[x, &fill], 0)
+}
+
+/// Checks what a Z-Image DiT (the transformer or a ControlNet) is shaped by: patch sizes of 2
+/// in space and 1 in time (the only ones its patching supports), and its width, heads and
+/// refiner layers within bounds.
+pub(crate) fn check_dit_shape(
+    what: &str,
+    patch: &[i32],
+    f_patch: &[i32],
+    [dim, n_heads, n_refiner_layers]: [i32; 3],
+) -> Result<(), String> {
+    if patch != [2] || f_patch != [1] {
+        return Err(format!(
+            "{what} `all_patch_size` {patch:?} / `all_f_patch_size` {f_patch:?} are not supported (Z-Image uses [2]/[1])"
+        ));
+    }
+    check_range(what, "dim", dim, 1..=MAX_WIDTH)?;
+    check_range(what, "n_heads", n_heads, 1..=MAX_COUNT)?;
+    check_range(what, "n_refiner_layers", n_refiner_layers, 0..=MAX_COUNT)
 }

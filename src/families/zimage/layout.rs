@@ -6,7 +6,9 @@
 //! `attention.q_norm`/`k_norm` (`norm_q`/`norm_k`), and the fused `attention.qkv`, whose rows
 //! are q's, then k's, then v's. An unused `norm_final.weight` is dropped, as diffusers does.
 
-use super::{rows, sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
+use crate::mapping::{
+    rows, sample, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped,
+};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
@@ -56,7 +58,11 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
                 } else if let Some(stem) = t.name.strip_suffix(".attention.qkv.weight") {
                     out.extend(split_qkv(t, stem, dim, head_dim, what)?);
                 } else {
-                    out.push(super::renamed(t, original_to_diffusers(&t.name), None));
+                    out.push(crate::mapping::renamed(
+                        t,
+                        original_to_diffusers(&t.name),
+                        None,
+                    ));
                 }
             }
             out
@@ -64,7 +70,7 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
     };
     let inferred = infer_config(&tensors, what)?;
     Ok(Mapped::new(
-        super::Component::Transformer,
+        crate::mapping::Component::Transformer,
         layout,
         tensors,
         inferred,

@@ -3,12 +3,11 @@
 //! a ControlNet's hints added into every forward pass (each caption its own), and inpaint's
 //! blend after each step.
 
-use super::condition::Inpaint;
 use super::control::Control;
-use super::{Error, Progress};
+use super::transformer::{Prepared, ZImageTransformer};
 use crate::mlx::Array;
-use crate::models::transformer::Prepared;
-use crate::models::ZImageTransformer;
+use crate::pipeline::condition::Inpaint;
+use crate::pipeline::{Error, Progress};
 use crate::preview::{RgbMap, StepPreviews};
 use crate::scheduler::Schedule;
 use std::ops::ControlFlow;

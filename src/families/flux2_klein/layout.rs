@@ -10,23 +10,15 @@
 //! where diffusers' `norm_out.linear` has (scale, shift). Importing cuts the rows (or reads
 //! the modulation's bytes rolled by half); exporting joins them back.
 
-use super::{rows, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
+use crate::mapping::{
+    rows, strip_prefix, ByName, Inferred, Joined, Layout, LayoutError, Mapped, Rows,
+};
 use crate::store::SourceTensor;
 
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
 const EXPECTED: &str = "diffusers names (`transformer_blocks.N.attn.to_q.weight`, `single_transformer_blocks.N.attn.to_qkv_mlp_proj.weight`, …) or the original FLUX.2 names (`double_blocks.N.img_attn.qkv.weight`, `single_blocks.N.linear1.weight`, …), optionally under `model.diffusion_model.`";
 
-/// Which rows of an original layer a diffusers layer holds: the original's rows cut into `of`
-/// equal parts, and these parts in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rows {
-    pub of: u64,
-    pub parts: &'static [u64],
-}
-
 impl Rows {
-    /// All rows, in order.
-    pub const WHOLE: Rows = Rows { of: 1, parts: &[0] };
     const Q: Rows = Rows { of: 3, parts: &[0] };
     const K: Rows = Rows { of: 3, parts: &[1] };
     const V: Rows = Rows { of: 3, parts: &[2] };
@@ -35,18 +27,6 @@ impl Rows {
         of: 2,
         parts: &[1, 0],
     };
-
-    /// The row ranges `[start, end)` this takes of an original layer of `rows` rows, in order;
-    /// `None` when `rows` does not cut into `of` equal parts.
-    pub fn ranges(self, rows: u64) -> Option<Vec<(u64, u64)>> {
-        let part = rows.is_multiple_of(self.of).then(|| rows / self.of)?;
-        Some(
-            self.parts
-                .iter()
-                .map(|&p| (p * part, (p + 1) * part))
-                .collect(),
-        )
-    }
 }
 
 /// How a diffusers module's tensor is named in the original: a linear layer keeps `weight`,
@@ -266,7 +246,7 @@ pub fn is_flux2(tensors: &[SourceTensor]) -> bool {
 
 pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
     strip_prefix(&mut tensors, &PREFIXES);
-    let layout = super::layout_of(
+    let layout = crate::mapping::layout_of(
         &tensors,
         (
             &["single_transformer_blocks.", "transformer_blocks."],
@@ -279,7 +259,7 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
         tensors = from_original(&tensors, what)?;
     }
     let shapes_say = infer_config(&tensors, what)?;
-    let transformer = super::Component::Transformer;
+    let transformer = crate::mapping::Component::Transformer;
     Ok(Mapped::new(
         transformer,
         layout,
@@ -329,10 +309,10 @@ fn cut(
         ))
     })?;
     match ranges.as_slice() {
-        [(0, end)] if *end == total => Ok(super::renamed(t, name, None)),
+        [(0, end)] if *end == total => Ok(crate::mapping::renamed(t, name, None)),
         [(start, end)] => rows(t, *start, *end, &name).map_err(bad),
         _ if part == Rows::SWAPPED && t.nbytes.is_multiple_of(2) => {
-            let mut out = super::renamed(t, name, None);
+            let mut out = crate::mapping::renamed(t, name, None);
             out.roll = t.nbytes / 2;
             Ok(out)
         }
@@ -455,6 +435,8 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lora::{Component, ModuleKey, Modules};
+    use crate::memory_plan::TensorSize;
 
     /// The spec's table (klein-spec §10.4), both ways.
     #[test]
@@ -557,5 +539,54 @@ mod tests {
         assert_eq!(Rows::Q.ranges(100), None);
         assert_eq!(original_linear("transformer_blocks.x.attn.to_q"), None);
         assert_eq!(original_linear("transformer_blocks.0.attn.norm_q"), None);
+    }
+
+    #[test]
+    fn layers_answer_to_their_original_names_in_every_spelling() {
+        let size = |name: &str, shape: [u64; 2]| TensorSize {
+            name: format!("{name}.weight"),
+            shape: shape.to_vec(),
+            stored_bytes: 0,
+            packed: false,
+        };
+        let sizes = [
+            size("transformer_blocks.0.attn.to_q", [128, 128]),
+            size("transformer_blocks.0.attn.to_k", [128, 128]),
+            size("transformer_blocks.0.attn.to_v", [128, 128]),
+            size("single_transformer_blocks.1.attn.to_out", [448, 128]),
+        ];
+        let klein = Modules::from_sizes(Component::Transformer, Some(original_linear), &sizes);
+        let layers = |key: ModuleKey| -> Vec<(String, Vec<(u64, u64)>)> {
+            (klein.resolve(&key).into_iter())
+                .map(|t| (t.layer.to_string(), t.rows.ranges(384).unwrap()))
+                .collect()
+        };
+        let qkv = vec![
+            (
+                "transformer_blocks.0.attn.to_k".to_string(),
+                vec![(128, 256)],
+            ),
+            ("transformer_blocks.0.attn.to_q".to_string(), vec![(0, 128)]),
+            (
+                "transformer_blocks.0.attn.to_v".to_string(),
+                vec![(256, 384)],
+            ),
+        ];
+        assert_eq!(
+            layers(ModuleKey::Dotted("double_blocks.0.img_attn.qkv".into())),
+            qkv
+        );
+        assert_eq!(
+            layers(ModuleKey::Flat("double_blocks_0_img_attn_qkv".into())),
+            qkv
+        );
+        let single = layers(ModuleKey::Flat("single_blocks_1_linear2".into()));
+        assert_eq!(single[0].0, "single_transformer_blocks.1.attn.to_out");
+        let direct = layers(ModuleKey::Dotted("transformer_blocks.0.attn.to_q".into()));
+        assert_eq!(direct, vec![(qkv[1].0.clone(), vec![(0, 384)])]);
+        // A family without original names answers to its diffusers names only.
+        let plain = Modules::from_sizes(Component::Transformer, None, &sizes);
+        let key = ModuleKey::Dotted("double_blocks.0.img_attn.qkv".into());
+        assert!(plain.resolve(&key).is_empty());
     }
 }

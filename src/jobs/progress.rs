@@ -11,7 +11,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Progress {
     /// The latest step's latents of this image as a picture, when the job asked for previews
-    /// ([`super::Job::preview`]); it stays through the phases after that step.
+    /// ([`super::job::Job::preview`]); it stays through the phases after that step.
     pub preview: Option<Arc<Preview>>,
     /// The image being made, 1-based, of `images`.
     pub image: usize,

@@ -6,17 +6,19 @@
 //! Mirrors diffusers 0.42.1 `Flux2KleinPipeline.__call__` (klein-spec §2–8). The phases, their
 //! reports and the stop points are the Z-Image pipeline's; only the steps inside differ.
 
-use super::{
-    measure, parse_config, read_config, release_freed_memory, Error, Generated, ModelSource,
-    Progress, Request,
-};
-use crate::family::Family;
-use crate::memory_plan::{Denoiser, ModelSizes, RequestShape, TensorSize};
+use super::configs::{self, TEXT_LAYERS};
+use super::transformer::{Flux2Config, Flux2Transformer};
+use crate::families::Feature;
+use crate::memory_plan::{ModelSizes, RequestShape, TensorSize};
 use crate::mlx::{self, ops, Array, Dtype};
-use crate::models::flux2::{self, Flux2Config, Flux2Transformer};
 use crate::models::vae_tiling::Tiling;
 use crate::models::{
     self, Checkpoint, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder, VaeEncoder,
+};
+use crate::pipeline::reference::{Reference, MAX_REFERENCES};
+use crate::pipeline::{
+    load_adapters, measure, parse_config, read_config, release_freed_memory, Error, Generated,
+    ModelSource, Progress, Request, NO_TRUNCATION,
 };
 use crate::preview::{LatentFormat, RgbMap, StepPreviews};
 use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
@@ -39,12 +41,8 @@ pub fn default_steps_and_guidance(is_distilled: bool) -> (usize, f32) {
 }
 
 /// The steps and guidance a klein model in `source` runs with when neither the request nor the
-/// model's recorded defaults name them, and whether it is distilled; `None` for a model of
-/// another family.
-pub fn family_defaults(source: &impl ModelSource) -> Option<(usize, f32, bool)> {
-    if super::family_of(source).ok()? != Family::Flux2Klein {
-        return None;
-    }
+/// model's recorded defaults name them, and whether it is distilled.
+pub fn family_defaults(source: &(impl ModelSource + ?Sized)) -> Option<(usize, f32, bool)> {
     let bytes = read_config(source, "model_index.json").ok()??;
     let distilled = is_distilled(&serde_json::from_slice(&bytes).ok()?);
     let (steps, guidance) = default_steps_and_guidance(distilled);
@@ -54,69 +52,6 @@ pub fn family_defaults(source: &impl ModelSource) -> Option<(usize, f32, bool)> 
 /// Whether a `model_index.json` says the model is step-wise distilled (absent: a base model).
 pub fn is_distilled(model_index: &serde_json::Value) -> bool {
     model_index["is_distilled"].as_bool().unwrap_or(false)
-}
-
-/// The most pixels a reference keeps: larger ones are scaled down to this area first.
-pub const MAX_REFERENCE_PIXELS: u64 = 1024 * 1024;
-/// The most reference pictures one request may give.
-pub const MAX_REFERENCES: usize = 4;
-
-/// A picture's size scaled, when above [`MAX_REFERENCE_PIXELS`], to that area (each side
-/// truncated, as diffusers computes it); else as it is.
-pub fn capped_size(w: u32, h: u32) -> (u32, u32) {
-    if w as u64 * h as u64 <= MAX_REFERENCE_PIXELS {
-        return (w, h);
-    }
-    let s = (MAX_REFERENCE_PIXELS as f64 / (w as f64 * h as f64)).sqrt();
-    ((w as f64 * s) as u32, (h as f64 * s) as u32)
-}
-
-/// A reference picture as klein reads it: RGB bytes, sides multiples of the token cell.
-#[derive(Debug, Clone)]
-pub struct Reference {
-    pub rgb: Vec<u8>,
-    pub width: u32,
-    pub height: u32,
-}
-
-impl Reference {
-    /// Whether a `w`×`h` picture (`label` in messages) may be a reference: at least 64 pixels
-    /// each way and an aspect ratio within 8 (klein-spec §4.1); checkable before any model.
-    pub fn check_size(w: u32, h: u32, label: &str) -> Result<(), String> {
-        if w < 64 || h < 64 {
-            return Err(format!(
-                "{label} is {w}×{h}; a reference needs at least 64 pixels each way"
-            ));
-        }
-        if w.max(h) > 8 * w.min(h) {
-            return Err(format!(
-                "{label} is {w}×{h}; a reference's longer side may be at most 8 times its shorter"
-            ));
-        }
-        Ok(())
-    }
-
-    /// `img` prepared as `Flux2KleinPipeline` prepares an `image` (klein-spec §4.1): at least
-    /// 64 pixels each way and an aspect ratio within 8; above 1024² pixels scaled (Lanczos-3) to
-    /// that area; then centre-cropped, not resized, to multiples of `cell`; alpha dropped.
-    pub fn prepare(img: &image::DynamicImage, cell: u32, label: &str) -> Result<Reference, String> {
-        let (w, h) = (img.width(), img.height());
-        Reference::check_size(w, h, label)?;
-        let mut rgb = img.to_rgb8();
-        let (sw, sh) = capped_size(w, h);
-        if (sw, sh) != (w, h) {
-            rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
-        }
-        let (w, h) = rgb.dimensions();
-        let (cw, ch) = (w - w % cell, h - h % cell);
-        let (left, top) = ((w - cw) / 2, (h - ch) / 2);
-        let rgb = image::imageops::crop_imm(&rgb, left, top, cw, ch).to_image();
-        Ok(Reference {
-            rgb: rgb.into_raw(),
-            width: cw,
-            height: ch,
-        })
-    }
 }
 
 /// A klein model's configuration, read once from its json files.
@@ -168,7 +103,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             reason,
         };
         let (t, e, v) = (&configs.transformer, &configs.text_encoder, &configs.vae);
-        flux2::check_configs(e, t, v).map_err(|(path, reason)| bad(path, reason))?;
+        configs::check_configs(e, t, v).map_err(|(path, reason)| bad(path, reason))?;
         let tokenizer = PromptTokenizer::from_files(|name| {
             read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
         })?;
@@ -201,14 +136,14 @@ impl<S: ModelSource> KleinPipeline<S> {
     }
 
     /// klein's own LoRAs (a derived model's), then the files `specs` names, bound to its
-    /// layers in the compute dtype (see [`super::load_adapters`]).
+    /// layers in the compute dtype (see [`crate::pipeline::load_adapters`]).
     pub fn load_adapters(
         &self,
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<crate::lora::Adapters, Error> {
-        let (source, family) = (&self.source, Family::Flux2Klein);
-        super::load_adapters(source, family, specs, lenient, self.dtype)
+        let originals = Some(super::layout::original_linear as crate::lora::OriginalNames);
+        load_adapters(&self.source, originals, specs, lenient, self.dtype)
     }
 
     /// Applies these LoRA pairs from the next image on.
@@ -222,7 +157,7 @@ impl<S: ModelSource> KleinPipeline<S> {
     }
 
     fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        super::held_checkpoint(
+        crate::pipeline::held_checkpoint(
             &self.source,
             component,
             self.dtype,
@@ -242,7 +177,7 @@ impl<S: ModelSource> KleinPipeline<S> {
 
     /// Qwen3 bound up to the deepest layer klein reads.
     pub fn load_text_encoder(&self) -> Result<Qwen3Encoder, Error> {
-        let layers = *flux2::TEXT_LAYERS.iter().max().expect("three layers") as i32;
+        let layers = *TEXT_LAYERS.iter().max().expect("three layers") as i32;
         self.load("text_encoder", |c| {
             Qwen3Encoder::with_layers(&self.configs.text_encoder, c, layers)
         })
@@ -304,8 +239,7 @@ impl<S: ModelSource> KleinPipeline<S> {
     /// `[h9 | h18 | h27]` per row of the padded prompt: `[512, 3·hidden]`.
     pub fn prompt_embeds(&self, encoder: &Qwen3Encoder, prompt: &str) -> Result<Array, Error> {
         let ids = self.token_ids(prompt)?;
-        let states =
-            encoder.encode_padded(&ids, self.pad_id, MAX_SEQUENCE_LENGTH, &flux2::TEXT_LAYERS)?;
+        let states = encoder.encode_padded(&ids, self.pad_id, MAX_SEQUENCE_LENGTH, &TEXT_LAYERS)?;
         Ok(ops::concatenate(&states.iter().collect::<Vec<_>>(), 1)?)
     }
 
@@ -321,7 +255,11 @@ impl<S: ModelSource> KleinPipeline<S> {
     /// first time.
     pub fn set_previews(&mut self, on: bool) -> Result<(), Error> {
         if on && self.rgb_map.is_none() {
-            let map = super::preview_map(&self.source, &self.latent_format(), &self.load_vae()?);
+            let map = crate::pipeline::preview_map(
+                &self.source,
+                &self.latent_format(),
+                &self.load_vae()?,
+            );
             self.rgb_map = Some(map?);
         }
         self.previews = on;
@@ -348,20 +286,22 @@ impl<S: ModelSource> KleinPipeline<S> {
     pub fn validate(&self, req: &Request) -> Result<(), Error> {
         let cell = self.cell();
         let size = (req.width, req.height);
-        if let Some(e) = super::request_range_error_in(req.steps as u64, req.guidance, size, cell) {
+        if let Some(e) =
+            crate::pipeline::request_range_error_in(req.steps as u64, req.guidance, size, cell)
+        {
             return Err(Error::Request(e));
         }
         let mut used = Vec::new();
-        if req.cfg_truncation != super::NO_TRUNCATION {
-            used.push(crate::family::Feature::CfgTruncation);
+        if req.cfg_truncation != NO_TRUNCATION {
+            used.push(Feature::CfgTruncation);
         }
         if req.cfg_normalization {
-            used.push(crate::family::Feature::CfgNormalization);
+            used.push(Feature::CfgNormalization);
         }
-        Family::Flux2Klein.refuse(&used).map_err(Error::Request)?;
+        super::family().refuse(&used).map_err(Error::Request)?;
         if let Some(input) = &req.input {
             input.check(req.width, req.height).map_err(Error::Request)?;
-            if let Some(e) = super::condition::no_step_error(req.steps, input.strength) {
+            if let Some(e) = crate::pipeline::condition::no_step_error(req.steps, input.strength) {
                 return Err(Error::Request(e));
             }
         }
@@ -417,7 +357,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         if progress(Progress::Phase("text")).is_break() {
             return Err(stopped(0));
         }
-        let (prompt, negative) = super::encode_prompts(
+        let (prompt, negative) = crate::pipeline::encode_prompts(
             &mut phases,
             req,
             guided,
@@ -485,9 +425,9 @@ impl<S: ModelSource> KleinPipeline<S> {
             let inpaint = image
                 .as_ref()
                 .filter(|_| req.input.as_ref().is_some_and(|i| i.mask.is_some()));
-            let ids = flux2::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &ref_grids);
+            let ids = super::rope::ids(MAX_SEQUENCE_LENGTH, (h, w), &ref_grids);
             let cfg = &self.configs.transformer;
-            let rope = flux2::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
+            let rope = super::rope::tables(&ids, &cfg.axes_dims_rope, cfg.rope_theta)?;
             let statistics = match self.previews {
                 true => Some(self.latent_statistics()?),
                 false => None,
@@ -549,13 +489,13 @@ impl<S: ModelSource> KleinPipeline<S> {
             Ok::<_, Error>(x)
         })?;
         let held = (prompt, negative, ref_tokens);
-        super::to_decode(&latents, held, progress, stopped(req.steps))?;
+        crate::pipeline::to_decode(&latents, held, progress, stopped(req.steps))?;
 
         // 4. Un-normalise, unpatchify, decode and quantise.
         let rgb = measure(&mut phases, "decode", || {
             let vae = self.load_vae()?;
             let z = self.vae_latents(&latents, (h, w))?;
-            super::decode_to_rgb8(&vae, &z, self.tiling.as_ref())
+            crate::pipeline::decode_to_rgb8(&vae, &z, self.tiling.as_ref())
         })?;
         Ok(Generated::decoded(rgb, req, phases, latents, None))
     }
@@ -603,7 +543,7 @@ impl<S: ModelSource> KleinPipeline<S> {
     pub fn image_condition(
         &self,
         encoder: &VaeEncoder,
-        input: &super::ImageInput,
+        input: &crate::pipeline::ImageInput,
         size: (u32, u32),
     ) -> Result<(Array, Array), Error> {
         let (mean, std) = self.latent_statistics()?;
@@ -655,7 +595,7 @@ impl<S: ModelSource> KleinPipeline<S> {
 
     /// The sizes of the model's tensors, per component.
     pub fn tensor_sizes(&self) -> Result<[Vec<TensorSize>; 3], Error> {
-        super::component_sizes(&self.source)
+        crate::pipeline::component_sizes(&self.source)
     }
 
     /// The model's sizes and configuration as the memory plan reads them.
@@ -666,7 +606,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             vae: &sizes[2],
             controlnet: &[],
             text_config: &self.configs.text_encoder,
-            denoiser: Denoiser::Flux2(&self.configs.transformer),
+            denoiser: super::denoiser(&self.configs.transformer, self.cell()),
             vae_config: &self.configs.vae,
         }
     }

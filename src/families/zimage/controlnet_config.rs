@@ -172,11 +172,11 @@ impl ControlNetConfig {
 
     /// Checks what the model sizes, indexes or divides by, before anything is allocated.
     pub fn validate(&self) -> Result<(), String> {
-        use super::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
+        use crate::models::{check_finite, check_range, MAX_COUNT, MAX_WIDTH};
         const WHAT: &str = "controlnet";
         let (patch, f_patch) = (&self.all_patch_size, &self.all_f_patch_size);
         let widths = [self.dim, self.n_heads, self.n_refiner_layers];
-        super::check_dit_shape(WHAT, patch, f_patch, widths)?;
+        super::transformer::check_dit_shape(WHAT, patch, f_patch, widths)?;
         check_range(WHAT, "control_in_dim", self.control_in_dim, 1..=MAX_WIDTH)?;
         check_finite(WHAT, "norm_eps", self.norm_eps as f64, true)?;
         if !self.qk_norm {

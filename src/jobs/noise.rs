@@ -1,6 +1,6 @@
 //! Initial latents from a file (`--noise`) instead of the seed.
 
-use super::Error;
+use super::error::Error;
 use crate::{files, safetensors};
 use std::path::Path;
 

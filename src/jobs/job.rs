@@ -1,12 +1,14 @@
 //! A generation job: everything one call produces, as plain data. The command line builds one
-//! from its flags, each server API from its body, the page from its form; [`super::run`] makes
+//! from its flags, each server API from its body, the page from its form; `crate::generation::run` makes
 //! the images. [`Job::check`] is the one validation before anything loads, so a bad request gets
 //! the same answer wherever it came from.
 
-use super::{ControlNetChoice, Error, ModelChoice};
-use crate::family::Feature;
+use super::error::Error;
+use super::feature::Feature;
+use super::source::ModelChoice;
 use crate::models::Residency;
 use crate::pipeline;
+use crate::store::Store;
 use std::path::PathBuf;
 
 /// The most bytes a prompt (or negative prompt) may have. The model reads a prompt's first
@@ -67,10 +69,11 @@ pub struct Job {
     pub residency: Option<Residency>,
     /// A second pass at a larger size (generate, upscale, refine).
     pub hires: Option<Hires>,
-    /// Pictures the model edits from (FLUX.2 \[klein\]'s references, in order); without a size
+    /// Pictures the model edits from (references, in order, for a family that takes them);
+    /// without a size
     /// the output takes the first one's.
     pub references: Vec<Picture>,
-    /// Report each step's latents as a small picture ([`super::Progress::preview`]).
+    /// Report each step's latents as a small picture ([`super::progress::Progress::preview`]).
     pub preview: bool,
 }
 
@@ -163,7 +166,7 @@ impl Job {
 
     /// The references' count and sizes, which need no model.
     fn check_references(&self) -> Result<(), Error> {
-        let max = pipeline::klein::MAX_REFERENCES;
+        let max = pipeline::reference::MAX_REFERENCES;
         if self.references.len() > max {
             return Err(Error::Request(format!(
                 "{} reference pictures given; a model takes at most {max}",
@@ -172,7 +175,7 @@ impl Job {
         }
         for p in &self.references {
             let (w, h) = (p.image.width(), p.image.height());
-            pipeline::klein::Reference::check_size(w, h, &p.label).map_err(Error::Request)?;
+            pipeline::reference::Reference::check_size(w, h, &p.label).map_err(Error::Request)?;
         }
         Ok(())
     }
@@ -220,12 +223,14 @@ impl Job {
                 ));
             }
         }
-        let side = |v: Option<u32>| v.unwrap_or(16);
-        if let Some(e) = pipeline::request_range_error(
+        // Sides are checked against their bounds here and against the model's own token cell
+        // once the model is read (its family's pipeline checks them).
+        let side = |v: Option<u32>| v.unwrap_or(1);
+        if let Some(e) = pipeline::request_range_error_in(
             self.steps.unwrap_or(1) as u64,
             self.guidance.unwrap_or(0.0),
-            side(self.width),
-            side(self.height),
+            (side(self.width), side(self.height)),
+            1,
         ) {
             return bad(e);
         }
@@ -305,7 +310,7 @@ impl Job {
                 ));
             }
             if let Some(e) = h.steps.and_then(|s| {
-                pipeline::request_range_error(s as u64, 0.0, 16, 16)
+                pipeline::request_range_error_in(s as u64, 0.0, (1, 1), 1)
                     .map(|e| e.replace("--steps", "--hires-steps"))
             }) {
                 return bad(e);
@@ -315,5 +320,31 @@ impl Job {
             }
         }
         Ok(())
+    }
+}
+
+/// The ControlNet a job names.
+#[derive(Debug, Clone)]
+pub enum ControlNetChoice {
+    /// A diffusers directory or a published single file (the command line allows paths).
+    Path(PathBuf),
+    /// A ControlNet in `store`, by name.
+    Stored {
+        /// The store holding it.
+        store: Store,
+        /// Its name there.
+        name: String,
+    },
+}
+
+impl ControlNetChoice {
+    /// What tells one ControlNet from another, for keeping it set between jobs.
+    pub fn key(&self) -> String {
+        match self {
+            ControlNetChoice::Path(p) => format!("path:{}", p.display()),
+            ControlNetChoice::Stored { store, name } => {
+                format!("stored:{}:{name}", store.root.display())
+            }
+        }
     }
 }

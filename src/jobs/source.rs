@@ -1,14 +1,13 @@
 //! Which model a job runs and how it is opened: a stored model or a diffusers directory, both
-//! checked to be a Z-Image pipeline, behind one [`ModelSource`].
+//! behind one [`ModelSource`]; the engine asks the registry which family it is.
 
-use super::Error;
+use super::error::Error;
 use crate::diffusers_dir::DiffusersDir;
-use crate::family::Family;
 use crate::loader::{ReadPath, StoreSource};
 use crate::memory_plan::TensorSize;
 use crate::pipeline::{ComponentWeights, ModelSource, SourceError};
 use crate::store::{Store, StoredModel};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The model a job names.
 #[derive(Debug, Clone)]
@@ -48,23 +47,18 @@ pub enum Source {
 }
 
 impl Source {
-    /// Opens `choice` and checks it is a Z-Image pipeline.
+    /// Opens `choice`.
     pub fn open(choice: &ModelChoice) -> Result<Source, Error> {
         match choice {
             ModelChoice::Stored { store, name } => {
                 let model = store.open(name).map_err(open_error)?;
-                check_image_model(store, &model)?;
                 Ok(Source::Stored(Box::new(StoreSource {
                     store: store.clone(),
                     model,
                     read_path: ReadPath::MlxLoader,
                 })))
             }
-            ModelChoice::Directory(dir) => {
-                let source = DiffusersDir::open(dir)?;
-                check_directory(&source, dir)?;
-                Ok(Source::Directory(source))
-            }
+            ModelChoice::Directory(dir) => Ok(Source::Directory(DiffusersDir::open(dir)?)),
         }
     }
 
@@ -114,32 +108,6 @@ pub fn open_error(e: crate::store::StoreError) -> Error {
         }
         other => Error::Store(other),
     }
-}
-
-/// Whether a stored model is one zimage generates with: a pipeline of a family it runs (see
-/// [`crate::family`]). Text models (and other image pipelines) in the same store are refused by
-/// name.
-pub fn check_image_model(store: &Store, model: &StoredModel) -> Result<(), Error> {
-    let name = model.name.short();
-    let Some(index) = store.config_file(model, "model_index.json")? else {
-        return Err(Error::Request(format!(
-            "model `{name}` is not an image model (it has no model_index.json); zimage runs Z-Image and FLUX.2 [klein] models only, so run text models with Ollama"
-        )));
-    };
-    Family::from_model_index(&index)
-        .map(|_| ())
-        .map_err(|e| Error::Request(format!("model `{name}`: {e}")))
-}
-
-fn check_directory(source: &DiffusersDir, dir: &Path) -> Result<(), Error> {
-    let path = dir.join("model_index.json");
-    let index = source
-        .config_file("model_index.json")
-        .map_err(|e| Error::Request(format!("`{}`: {e}", path.display())))?
-        .unwrap_or_default();
-    Family::from_model_index(&index)
-        .map(|_| ())
-        .map_err(|e| Error::Request(format!("`{}`: {e}", dir.display())))
 }
 
 /// Each call goes to the source it is.

@@ -1,35 +1,83 @@
-//! The runner's path for FLUX.2 \[klein\] models: the job's options the family takes, the
-//! model's defaults for what the job leaves unsaid, one image per seed, and the same PNG
-//! metadata as every other image. Options klein lacks are refused by name before any weights
-//! load.
+//! FLUX.2 \[klein\]'s runner: the model's defaults for what the job leaves unsaid, the
+//! references prepared at the model's token cell, one image per seed, and the same PNG metadata
+//! as every other image. Options klein lacks were refused by name before any weights loaded.
 
-use super::engine::LoadedKlein;
-use super::masked_area::MaskedArea;
-use super::metadata::{self, Provenance};
-use super::run::{BatchEnds, Image, Outcome, Reporter};
-use super::{Cancel, Error, Job};
-use crate::family::Family;
+use super::pipeline::{self as klein, KleinPipeline};
+use crate::generation_defaults::GenerationDefaults;
+use crate::jobs::batch::{self, BatchEnds, Image, Outcome, Reporter};
+use crate::jobs::error::Error;
+use crate::jobs::job::Job;
+use crate::jobs::job::Picture;
+use crate::jobs::loaded::{BoundLoras, LoadedModel};
+use crate::jobs::masked_area::MaskedArea;
+use crate::jobs::metadata::{self, Provenance};
+use crate::jobs::progress::Cancel;
+use crate::jobs::source::{ModelKey, Source};
 use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
-use crate::pipeline::klein::{capped_size, KleinPipeline, Reference, MAX_REFERENCES};
+use crate::pipeline::reference::{capped_size, Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
+use crate::store::StoredModel;
 use std::ops::ControlFlow;
-use std::time::Duration;
 
-/// The request options a klein job uses that klein does not take, refused by their flags.
-fn refuse_unsupported(job: &Job) -> Result<(), Error> {
-    Family::Flux2Klein
-        .refuse(&job.features())
-        .map_err(Error::Request)
+/// A loaded klein model: its pipeline, its defaults and its LoRAs (no ControlNet).
+pub struct Loaded {
+    key: ModelKey,
+    pipeline: KleinPipeline<Source>,
+    defaults: GenerationDefaults,
+    loras: BoundLoras,
+}
+
+impl Loaded {
+    /// The model in `source`, its configs and tokenizer read.
+    pub fn new(source: Source, dtype: Dtype) -> Result<Loaded, Error> {
+        let key = source.key();
+        let defaults = GenerationDefaults::of(&source)?;
+        let pipeline = KleinPipeline::new(source, dtype)?;
+        Ok(Loaded {
+            key,
+            pipeline,
+            defaults,
+            loras: BoundLoras::default(),
+        })
+    }
+
+    /// Binds klein's own LoRAs (a derived model's) and `specs`, unless those are bound already.
+    fn bind_loras(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
+        let pipeline = &mut self.pipeline;
+        let (load, set) = (KleinPipeline::load_adapters, KleinPipeline::set_adapters);
+        (self.loras).bind(pipeline, (specs, lenient), load, set)
+    }
+}
+
+impl LoadedModel for Loaded {
+    fn key(&self) -> &ModelKey {
+        &self.key
+    }
+
+    fn stored(&self) -> Option<&StoredModel> {
+        self.pipeline.source().stored()
+    }
+
+    fn run(
+        &mut self,
+        job: &Job,
+        dtype: Dtype,
+        reporter: &mut Reporter,
+        cancel: &Cancel,
+    ) -> Result<Outcome, Error> {
+        let load = reporter.elapsed();
+        run(job, self, dtype, reporter, cancel, load)
+    }
 }
 
 /// The job's references prepared as klein reads them, each refusal naming its picture.
-fn references(job: &Job, klein: &LoadedKlein) -> Result<Vec<Reference>, Error> {
+fn references(job: &Job, klein: &Loaded) -> Result<Vec<Reference>, Error> {
     if job.references.len() > MAX_REFERENCES {
         return Err(Error::Request(format!(
             "{} reference pictures given; {} takes at most {MAX_REFERENCES}",
             job.references.len(),
-            Family::Flux2Klein.name()
+            super::family().name()
         )));
     }
     let cell = klein.pipeline.cell();
@@ -44,7 +92,7 @@ const DEFAULT_STRENGTH: f64 = 0.8;
 
 /// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
 /// floored to whole tokens (klein-spec §9.1).
-fn picture_size(picture: &super::Picture, cell: u32) -> Result<(u32, u32), Error> {
+fn picture_size(picture: &Picture, cell: u32) -> Result<(u32, u32), Error> {
     let (w, h) = capped_size(picture.image.width(), picture.image.height());
     crate::image_in::default_size(w, h, cell).ok_or_else(|| {
         Error::Request(format!(
@@ -59,11 +107,11 @@ fn picture_size(picture: &super::Picture, cell: u32) -> Result<(u32, u32), Error
 /// input picture's, else the first reference's, else the VAE's sample size.
 fn request(
     job: &Job,
-    klein: &LoadedKlein,
+    klein: &Loaded,
     references: &[Reference],
 ) -> Result<(Request, Option<MaskedArea>), Error> {
     let p = &klein.pipeline;
-    let (steps, guidance) = pipeline::klein::default_steps_and_guidance(p.configs.is_distilled);
+    let (steps, guidance) = klein::default_steps_and_guidance(p.configs.is_distilled);
     let d = &klein.defaults;
     let side = p.configs.vae.sample_size.unwrap_or(1024);
     let (width, height) = match &job.input {
@@ -90,7 +138,7 @@ fn request(
     };
     let mut area = None;
     if let Some(i) = &job.input {
-        let (input, cut) = super::run::picture_input(i, (req.width, req.height), DEFAULT_STRENGTH)?;
+        let (input, cut) = batch::picture_input(i, (req.width, req.height), DEFAULT_STRENGTH)?;
         req.input = Some(input);
         area = cut;
     }
@@ -102,14 +150,14 @@ fn request(
 /// refused naming the smallest budget that runs it.
 fn plan(
     job: &Job,
-    klein: &LoadedKlein,
+    klein: &Loaded,
     req: &Request,
     references: &[Reference],
 ) -> Result<MemoryPlan, Error> {
     let p = &klein.pipeline;
     let sizes = p.tensor_sizes()?;
     let shape = p.request_shape(req, references);
-    super::plan_for(
+    batch::plan_for(
         &p.model_sizes(&sizes),
         &shape,
         p.can_stream(),
@@ -147,15 +195,14 @@ fn pass<S: ModelSource>(
 }
 
 /// Makes a klein job's images; the model is loaded.
-pub(super) fn run(
+fn run(
     job: &Job,
-    klein: &mut LoadedKlein,
+    klein: &mut Loaded,
     dtype: Dtype,
     reporter: &mut Reporter,
     cancel: &Cancel,
-    load: Duration,
+    load: std::time::Duration,
 ) -> Result<Outcome, Error> {
-    refuse_unsupported(job)?;
     klein.bind_loras(&job.loras, job.lora_lenient)?;
     let references = references(job, klein)?;
     let (mut first, area) = request(job, klein, &references)?;
@@ -165,7 +212,7 @@ pub(super) fn run(
     if let Some(path) = &job.noise {
         let (h, w) = klein.pipeline.grid(&first);
         let c = klein.pipeline.configs.transformer.in_channels;
-        first.noise = Some(super::noise::read(path, [c, h, w])?);
+        first.noise = Some(crate::jobs::noise::read(path, [c, h, w])?);
     }
     let plan = plan(job, klein, &first, &references)?;
     // The hires pass: image-to-image of each first picture at the larger size, the same
@@ -173,7 +220,7 @@ pub(super) fn run(
     let hires = match &job.hires {
         Some(h) => {
             let p = &klein.pipeline;
-            let second = super::run::hires_request(job, h, p.cell(), |r| p.validate(r), &first)?;
+            let second = batch::hires_request(job, h, p.cell(), |r| p.validate(r), &first)?;
             let second_plan = self::plan(job, klein, &second, &references)?;
             Some((h, second, second_plan))
         }
@@ -209,13 +256,13 @@ pub(super) fn run(
             }
             continue;
         };
-        let mut steps_run = super::run::steps_run_of(&req);
+        let mut steps_run = batch::steps_run_of(&req);
         let mut last_req = req.clone();
         let mut hires_from = None;
         if let Some((h, second, second_plan)) = &hires {
             reporter.phase("hires");
             let picture = (generated.rgb, generated.width, generated.height);
-            let second = super::run::hires_input(picture, second, seed)?;
+            let second = batch::hires_input(picture, second, seed)?;
             let refined = pass(
                 p,
                 &second,
@@ -234,7 +281,7 @@ pub(super) fn run(
             let mut phases = generated.phases;
             phases.extend(refined.phases);
             generated = pipeline::Generated { phases, ..refined };
-            steps_run += super::run::steps_run_of(&second);
+            steps_run += batch::steps_run_of(&second);
             hires_from = Some(metadata::HiresProvenance::of(h, &req));
             last_req = second;
         }
@@ -286,7 +333,7 @@ pub(super) fn run(
         Some((_, _, second)) if second.estimate.peak() > plan.estimate.peak() => second,
         _ => plan,
     };
-    Ok(super::run::Outcome {
+    Ok(Outcome {
         loras: p.adapters().applied.clone(),
         ..ends.outcome(out, larger, load, model_name)
     })

@@ -3,10 +3,10 @@
 //! jointly; single-stream blocks run one fused projection over `[text ; image]`. Every block
 //! takes its shift, scale and gate from three modulations computed once per forward. No biases.
 
-use super::super::transformer::{after_block, apply_rope, attend, sinusoid};
-use super::super::weights::{Checkpoint, Linear, Release, RmsNorm, Weights};
-use super::super::{check_finite, check_range, ModelError, MAX_COUNT, MAX_WIDTH};
 use crate::mlx::{self, fast, ops, Array, Dtype};
+use crate::models::blocks::{after_block, apply_rope, attend, sinusoid};
+use crate::models::weights::{Checkpoint, Linear, Release, RmsNorm, Weights};
+use crate::models::{check_finite, check_range, ModelError, MAX_COUNT, MAX_WIDTH};
 
 /// `transformer/config.json`, the keys the forward pass uses.
 #[derive(Debug, Clone, serde::Deserialize)]

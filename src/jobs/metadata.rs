@@ -4,7 +4,7 @@
 
 use crate::formats::infotext;
 use crate::mlx::{self, Dtype};
-use crate::pipeline::{self, ModelSource, Pipeline, Request};
+use crate::pipeline::Request;
 use std::path::Path;
 
 /// Where an image came from, for its metadata.
@@ -23,7 +23,7 @@ pub struct Provenance<'a> {
     pub shift: f32,
     /// The padding of an only-masked inpaint ([`super::masked_area`]).
     pub only_masked: Option<u32>,
-    /// The reference pictures an edit followed (FLUX.2 \[klein\]), in order.
+    /// The reference pictures an edit followed, in order.
     pub references: &'a [ReferenceProvenance],
 }
 
@@ -64,21 +64,6 @@ pub struct ControlProvenance {
     pub scale: f32,
 }
 
-impl ControlProvenance {
-    /// What `pipeline`'s ControlNet and `control` say of the steering; `None` without either.
-    pub fn of<S: ModelSource>(
-        pipeline: &Pipeline<S>,
-        control: Option<&pipeline::ControlInput>,
-    ) -> Option<ControlProvenance> {
-        let (net, c) = pipeline.controlnet().zip(control)?;
-        Some(ControlProvenance {
-            controlnet: net.name(),
-            version: net.version().to_string(),
-            scale: c.scale,
-        })
-    }
-}
-
 /// The hires pass an image was refined by, for its metadata.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct HiresProvenance {
@@ -96,7 +81,7 @@ pub struct HiresProvenance {
 
 impl HiresProvenance {
     /// The record of `hires` run after the first pass `first`.
-    pub fn of(hires: &super::Hires, first: &Request) -> HiresProvenance {
+    pub fn of(hires: &super::job::Hires, first: &Request) -> HiresProvenance {
         HiresProvenance {
             scale: hires.scale,
             steps: hires.steps,
@@ -144,7 +129,7 @@ pub fn png_text_full(
     if req.cfg_normalization {
         fields.push(("CFG normalization", "True".into()));
     }
-    if req.cfg_truncation != pipeline::NO_TRUNCATION {
+    if req.cfg_truncation != crate::pipeline::NO_TRUNCATION {
         fields.push(("CFG truncation", req.cfg_truncation.to_string()));
     }
     if let Some(input) = &req.input {

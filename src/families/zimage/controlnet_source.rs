@@ -2,14 +2,16 @@
 //! or one of the published single files, whose version is recognised from its tensors and
 //! whose configuration zimage carries ([`ControlNetVersion::published_config`]).
 
+use super::control::{ControlNetLoader, LoadAs};
+use super::controlnet::ControlNet;
+use super::controlnet_config::{ControlNetConfig, ControlNetVersion};
+use super::transformer::DitConfig;
 use crate::files::{open_regular, read_bounded, FileError};
 use crate::loader::{ReadPath, StoreSource};
 use crate::memory_plan::TensorSize;
 use crate::mlx::{self, Dtype};
-use crate::models::controlnet_config::{ControlNetConfig, ControlNetVersion};
-use crate::models::{Checkpoint, ControlNet, DitConfig, ModelError, Residency};
-use crate::pipeline::control::LoadAs;
-use crate::pipeline::{ControlNetLoader, ModelSource, SourceError};
+use crate::models::{Checkpoint, ModelError, Residency};
+use crate::pipeline::{ModelSource, SourceError};
 use crate::safetensors::{read_header_file, Header, TensorInfo};
 use crate::store::import::{SourceTensor, TensorSource};
 use crate::store::{Store, StoreError};
@@ -343,4 +345,54 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// Z-Image's ControlNets (the Fun ControlNet Union, every published version), as the registry
+/// asks about them.
+pub struct FunControlNets;
+
+impl crate::families::ControlNets for FunControlNets {
+    fn describe_stored(&self, source: &dyn ModelSource) -> Option<Result<String, String>> {
+        Some(match stored_config(source) {
+            Ok(Some(c)) => Ok(format!(
+                "ControlNet {} ({} control layers, {} control channels)",
+                c.version().name(),
+                c.control_layers_places.len(),
+                c.control_in_dim
+            )),
+            Ok(None) => return None,
+            Err(e) => Err(format!("ControlNet, config unreadable: {e}")),
+        })
+    }
+
+    fn recognises(
+        &self,
+        from: &Path,
+        component: &str,
+    ) -> Result<bool, crate::families::ControlNetError> {
+        if from.is_dir() {
+            let config = from.join("config.json");
+            if !config.is_file() {
+                return Ok(false);
+            }
+            let bytes = crate::files::read_bounded(&config, 1 << 20, "config")?;
+            let json: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("`{}` is not JSON: {e}", config.display()))?;
+            return Ok(json["_class_name"] == "ZImageControlNetModel");
+        }
+        if component != "model" || !from.is_file() {
+            return Ok(false);
+        }
+        let kind = crate::formats::FileKind::of_file(from)
+            .map_err(|e| format!("cannot read `{}`: {e}", from.display()))?;
+        Ok(kind == crate::formats::FileKind::Safetensors && recognise_file(from)?.is_some())
+    }
+
+    fn open(
+        &self,
+        from: &Path,
+    ) -> Result<Box<dyn crate::store::import::TensorSourceSync>, crate::families::ControlNetError>
+    {
+        Ok(Box::new(ControlNetSource::open(from)?))
+    }
 }

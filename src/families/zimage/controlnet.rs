@@ -23,11 +23,12 @@
 
 use super::controlnet_config::{ControlNetConfig, RefinerMode};
 use super::transformer::{
-    after_block, pad_rows, patchify, round_up, Block, DitConfig, Hints, LayerHints, Prepared,
-    ZImageTransformer, SEQ_MULTI_OF,
+    pad_rows, patchify, round_up, Block, DitConfig, Hints, LayerHints, Prepared, ZImageTransformer,
+    SEQ_MULTI_OF,
 };
-use super::weights::{Checkpoint, Linear, Release, Weights};
 use crate::mlx::{self, ops, Array, Dtype};
+use crate::models::blocks::after_block;
+use crate::models::weights::{Checkpoint, Linear, Release, Weights};
 
 /// `ZImageControlTransformerBlock`: a transformer block over the control stream `c`, which the
 /// first block seeds from the base stream (`c = before_proj(c) + x`), each block giving a hint
@@ -170,9 +171,10 @@ impl ControlNet {
         cfg: &ControlNetConfig,
         ckpt: Checkpoint,
         dit: &DitConfig,
-    ) -> Result<ControlNet, super::ModelError> {
-        cfg.validate().map_err(super::ModelError::Config)?;
-        cfg.check_fits(dit).map_err(super::ModelError::Config)?;
+    ) -> Result<ControlNet, crate::models::ModelError> {
+        cfg.validate().map_err(crate::models::ModelError::Config)?;
+        cfg.check_fits(dit)
+            .map_err(crate::models::ModelError::Config)?;
         let mut ckpt = ckpt;
         if cfg.add_control_noise_refiner == Some(RefinerMode::ControlLayers) {
             // 2.0 files carry refiner blocks that diffusers' converter drops unread.

@@ -1,0 +1,29 @@
+//! The request options only some families take, named as the command line names them.
+
+/// A request option some families do not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Steering by a control image through a ControlNet.
+    ControlNet,
+    /// Guidance switched off once the model time passes a threshold (`--cfg-truncation`).
+    CfgTruncation,
+    /// Each guided prediction capped at the norm of the prompt's own (`--cfg-normalization`).
+    CfgNormalization,
+    /// A prompt to steer away from.
+    NegativePrompt,
+    /// Reference images the model sees while it draws.
+    References,
+}
+
+impl Feature {
+    /// The command-line option that asks for the feature, for messages.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Feature::ControlNet => "--controlnet/--control",
+            Feature::CfgTruncation => "--cfg-truncation",
+            Feature::CfgNormalization => "--cfg-normalization",
+            Feature::NegativePrompt => "--negative-prompt",
+            Feature::References => "--ref",
+        }
+    }
+}

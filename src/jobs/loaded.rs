@@ -1,0 +1,77 @@
+//! A model the engine holds loaded, as every family's runner answers for it, and the LoRAs
+//! bound to it.
+
+use super::batch::{Outcome, Reporter};
+use super::error::Error;
+use super::job::Job;
+use super::progress::Cancel;
+use super::source::ModelKey;
+use crate::mlx::Dtype;
+use crate::store::StoredModel;
+use std::time::SystemTime;
+
+/// A loaded model of some family: its pipeline, its defaults and what is bound to it.
+pub trait LoadedModel: Send {
+    /// What tells it from another model.
+    fn key(&self) -> &ModelKey;
+    /// The stored model it was loaded from, if it was.
+    fn stored(&self) -> Option<&StoredModel>;
+    /// Makes `job`'s images (the job checked and its options taken by the family), reporting
+    /// to `reporter` and stopping on `cancel`.
+    fn run(
+        &mut self,
+        job: &Job,
+        dtype: Dtype,
+        reporter: &mut Reporter,
+        cancel: &Cancel,
+    ) -> Result<Outcome, Error>;
+}
+
+/// A request LoRA as bound: its file's size and time of change tell an edited file from the
+/// one bound before.
+#[derive(Debug, Clone, PartialEq)]
+struct LoraStamp {
+    spec: crate::lora::LoraSpec,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl LoraStamp {
+    fn of(spec: &crate::lora::LoraSpec) -> LoraStamp {
+        let meta = std::fs::metadata(&spec.path).ok();
+        LoraStamp {
+            spec: spec.clone(),
+            len: meta.as_ref().map_or(0, |m| m.len()),
+            modified: meta.and_then(|m| m.modified().ok()),
+        }
+    }
+}
+
+/// The LoRAs a pipeline's adapters were bound for (`None`: none bound yet, not even the
+/// model's own), with whether unknown keys were skipped.
+#[derive(Default)]
+pub struct BoundLoras(Option<(Vec<LoraStamp>, bool)>);
+
+impl BoundLoras {
+    /// Binds the model's own LoRAs and `specs` to `pipeline` with its family's `load` and `set`,
+    /// unless those are bound already.
+    pub fn bind<P>(
+        &mut self,
+        pipeline: &mut P,
+        (specs, lenient): (&[crate::lora::LoraSpec], bool),
+        load: impl FnOnce(
+            &P,
+            &[crate::lora::LoraSpec],
+            bool,
+        ) -> Result<crate::lora::Adapters, crate::pipeline::Error>,
+        set: impl FnOnce(&mut P, crate::lora::Adapters),
+    ) -> Result<(), Error> {
+        let wanted: (Vec<LoraStamp>, bool) = (specs.iter().map(LoraStamp::of).collect(), lenient);
+        if self.0.as_ref() == Some(&wanted) {
+            return Ok(());
+        }
+        set(pipeline, load(pipeline, specs, lenient)?);
+        self.0 = Some(wanted);
+        Ok(())
+    }
+}
