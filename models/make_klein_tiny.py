@@ -198,6 +198,12 @@ def write_inputs():
     rect = np.zeros((h, w), np.uint8)
     rect[21:52, 12:60] = 255
     Image.fromarray(rect, "L").save(os.path.join(KLEIN_INPUT_DIR, f"mask-rect-{w}x{h}.png"))
+    # The same kind of rectangle on the 100x75 picture, which is resized to 96x72: the edges
+    # land inside cells only after the resize, so they binarise as Pillow's LANCZOS leaves them.
+    w, h = 100, 75
+    rect = np.zeros((h, w), np.uint8)
+    rect[21:54, 12:62] = 255
+    Image.fromarray(rect, "L").save(os.path.join(KLEIN_INPUT_DIR, f"mask-rect-{w}x{h}.png"))
 
 
 def input_path(name):
@@ -224,6 +230,9 @@ CASES = {
     "inpaint-offgrid": ("inpaint", "distilled", dict(prompt="a red fox in the snow", image="inputs/picture-96x80.png",
                                                      mask_image="klein-inputs/mask-rect-96x80.png", strength=1.0,
                                                      num_inference_steps=4, guidance_scale=1.0, seed=13)),
+    "inpaint-resized": ("inpaint", "distilled", dict(prompt="a red fox in the snow", image="klein-inputs/picture-100x75.png",
+                                                     mask_image="klein-inputs/mask-rect-100x75.png", strength=0.8,
+                                                     num_inference_steps=6, guidance_scale=1.0, seed=11)),
     "inpaint-ref-cfg": ("inpaint", "base", dict(prompt="a cat on a sofa", image="inputs/picture-96x80.png",
                                                 mask_image="inputs/mask-96x80.png",
                                                 image_reference="inputs/picture-128x128.png", strength=0.6,

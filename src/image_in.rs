@@ -6,9 +6,8 @@
 //!   grey picture is repeated over the three channels).
 //! - A mask is read as PIL's `convert("L")` reads it (ITU-R 601 luma in PIL's fixed point,
 //!   alpha ignored), then binarised: a value of at least half of 255 repaints, below keeps.
-//! - Another size than the request's is resized with a Lanczos-3 filter (the `image` crate's,
-//!   which is close to but not bit-identical with PIL's `LANCZOS` that diffusers uses): give
-//!   inputs at the output size for results that match diffusers exactly.
+//! - Another size than the request's is resized with Pillow's `LANCZOS`, byte for byte as
+//!   diffusers resizes it ([`crate::resample`]).
 
 use image::{DynamicImage, GrayImage, ImageFormat, RgbImage};
 use std::io::Cursor;
@@ -244,7 +243,7 @@ fn resized<P: image::Pixel<Subpixel = u8> + 'static>(
     if img.dimensions() == (width, height) {
         return img;
     }
-    image::imageops::resize(&img, width, height, image::imageops::FilterType::Lanczos3)
+    crate::resample::lanczos3(&img, width, height)
 }
 
 /// The picture as the pipeline takes it: RGB at `width`×`height`.

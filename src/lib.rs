@@ -93,6 +93,8 @@ pub mod preview;
 #[doc(hidden)]
 pub mod registry;
 #[doc(hidden)]
+pub mod resample;
+#[doc(hidden)]
 pub mod safetensors;
 #[doc(hidden)]
 pub mod scheduler;

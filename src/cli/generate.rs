@@ -110,8 +110,8 @@ pub struct GenerateArgs {
     pub references: Vec<PathBuf>,
     /// Start from this picture (PNG, JPEG or WebP) instead of noise: image-to-image, or with
     /// `--mask` inpainting. Without `--width/--height` the output takes its size, each side
-    /// rounded down to a multiple of 16; another size is reached by a Lanczos-3 resize (close to,
-    /// not bit-identical with, the PIL resize diffusers uses).
+    /// rounded down to a multiple of the model's token cell; another size is reached by Pillow's
+    /// Lanczos resize, as diffusers resizes it.
     #[arg(long, value_name = "IN.png")]
     pub image: Option<PathBuf>,
     /// Repaint only where this mask is white (black keeps the picture); read as grey and

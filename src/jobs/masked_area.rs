@@ -3,7 +3,6 @@
 //! image's full size, scaled back and pasted where the mask is. A small masked area gets all
 //! the image's pixels, and the picture outside the mask is kept exactly.
 
-use image::imageops::FilterType;
 use image::{GrayImage, RgbImage};
 
 /// A rectangle of the picture, in pixels.
@@ -51,9 +50,9 @@ impl MaskedArea {
     pub fn input(&self, width: u32, height: u32) -> (Vec<u8>, Vec<u8>) {
         let r = self.region;
         let picture = image::imageops::crop_imm(&self.picture, r.x, r.y, r.width, r.height);
-        let picture = image::imageops::resize(&*picture, width, height, FilterType::Lanczos3);
+        let picture = crate::resample::lanczos3(&picture.to_image(), width, height);
         let mask = self.region_mask();
-        let mask = image::imageops::resize(&mask, width, height, FilterType::Lanczos3);
+        let mask = crate::resample::lanczos3(&mask, width, height);
         // Cut at half, as a mask given at the image's size is.
         let mask = mask
             .into_raw()
@@ -68,7 +67,7 @@ impl MaskedArea {
     pub fn paste(&self, rgb: Vec<u8>, width: u32, height: u32) -> Option<Vec<u8>> {
         let r = self.region;
         let made = RgbImage::from_raw(width, height, rgb)?;
-        let made = image::imageops::resize(&made, r.width, r.height, FilterType::Lanczos3);
+        let made = crate::resample::lanczos3(&made, r.width, r.height);
         let mut out = self.picture.clone();
         let full_width = self.picture.width() as usize;
         for (x, y, p) in made.enumerate_pixels() {

@@ -51,7 +51,7 @@ impl Reference {
         let mut rgb = img.to_rgb8();
         let (sw, sh) = capped_size(w, h);
         if (sw, sh) != (w, h) {
-            rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
+            rgb = crate::resample::lanczos3(&rgb, sw, sh);
         }
         let (w, h) = rgb.dimensions();
         let (cw, ch) = (w - w % cell, h - h % cell);
