@@ -467,7 +467,8 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
             .expect("valid template"),
     );
     let mut outcome = None;
-    let mut preview_file = a.preview.clone().map(PreviewFile::start);
+    let mut preview_file = preview_target(a.preview.as_deref()).map(PreviewFile::start);
+    job.preview = preview_file.is_some();
     for run in 1..=a.runs {
         bar.reset();
         let out = generation::run(
@@ -537,6 +538,19 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where `--preview`'s pictures go: the file itself, or a link's target. A FIFO, a device or
+/// another special file cannot take a picture per step without making a step wait for its
+/// reader, so it is given up, with a warning, and the images are made all the same.
+fn preview_target(preview: Option<&Path>) -> Option<PathBuf> {
+    match zimage::files::output_path(preview?) {
+        Ok(at) => Some(at),
+        Err(e) => {
+            eprintln!("warning: --preview: {e}; no previews are written, the images are");
+            None
+        }
+    }
+}
+
 /// `--preview`'s file, written on a thread of its own with the newest step's picture, so that
 /// no step waits for the disk.
 struct PreviewFile {
@@ -555,7 +569,9 @@ impl PreviewFile {
                 while let Ok(newer) = pictures.try_recv() {
                     picture = newer;
                 }
-                if let Err(e) = zimage::files::write_output(&path, &picture.png()) {
+                // Replaced, never written into: a special file put there since the start is
+                // refused rather than waited on.
+                if let Err(e) = zimage::files::replace_regular(&path, &picture.png()) {
                     failed.get_or_insert(e.to_string());
                 }
             }
