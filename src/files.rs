@@ -495,6 +495,35 @@ mod tests {
         }
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn own_files_are_opened_and_replaced_without_following_links_or_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let write = std::fs::OpenOptions::new().write(true).create(true).clone();
+        let e = open_regular_here(&link, &write).unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        let e = replace_regular(&link, b"new").unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        // A FIFO nobody reads or writes: refused at once, for reading and for writing.
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let e = open_regular_here(&fifo, &write).unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        let e = open_regular(&fifo).unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        let e = replace_regular(&fifo, b"new").unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        replace_regular(&target, b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert!(open_regular_here(&target, &write).is_ok());
+    }
+
     #[test]
     fn temporaries_are_listed_until_dropped() {
         let dir = tempfile::tempdir().unwrap();
