@@ -420,6 +420,42 @@ fn post_waiting(port: u16, path: &str, body: &str) -> (u16, String) {
     (status, answer)
 }
 
+/// Pulls at once link the same snapshot files at once: each link is made whole or left to the
+/// other, never failed on for being there (`File exists`).
+#[test]
+fn links_made_at_once_by_many_pulls_never_fail() {
+    use zimage::hub::{cache::RepoCache, HubFile};
+    let dir = tempfile::tempdir().unwrap();
+    let cache = RepoCache::new(dir.path(), "o", "r");
+    let f = HubFile {
+        path: "text_encoder/config.json".into(),
+        size: 2,
+        etag: "ab".repeat(20),
+        sha256: None,
+    };
+    let link = cache.snapshot(COMMIT).join(&f.path);
+    for _ in 0..100 {
+        let _ = std::fs::remove_file(&link);
+        let barrier = std::sync::Barrier::new(8);
+        let failures: Vec<String> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        cache.link(COMMIT, &f)
+                    })
+                })
+                .collect();
+            (threads.into_iter())
+                .filter_map(|t| t.join().unwrap().err().map(|e| e.to_string()))
+                .collect()
+        });
+        assert!(failures.is_empty(), "{failures:?}");
+        let target = std::fs::read_link(&link).unwrap();
+        assert_eq!(target, Path::new("../../../blobs").join(&f.etag));
+    }
+}
+
 #[test]
 fn six_pulls_of_one_repository_at_once_through_the_server_all_succeed() {
     let t = Setup::new(None);
