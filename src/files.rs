@@ -50,8 +50,11 @@ impl FileError {
 }
 
 /// What kind of thing `meta` describes, in words, for errors.
-fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+pub(crate) fn kind_of(meta: &std::fs::Metadata) -> &'static str {
     let t = meta.file_type();
+    if t.is_symlink() {
+        return "a symbolic link";
+    }
     if t.is_dir() {
         return "a directory";
     }
@@ -79,25 +82,84 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 }
 
 /// Opens `path` for reading if it is a regular file (symlinks followed). Returns the file and
-/// its size. The type is checked before opening, since opening a FIFO blocks.
+/// its size.
 pub fn open_regular(path: &Path) -> Result<(File, u64), FileError> {
-    let meta = std::fs::metadata(path).map_err(FileError::io(path))?;
-    if !meta.is_file() {
-        return Err(FileError::NotRegular {
-            path: path.to_path_buf(),
-            kind: kind_of(&meta),
-        });
+    let file = open_checked(path, std::fs::OpenOptions::new().read(true), false)?;
+    let len = file.metadata().map_err(FileError::io(path))?.len();
+    Ok((file, len))
+}
+
+/// Opens `path` with `options` when it is a regular file, never following a symbolic link at
+/// the path itself: for files a program keeps in a folder of its own (a cache's partial
+/// downloads and locks), where a link or a FIFO put there by someone else must not lead the
+/// writes elsewhere or block the program.
+pub fn open_regular_here(path: &Path, options: &std::fs::OpenOptions) -> Result<File, FileError> {
+    open_checked(path, options, true)
+}
+
+/// Opens without blocking on a special file (a FIFO nobody writes or reads would block an
+/// open), then checks what was opened is a regular file, so that no swap of the path between
+/// a check and the open gets past.
+fn open_checked(
+    path: &Path,
+    options: &std::fs::OpenOptions,
+    no_follow: bool,
+) -> Result<File, FileError> {
+    let mut options = options.clone();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let follow = if no_follow { libc::O_NOFOLLOW } else { 0 };
+        options.custom_flags(libc::O_NONBLOCK | follow);
     }
-    let file = File::open(path).map_err(FileError::io(path))?;
-    // The path may have been swapped between the check and the open.
+    let not_regular = |meta: &std::fs::Metadata| FileError::NotRegular {
+        path: path.to_path_buf(),
+        kind: kind_of(meta),
+    };
+    let file = match options.open(path) {
+        Ok(file) => file,
+        // A link (refused by O_NOFOLLOW) or a FIFO without a reader (ENXIO) is told as what
+        // it is, not as the open's errno.
+        Err(e) => {
+            let meta = match no_follow {
+                true => std::fs::symlink_metadata(path),
+                false => std::fs::metadata(path),
+            };
+            return Err(match meta {
+                Ok(meta) if !meta.is_file() => not_regular(&meta),
+                _ => FileError::io(path)(e),
+            });
+        }
+    };
     let meta = file.metadata().map_err(FileError::io(path))?;
     if !meta.is_file() {
-        return Err(FileError::NotRegular {
-            path: path.to_path_buf(),
-            kind: kind_of(&meta),
-        });
+        return Err(not_regular(&meta));
     }
-    Ok((file, meta.len()))
+    // Reads and writes of a regular file never block in the sense O_NONBLOCK changes, so the
+    // flag is left on.
+    Ok(file)
+}
+
+/// Writes `bytes` to `path` atomically (temporary file beside it, fsync, rename), where `path`
+/// is a regular file or absent: anything else there (a symbolic link, a FIFO, a device) is
+/// refused and left as it is. For files a program keeps in a folder of its own.
+pub fn replace_regular(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            return Err(FileError::NotRegular {
+                path: path.to_path_buf(),
+                kind: kind_of(&meta),
+            })
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(FileError::io(path)(e)),
+        _ => {}
+    }
+    let io = FileError::io(path);
+    let mut tmp = TempFile::beside(path, ".zimage-").map_err(&io)?;
+    tmp.write_all(bytes).map_err(&io)?;
+    tmp.as_file().sync_all().map_err(&io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
 }
 
 /// Reads a whole regular file of at most `limit` bytes; `what` names the file's role in the
@@ -431,6 +493,35 @@ mod tests {
                 .is_symlink());
             assert_eq!(std::fs::read(&target).unwrap(), b"new");
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn own_files_are_opened_and_replaced_without_following_links_or_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let write = std::fs::OpenOptions::new().write(true).create(true).clone();
+        let e = open_regular_here(&link, &write).unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        let e = replace_regular(&link, b"new").unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        // A FIFO nobody reads or writes: refused at once, for reading and for writing.
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let e = open_regular_here(&fifo, &write).unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        let e = open_regular(&fifo).unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        let e = replace_regular(&fifo, b"new").unwrap_err().to_string();
+        assert!(e.contains("is a FIFO"), "{e}");
+        replace_regular(&target, b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert!(open_regular_here(&target, &write).is_ok());
     }
 
     #[test]

@@ -105,12 +105,17 @@ pub fn check(
     Ok(total)
 }
 
-/// The command line's check: the files `(path, flag)` read and their headers checked, summed,
+/// The command line's check: the files `(path, flag)` read (each once: the bytes returned, in
+/// order, are the ones checked, for the caller to decode) and their headers checked, summed,
 /// against the request's memory budget (`--memory-limit`, `ZIMAGE_MEMORY_LIMIT`, or the
-/// machine's), before any of them is decoded.
-pub fn check_files(files: &[(&Path, &str)], memory_limit: Option<&str>) -> Result<u64, Error> {
+/// machine's), before any of them is decoded. Every picture of a request goes through it
+/// together, whatever its flag.
+pub fn read_files(
+    files: &[(&Path, &str)],
+    memory_limit: Option<&str>,
+) -> Result<Vec<Vec<u8>>, Error> {
     if files.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let (budget, source) = crate::memory_plan::budget(memory_limit).map_err(Error::Budget)?;
     let contents = files
@@ -133,7 +138,8 @@ pub fn check_files(files: &[(&Path, &str)], memory_limit: Option<&str>) -> Resul
         budget,
         &source,
         ", or a larger budget with --memory-limit or ZIMAGE_MEMORY_LIMIT if the machine really has more free",
-    )
+    )?;
+    Ok(contents)
 }
 
 /// Memory shared by the requests a server holds at once, for their input pictures.

@@ -1,14 +1,18 @@
 //! `zimage pull hf.co/OWNER/REPO` against a Hub-like server on 127.0.0.1 serving the demo
 //! model (`tests/common/hub.rs`): a fresh pull, a resumed one, one from a full Hugging Face
-//! cache, a file whose sha256 or git blob id is not the Hub's, a gated model, and the one-line
-//! failures.
+//! cache, a file whose sha256 or git blob id is not the Hub's, a gated model, the one-line
+//! failures; pulls of one repository at once, and a hostile Hub or cache: a config listed at a
+//! terabyte, zeros without end, links and FIFOs in the cache, a Hub that sends two bytes a
+//! second to a client that leaves.
 
 mod common;
 
 use common::hub::{HubServer, COMMIT};
 use common::{s, zimage_in};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const REPO: &str = "tiny-org/z-image-tiny";
 const NAME: &str = "hf.co/tiny-org/z-image-tiny";
@@ -63,7 +67,21 @@ impl Setup {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.output().unwrap()
+        // A pull that blocks fails the test instead of hanging it.
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(120) {
+                child.kill().unwrap();
+                panic!("zimage {args:?} still running after 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
     }
 
     fn pull(&self, env: &[(&str, &str)]) -> Output {
@@ -370,4 +388,265 @@ fn the_page_pulls_a_model_into_an_empty_store_and_generates_with_it() {
         server.log()
     );
     assert!(stored_models(&t.store()).contains(NAME));
+}
+
+/// The `.incomplete` files in a cached repository's blobs.
+fn incomplete_files(repo: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(repo.join("blobs")) else {
+        return Vec::new();
+    };
+    entries
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".incomplete"))
+        .collect()
+}
+
+/// A POST whose answer may take minutes (six imports on a busy machine): its status and body.
+fn post_waiting(port: u16, path: &str, body: &str) -> (u16, String) {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    let request = common::server::request("POST", path, "Content-Type: application/json\r\n", body);
+    stream.write_all(&request).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+/// Pulls at once link the same snapshot files at once: each link is made whole or left to the
+/// other, never failed on for being there (`File exists`).
+#[test]
+fn links_made_at_once_by_many_pulls_never_fail() {
+    use zimage::hub::{cache::RepoCache, HubFile};
+    let dir = tempfile::tempdir().unwrap();
+    let cache = RepoCache::new(dir.path(), "o", "r");
+    let f = HubFile {
+        path: "text_encoder/config.json".into(),
+        size: 2,
+        etag: "ab".repeat(20),
+        sha256: None,
+    };
+    let link = cache.snapshot(COMMIT).join(&f.path);
+    for _ in 0..100 {
+        let _ = std::fs::remove_file(&link);
+        let barrier = std::sync::Barrier::new(8);
+        let failures: Vec<String> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        cache.link(COMMIT, &f)
+                    })
+                })
+                .collect();
+            (threads.into_iter())
+                .filter_map(|t| t.join().unwrap().err().map(|e| e.to_string()))
+                .collect()
+        });
+        assert!(failures.is_empty(), "{failures:?}");
+        let target = std::fs::read_link(&link).unwrap();
+        assert_eq!(target, Path::new("../../../blobs").join(&f.etag));
+    }
+}
+
+#[test]
+fn six_pulls_of_one_repository_at_once_through_the_server_all_succeed() {
+    let t = Setup::new(None);
+    let server = serve(&t);
+    let port = server.port;
+    let body = format!(r#"{{"model":"{NAME}","stream":false}}"#);
+    let pulls: Vec<_> = (0..6)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || post_waiting(port, "/api/pull", &body))
+        })
+        .collect();
+    for pull in pulls {
+        let (status, answer) = pull.join().unwrap();
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (_, tags) = common::server::get(port, "/api/tags");
+    assert!(tags.contains(NAME), "{tags}");
+    assert!(incomplete_files(&t.cached_repo()).is_empty());
+}
+
+#[test]
+fn a_config_listed_larger_than_zimage_reads_is_refused_before_its_first_byte() {
+    let t = Setup::new(None);
+    // Listed at a terabyte, sent as zeros without end; an earlier run left 1 MiB of it.
+    let index = t.hub.file("model_index.json").blob_id.clone();
+    let blobs = t.cached_repo().join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(
+        blobs.join(format!("{index}.incomplete")),
+        vec![0u8; 1 << 20],
+    )
+    .unwrap();
+    *t.hub.state.listed_size.lock().unwrap() = Some(("model_index.json".into(), 1 << 40));
+    *t.hub.state.endless.lock().unwrap() = Some("model_index.json".into());
+    let err = one_line_error(&t.pull(&[]));
+    assert!(
+        err.contains("`model_index.json` is listed at 1099511627776 bytes")
+            && err.contains("refused before downloading"),
+        "{err}"
+    );
+    assert_eq!(t.hub.bytes_sent(), 0);
+    assert!(incomplete_files(&t.cached_repo()).is_empty());
+    // Listed at its size but sent without end: cut at the size, the partial file deleted.
+    *t.hub.state.listed_size.lock().unwrap() = None;
+    *t.hub.state.endless.lock().unwrap() = Some("vae/config.json".into());
+    let err = one_line_error(&t.pull(&[]));
+    assert!(
+        err.contains("sends more than") && err.contains("vae/config.json"),
+        "{err}"
+    );
+    assert!(t.hub.bytes_sent() < t.pipeline_bytes() + (16 << 20));
+    // Files the failure stopped keep theirs, for the next pull to continue; not this one.
+    let vae_config = &t.hub.file("vae/config.json").blob_id;
+    let left = incomplete_files(&t.cached_repo());
+    assert!(!left.iter().any(|n| n.starts_with(vae_config)), "{left:?}");
+    assert!(!stored_models(&t.store()).contains("hf.co"));
+}
+
+#[cfg(unix)]
+#[test]
+fn links_out_of_the_cache_are_refused_and_nothing_outside_it_is_touched() {
+    let t = Setup::new(None);
+    let outside = t.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let victim = outside.join("victim");
+    std::fs::write(&victim, "keep").unwrap();
+    let index = t.hub.file("model_index.json").blob_id.clone();
+    let cases = [
+        format!("blobs/{index}.incomplete"),
+        "refs/main".to_string(),
+        format!("snapshots/{COMMIT}/vae"),
+        format!("snapshots/{COMMIT}"),
+    ];
+    for (i, rel) in cases.iter().enumerate() {
+        let home = t.dir.path().join(format!("hf-{i}"));
+        let at = home.join("hub/models--tiny-org--z-image-tiny").join(rel);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        // A file for a file's place, a folder holding a file for a folder's.
+        let folder = rel.starts_with("snapshots");
+        let target = match folder {
+            true => {
+                let d = outside.join(format!("folder-{i}"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("config.json"), "keep").unwrap();
+                d
+            }
+            false => victim.clone(),
+        };
+        std::os::unix::fs::symlink(&target, &at).unwrap();
+        let err = one_line_error(&t.run(&t.store(), &["pull", NAME], &[("HF_HOME", s(&home))]));
+        assert!(
+            err.contains("is a symbolic link") && err.contains(rel.as_str()),
+            "{rel}: {err}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "{rel}");
+        if folder {
+            let names: Vec<String> = std::fs::read_dir(&target)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .collect();
+            assert_eq!(names, ["config.json"], "{rel}");
+            let kept = std::fs::read_to_string(target.join("config.json")).unwrap();
+            assert_eq!(kept, "keep", "{rel}");
+        }
+    }
+    assert!(!stored_models(&t.store()).contains("hf.co"));
+}
+
+#[cfg(unix)]
+#[test]
+fn fifos_in_the_cache_fail_the_pull_at_once_instead_of_blocking_it() {
+    let t = Setup::new(None);
+    let index = t.hub.file("model_index.json").blob_id.clone();
+    let cases = [
+        "models--tiny-org--z-image-tiny/refs/main".to_string(),
+        format!(".locks/models--tiny-org--z-image-tiny/{index}.lock"),
+    ];
+    for (i, rel) in cases.iter().enumerate() {
+        let home = t.dir.path().join(format!("hf-{i}"));
+        let fifo = home.join("hub").join(rel);
+        std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let started = Instant::now();
+        let err = one_line_error(&t.run(&t.store(), &["pull", NAME], &[("HF_HOME", s(&home))]));
+        assert!(
+            err.contains("is a FIFO") && err.contains(rel.as_str()),
+            "{rel}: {err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "{rel}");
+    }
+}
+
+#[test]
+fn a_server_pull_is_refused_to_other_sites_and_ends_when_its_client_leaves() {
+    let t = Setup::new(None);
+    let server = serve(&t);
+    let port = server.port;
+    let body = format!(r#"{{"model":"{NAME}","stream":false}}"#);
+    // A form of another site's page: the browser names no origin, but says it is cross-site.
+    let (status, answer) = common::server::raw(
+        port,
+        &common::server::request(
+            "POST",
+            "/api/pull",
+            "Sec-Fetch-Site: cross-site\r\nContent-Type: text/plain\r\n",
+            &body,
+        ),
+    );
+    assert_eq!(status, 403, "{answer}");
+    assert!(t.hub.seen().is_empty(), "{:?}", t.hub.seen());
+
+    // The transformer comes two bytes a second; its client hangs up while it comes.
+    *t.hub.state.slow.lock().unwrap() = Some(TRANSFORMER.to_string());
+    let lfs = format!("/lfs/{}", t.hub.file(TRANSFORMER).sha256);
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request = common::server::request(
+        "POST",
+        "/api/pull",
+        "Content-Type: application/json\r\n",
+        &body,
+    );
+    client.write_all(&request).unwrap();
+    let start = Instant::now();
+    while !t.hub.seen().iter().any(|r| r.path == lfs) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no download");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    drop(client);
+    let left = Instant::now();
+    while !t
+        .hub
+        .state
+        .slow_dropped
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        assert!(
+            left.elapsed() < Duration::from_secs(10),
+            "the pull kept the Hub's connection after its client left: {:?}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, tags) = common::server::get(port, "/api/tags");
+    assert!(!tags.contains(NAME), "{tags}");
+    // The next pull continues what the last left and stores the model whole.
+    *t.hub.state.slow.lock().unwrap() = None;
+    let (status, answer) = common::server::post(port, "/api/pull", &body);
+    assert_eq!(status, 200, "{answer}");
+    assert!(incomplete_files(&t.cached_repo()).is_empty());
+    ok(&zimage_in(&t.store(), &["verify", NAME]));
 }

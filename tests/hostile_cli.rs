@@ -188,6 +188,26 @@ fn output_to_dev_null_writes_into_it_and_leaves_the_device() {
 }
 
 #[test]
+fn a_preview_that_is_a_fifo_is_given_up_with_a_warning_and_the_image_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_copy(dir.path());
+    let fifo = dir.path().join("preview.png");
+    mkfifo(&fifo);
+    // Nobody reads the FIFO: a writer that opened it would wait for ever.
+    let out = generate_on(dir.path(), &model, &["--preview", s(&fifo)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: --preview") && stderr.contains("is a FIFO"),
+        "{stderr}"
+    );
+    assert!(dir.path().join("out.png").exists());
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::symlink_metadata(&fifo).unwrap();
+    assert!(meta.file_type().is_fifo(), "the FIFO is left as it was");
+}
+
+#[test]
 fn output_to_stdout_is_the_png_alone() {
     let dir = tempfile::tempdir().unwrap();
     let model = model_copy(dir.path());

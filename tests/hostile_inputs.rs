@@ -142,6 +142,20 @@ fn a_bomb_as_image_and_mask_is_refused_from_its_headers_within_the_budget() {
 }
 
 #[test]
+fn a_bomb_as_reference_is_weighed_with_the_others_before_any_is_decoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = dir.path().join("b.png");
+    std::fs::write(&b, bomb_8192()).unwrap();
+    let started = Instant::now();
+    let (out, peak) = generate_on(dir.path(), &["--ref", s(&b), "--memory-limit", "1GB"]);
+    let line = assert_refused(&out, &["--ref `", "b.png", "budget"]);
+    assert!(!dir.path().join("out.png").exists());
+    // Refused from its header: it took 890 MiB and seconds when it was decoded first.
+    assert!(peak < 400_000_000, "peak RSS {peak} bytes: {line}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
 fn a_bomb_as_control_image_counts_toward_the_same_budget() {
     let dir = tempfile::tempdir().unwrap();
     let b = dir.path().join("b.png");

@@ -1148,6 +1148,28 @@ fn web_pages_of_other_sites_are_refused() {
             .contains("ZIMAGE_ORIGINS"),
         "{body}"
     );
+    // A form of another site's page names no origin, but the browser says it is cross-site:
+    // it may read, and changes nothing on any route.
+    assert_eq!(with("Sec-Fetch-Site: cross-site\r\n"), 200);
+    for (method, path) in [
+        ("POST", "/api/generate"),
+        ("POST", "/api/pull"),
+        ("DELETE", "/api/delete"),
+        ("POST", "/sdapi/v1/interrupt"),
+        ("POST", "/v1/images/generations"),
+    ] {
+        let (status, body) = raw(
+            port,
+            &request(
+                method,
+                path,
+                "Sec-Fetch-Site: cross-site\r\nContent-Type: text/plain\r\n",
+                r#"{"model":"tiny","prompt":"x"}"#,
+            ),
+        );
+        assert_eq!(status, 403, "{method} {path}: {body}");
+        assert!(body.contains("another site"), "{body}");
+    }
     // A name that is not this machine's: the request of a rebound domain.
     let rebound =
         format!("GET /api/tags HTTP/1.1\r\nHost: evil.example:{port}\r\nConnection: close\r\n\r\n");

@@ -335,10 +335,10 @@ fn check_output(path: &Path, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The picture a flag names, decoded (before any model loads).
-fn read_picture(path: &Path, flag: &str) -> anyhow::Result<Picture> {
+/// The picture a flag names, decoded from the bytes read and checked against the budget.
+fn decode_picture(path: &Path, flag: &str, bytes: &[u8]) -> anyhow::Result<Picture> {
     // The error names the flag and the file already.
-    let image = image_in::read(path, flag)?;
+    let image = image_in::decode(bytes, flag, &path.to_string_lossy())?;
     Ok(Picture {
         image,
         label: format!("{flag} `{}`", zimage::shown::path(path)),
@@ -385,35 +385,41 @@ fn settings(a: &GenerateArgs, model: ModelChoice) -> Job {
     }
 }
 
-/// `--image` with `--mask` and `--strength`, the pictures decoded.
-fn read_input(a: &GenerateArgs) -> anyhow::Result<Option<PictureInput>> {
-    let Some(path) = &a.image else {
-        return Ok(None);
-    };
-    Ok(Some(PictureInput {
-        picture: read_picture(path, "--image")?,
-        mask: a
-            .mask
-            .as_deref()
-            .map(|m| read_picture(m, "--mask"))
-            .transpose()?,
-        strength: a.strength,
-        only_masked: a.only_masked,
-    }))
-}
-
-/// `--control` with `--controlnet` and `--control-scale`, the picture decoded.
-fn read_control(store: Option<&Path>, a: &GenerateArgs) -> anyhow::Result<Option<ControlJob>> {
-    let (Some(image), Some(net)) = (&a.control, &a.controlnet) else {
+/// `--control` with `--controlnet` and `--control-scale`, its picture decoded already.
+fn read_control(
+    store: Option<&Path>,
+    a: &GenerateArgs,
+    image: Option<Picture>,
+) -> anyhow::Result<Option<ControlJob>> {
+    let (Some(image), Some(net)) = (image, &a.controlnet) else {
         return Ok(None);
     };
     Ok(Some(ControlJob {
-        image: read_picture(image, "--control")?,
+        image,
         net: controlnet_choice(store, net)?,
         scale: a
             .control_scale
             .unwrap_or(zimage::generation::DEFAULT_CONTROL_SCALE),
     }))
+}
+
+/// Every input picture (`--image`, `--mask`, `--control`, each `--ref`), each file read once
+/// and all their headers weighed together against the budget before one is decoded; then
+/// decoded, in that order.
+fn read_pictures(a: &GenerateArgs) -> anyhow::Result<Vec<Picture>> {
+    let mut files: Vec<(&Path, &str)> = [
+        (&a.image, "--image"),
+        (&a.mask, "--mask"),
+        (&a.control, "--control"),
+    ]
+    .into_iter()
+    .filter_map(|(p, what)| p.as_deref().map(|p| (p, what)))
+    .collect();
+    files.extend(a.references.iter().map(|p| (p.as_path(), "--ref")));
+    let contents = zimage::input_budget::read_files(&files, a.memory_limit.as_deref())?;
+    (files.iter().zip(&contents))
+        .map(|(&(path, flag), bytes)| decode_picture(path, flag, bytes))
+        .collect()
 }
 
 pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> {
@@ -425,21 +431,18 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     if let Some(preview) = &a.preview {
         check_output(preview, "--preview")?;
     }
-    // Every input picture's header against the budget, summed, before one is decoded.
-    let files: Vec<(&Path, &str)> = [
-        (&a.image, "--image"),
-        (&a.mask, "--mask"),
-        (&a.control, "--control"),
-    ]
-    .into_iter()
-    .filter_map(|(p, what)| p.as_deref().map(|p| (p, what)))
-    .collect();
-    zimage::input_budget::check_files(&files, a.memory_limit.as_deref())?;
-    job.input = read_input(&a)?;
-    job.references = (a.references.iter())
-        .map(|path| read_picture(path, "--ref"))
-        .collect::<anyhow::Result<_>>()?;
-    job.control = read_control(store.as_deref(), &a)?;
+    // In the order `read_pictures` reads them; `check_flags` saw each flag has its partner.
+    let mut pictures = read_pictures(&a)?.into_iter();
+    let mut next = |given: bool| given.then(|| pictures.next()).flatten();
+    job.input = next(a.image.is_some()).map(|picture| PictureInput {
+        picture,
+        mask: next(a.mask.is_some()),
+        strength: a.strength,
+        only_masked: a.only_masked,
+    });
+    let control = next(a.control.is_some());
+    job.references = pictures.collect();
+    job.control = read_control(store.as_deref(), &a, control)?;
     job.check()?;
     let (model, demo) = resolve_model(store.as_deref(), a.model.as_deref())?;
     job.model = model;
@@ -466,7 +469,8 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
             .expect("valid template"),
     );
     let mut outcome = None;
-    let mut preview_file = a.preview.clone().map(PreviewFile::start);
+    let mut preview_file = preview_target(a.preview.as_deref()).map(PreviewFile::start);
+    job.preview = preview_file.is_some();
     for run in 1..=a.runs {
         bar.reset();
         let out = generation::run(
@@ -536,6 +540,19 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where `--preview`'s pictures go: the file itself, or a link's target. A FIFO, a device or
+/// another special file cannot take a picture per step without making a step wait for its
+/// reader, so it is given up, with a warning, and the images are made all the same.
+fn preview_target(preview: Option<&Path>) -> Option<PathBuf> {
+    match zimage::files::output_path(preview?) {
+        Ok(at) => Some(at),
+        Err(e) => {
+            eprintln!("warning: --preview: {e}; no previews are written, the images are");
+            None
+        }
+    }
+}
+
 /// `--preview`'s file, written on a thread of its own with the newest step's picture, so that
 /// no step waits for the disk.
 struct PreviewFile {
@@ -554,7 +571,9 @@ impl PreviewFile {
                 while let Ok(newer) = pictures.try_recv() {
                     picture = newer;
                 }
-                if let Err(e) = zimage::files::write_output(&path, &picture.png()) {
+                // Replaced, never written into: a special file put there since the start is
+                // refused rather than waited on.
+                if let Err(e) = zimage::files::replace_regular(&path, &picture.png()) {
                     failed.get_or_insert(e.to_string());
                 }
             }

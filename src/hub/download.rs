@@ -32,17 +32,18 @@ struct Partial {
 }
 
 impl Partial {
-    /// Opens `path` to append, hashing the bytes an earlier run left.
+    /// Opens `path` (in a folder checked to be the cache's own) to append, hashing the bytes
+    /// an earlier run left; a link or a special file in its place is refused.
     fn open(path: &Path) -> Result<Partial, HubError> {
         let io = FileError::io(path);
-        let dir = path.parent().expect("blobs have a folder");
-        std::fs::create_dir_all(dir).map_err(FileError::io(dir))?;
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(&io)?;
+        let mut file = crate::files::open_regular_here(
+            path,
+            std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true),
+        )
+        .map_err(|e| super::cache::foreign(e, "a partial download"))?;
         let mut hasher = Sha256::new();
         let len = std::io::copy(&mut file, &mut hasher).map_err(&io)?;
         Ok(Partial { file, hasher, len })
@@ -74,6 +75,7 @@ pub fn download(
         progress.advance(f, f.size);
         return Ok(f.size);
     }
+    cache.blobs()?;
     let path = cache.incomplete(&f.etag);
     let mut part = Partial::open(&path)?;
     if part.len > f.size {
@@ -86,11 +88,23 @@ pub fn download(
         let at = Target { repo, commit, url };
         match fetch_rest(hub, &at, &path, &mut part, f, progress, stop) {
             Ok(()) => break,
-            Err(e) if e.is_transient() && tries + 1 < ATTEMPTS && !stop.load(Ordering::Relaxed) => {
+            Err(e)
+                if e.is_transient()
+                    && tries + 1 < ATTEMPTS
+                    && !stop.load(Ordering::Relaxed)
+                    && !progress.stopped() =>
+            {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(100 << tries));
             }
-            // The bytes so far stay for the next run to continue from.
+            // Bytes from a server that broke the protocol (more than the file's size, another
+            // range or commit than asked for) are no start for a later run.
+            Err(e @ HubError::Protocol { .. }) => {
+                drop(part);
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+            // Otherwise the bytes so far stay for the next run to continue from.
             Err(e) => return Err(e),
         }
     }
@@ -218,7 +232,7 @@ fn fetch_rest(
     let mut response = check_status(hub, repo, url, response)?;
     let mut buf = vec![0u8; BUFFER];
     loop {
-        if stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) || progress.stopped() {
             return Err(HubError::Stopped);
         }
         let n = match response.read(&mut buf) {

@@ -99,6 +99,29 @@ pub enum HubError {
     BadIndex { repo: String, reason: String },
     #[error("{url}: the Hub's file list is not what it should be: {reason}")]
     BadListing { url: String, reason: String },
+    #[error(
+        "`{path}` is listed at {size} bytes, more than the {limit} bytes zimage reads of a \
+         {what}; refused before downloading it (the repository `{repo}` is damaged, or not a \
+         pipeline zimage reads)"
+    )]
+    TooLarge {
+        repo: String,
+        path: String,
+        size: u64,
+        limit: u64,
+        what: &'static str,
+    },
+    #[error(
+        "`{}` in the Hugging Face cache is {kind} where zimage keeps {expected}; zimage \
+         writes nothing outside the cache nor into a file of another kind: move it away and \
+         pull again",
+        crate::shown::path(path)
+    )]
+    Foreign {
+        path: PathBuf,
+        kind: &'static str,
+        expected: &'static str,
+    },
     #[error("stopped before every download finished")]
     Stopped,
     #[error(transparent)]
@@ -133,6 +156,11 @@ pub trait PullProgress: Sync {
     fn file_done(&self, file: &HubFile);
     /// The import into the store: source bytes done of `total`.
     fn importing(&self, done: u64, total: u64);
+    /// Whether the pull is to stop (its client left): downloads end at their next read,
+    /// leaving what they have for a later pull to continue, and nothing is imported.
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 /// Nothing shown.
@@ -211,6 +239,7 @@ pub fn fetch(
         resumed: AtomicU64::new(0),
     };
     // The index says which components there are, so it comes first.
+    check_size(&cache, repo, index)?;
     get.ensure(&[index], &mut summary)?;
     let bytes = crate::files::read_bounded(
         &cache.blob(&index.etag),
@@ -225,8 +254,33 @@ pub fn fetch(
         .into_iter()
         .filter(|f| f.path != index.path)
         .collect();
+    for f in &rest {
+        check_size(&cache, repo, f)?;
+    }
     get.ensure(&rest, &mut summary)?;
     Ok(summary)
+}
+
+/// A file zimage reads whole (a config, a tokenizer file, a shard index) is refused before a
+/// byte of it downloads when the list states it larger than zimage would read; the download
+/// itself stops at the size the list states. Weights are read in parts, and bounded by the
+/// size stated alone. What an earlier run left of a refused file is removed.
+fn check_size(cache: &RepoCache, repo: &HubRepo, f: &HubFile) -> Result<(), HubError> {
+    if f.path.ends_with(".safetensors") {
+        return Ok(());
+    }
+    let (limit, what) = crate::diffusers_dir::config_limit(&f.path);
+    if f.size <= limit {
+        return Ok(());
+    }
+    cache.discard_incomplete(&f.etag)?;
+    Err(HubError::TooLarge {
+        repo: repo.id(),
+        path: printable(&f.path, 200),
+        size: f.size,
+        limit,
+        what,
+    })
 }
 
 /// The revision's commit and files, from the Hub's API.
@@ -310,6 +364,9 @@ struct Fetcher<'a> {
 impl Fetcher<'_> {
     /// One file into the cache and the snapshot.
     fn one(&self, f: &HubFile, stop: &AtomicBool) -> Result<(), HubError> {
+        if self.progress.stopped() {
+            return Err(HubError::Stopped);
+        }
         let url = self.hub.url(&format!(
             "{}/resolve/{}/{}",
             self.repo.id(),
@@ -406,6 +463,9 @@ pub fn pull(
     // A bad name is refused before anything downloads.
     crate::store::ModelName::parse(&name)?;
     let fetched = fetch(repo, env, opts, progress)?;
+    if progress.stopped() {
+        return Err(HubError::Stopped);
+    }
     progress.status("importing");
     let source = crate::diffusers_dir::DiffusersDir::open(&fetched.snapshot)?;
     crate::import_check::check(&source)?;

@@ -931,8 +931,10 @@ async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Ne
 }
 
 /// On a server without an API key (one on loopback), refuses what a web page of another site
-/// sends: a request naming a host that is not this machine (DNS rebinding) and a browser's
-/// request from an origin that is not allowed ([`origin`]). A key keeps such pages out already.
+/// sends: a request naming a host that is not this machine (DNS rebinding), a browser's
+/// request from an origin that is not allowed ([`origin`]), and one that changes state (any
+/// method but GET, HEAD and OPTIONS, on every route) that a browser says comes from another
+/// site without naming its origin. A key keeps such pages out already.
 async fn refuse_other_sites(
     State(state): State<Arc<AppState>>,
     req: Request,
@@ -961,7 +963,19 @@ fn other_site(req: &Request) -> Option<ApiError> {
         );
         return Some(ApiError::new(api, StatusCode::FORBIDDEN, message));
     }
-    let o = o?;
+    let Some(o) = o else {
+        // A browser sends no `Origin` with some requests of another site's page (a form, an
+        // `<img>`), but says where it comes from: such a request may read, never change.
+        if origin::from_another_site(req.headers()) && !origin::is_safe_method(req.method()) {
+            let message = format!(
+                "a page of another site may not {} {} on this server (the browser says `Sec-Fetch-Site: cross-site` and names no origin); send it from a client that is no browser, or from an origin listed in ZIMAGE_ORIGINS",
+                req.method(),
+                req.uri().path().escape_debug()
+            );
+            return Some(ApiError::new(api, StatusCode::FORBIDDEN, message));
+        }
+        return None;
+    };
     if origin::origin_allowed(o, host, origin::extra_origins()) {
         return None;
     }

@@ -63,6 +63,12 @@ pub fn from_another_site(headers: &axum::http::HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site"))
 }
 
+/// Whether `method` only reads (GET, HEAD, OPTIONS): every other one may change state.
+pub fn is_safe_method(method: &axum::http::Method) -> bool {
+    use axum::http::Method;
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
 /// The name in a `Host` header or an origin's authority, without its port.
 fn hostname(authority: &str) -> &str {
     if let Some(v6) = authority.strip_prefix('[') {

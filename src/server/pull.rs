@@ -142,7 +142,7 @@ struct Lines {
 
 impl Lines {
     fn send(&self, line: Value) {
-        // A client that left no longer reads; the pull goes on to its end all the same.
+        // A client that left no longer reads; a Hub pull sees it through `stopped`.
         let _ = self.tx.send(line);
     }
 
@@ -192,6 +192,11 @@ impl PullProgress for Lines {
         if self.due(done == total) {
             self.send(json!({"status": "importing", "total": total, "completed": done}));
         }
+    }
+    /// The client left: its answer (the stream, or the one object it waited for) was dropped,
+    /// so no one reads the lines and the pull stops rather than hold the Hub's connection.
+    fn stopped(&self) -> bool {
+        self.tx.is_closed()
     }
 }
 

@@ -3,7 +3,9 @@
 //! (`/api/models/{repo}/revision/{rev}`), `resolve` URLs that answer small files themselves
 //! and send LFS files (`*.safetensors`) to a second, "CDN" origin, with `ETag`,
 //! `X-Linked-Etag`, `X-Linked-Size` and `X-Repo-Commit`, and `Range` on both. It counts the
-//! file bytes it sends and records every request, with its `Authorization`.
+//! file bytes it sends and records every request, with its `Authorization`. Asked to, it is a
+//! hostile Hub: a file listed at another size, sent as zeros without end, or sent two bytes a
+//! second (and noting when the client hangs up).
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, State};
@@ -14,7 +16,7 @@ use axum::Router;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The commit every revision of the test repository names.
@@ -52,6 +54,14 @@ pub struct HubState {
     pub wrong_sha256: Mutex<Option<String>>,
     /// A path served with its last byte changed (its size and listed ids unchanged).
     pub altered: Mutex<Option<String>>,
+    /// A path the list states at this size, whatever its bytes.
+    pub listed_size: Mutex<Option<(String, u64)>>,
+    /// A path whose download is zeros without end.
+    pub endless: Mutex<Option<String>>,
+    /// A path whose download sends two bytes a second.
+    pub slow: Mutex<Option<String>>,
+    /// Set when a slow download's connection ends (the client hung up).
+    pub slow_dropped: AtomicBool,
     /// File bytes sent, by either origin.
     pub bytes_sent: AtomicU64,
     pub seen: Mutex<Vec<Seen>>,
@@ -79,6 +89,10 @@ impl HubServer {
             cut_once: Mutex::new(HashSet::new()),
             wrong_sha256: Mutex::new(None),
             altered: Mutex::new(None),
+            listed_size: Mutex::new(None),
+            endless: Mutex::new(None),
+            slow: Mutex::new(None),
+            slow_dropped: AtomicBool::new(false),
             bytes_sent: AtomicU64::new(0),
             seen: Mutex::new(Vec::new()),
             cdn: Mutex::new(String::new()),
@@ -222,12 +236,17 @@ async fn listing(
             .into_response();
     }
     let wrong = state.wrong_sha256.lock().unwrap().clone();
+    let listed = state.listed_size.lock().unwrap().clone();
     let siblings: Vec<serde_json::Value> = state
         .files
         .iter()
         .map(|f| {
+            let size = match &listed {
+                Some((path, size)) if *path == f.path => *size,
+                _ => f.bytes.len() as u64,
+            };
             let mut s = serde_json::json!({
-                "rfilename": f.path, "size": f.bytes.len(), "blobId": f.blob_id,
+                "rfilename": f.path, "size": size, "blobId": f.blob_id,
             });
             if f.lfs {
                 let sha = if wrong.as_deref() == Some(&f.path) {
@@ -235,8 +254,7 @@ async fn listing(
                 } else {
                     f.sha256.clone()
                 };
-                s["lfs"] =
-                    serde_json::json!({"sha256": sha, "size": f.bytes.len(), "pointerSize": 134});
+                s["lfs"] = serde_json::json!({"sha256": sha, "size": size, "pointerSize": 134});
             }
             s
         })
@@ -293,7 +311,7 @@ async fn resolve(
         )
             .into_response();
     }
-    let mut response = send(&state, f, &headers);
+    let mut response = send(state.clone(), f, &headers);
     let h = response.headers_mut();
     h.insert(header::ETAG, format!("\"{}\"", f.blob_id).parse().unwrap());
     h.insert("x-repo-commit", COMMIT.parse().unwrap());
@@ -307,13 +325,53 @@ async fn cdn_file(
 ) -> Response {
     let _ = admit(&state, "cdn", &format!("/lfs/{sha}"), &headers);
     match state.files.iter().find(|f| f.sha256 == sha) {
-        Some(f) => send(&state, f, &headers),
+        Some(f) => send(state.clone(), f, &headers),
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
+/// Sets [`HubState::slow_dropped`] when the slow body it goes with is dropped.
+struct NoteDrop(Arc<HubState>);
+
+impl Drop for NoteDrop {
+    fn drop(&mut self) {
+        self.0.slow_dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Zeros without end, counted as sent.
+fn endless(state: Arc<HubState>) -> Body {
+    let chunk = Bytes::from(vec![0u8; 64 << 10]);
+    Body::from_stream(futures_util::stream::repeat_with(move || {
+        state
+            .bytes_sent
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Ok::<_, std::io::Error>(chunk.clone())
+    }))
+}
+
+/// `bytes` at two a second; the end of the connection is noted.
+fn slow(state: Arc<HubState>, bytes: Bytes) -> Body {
+    let guard = NoteDrop(state);
+    Body::from_stream(futures_util::stream::unfold(
+        (guard, bytes),
+        |(guard, mut rest)| async move {
+            if rest.is_empty() {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let part = rest.split_to(1);
+            guard.0.bytes_sent.fetch_add(1, Ordering::Relaxed);
+            Some((Ok::<_, std::io::Error>(part), (guard, rest)))
+        },
+    ))
+}
+
 /// The file, or the part `Range: bytes=N-` asks for; broken off halfway once if asked to.
-fn send(state: &HubState, f: &Served, headers: &HeaderMap) -> Response {
+fn send(state: Arc<HubState>, f: &Served, headers: &HeaderMap) -> Response {
+    if state.endless.lock().unwrap().as_deref() == Some(&f.path) {
+        return Response::new(endless(state));
+    }
     let len = f.bytes.len();
     let start = headers
         .get(header::RANGE)
@@ -344,7 +402,9 @@ fn send(state: &HubState, f: &Served, headers: &HeaderMap) -> Response {
             format!("bytes {from}-{}/{len}", len.saturating_sub(1)),
         );
     }
-    let body = if cut {
+    let body = if state.slow.lock().unwrap().as_deref() == Some(&f.path) {
+        slow(state.clone(), body)
+    } else if cut {
         let half = body.slice(..body.len() / 2);
         state
             .bytes_sent

@@ -107,18 +107,10 @@ impl Gallery {
     /// block a thread for good).
     pub fn read(&self, name: &str) -> Option<Vec<u8>> {
         use std::io::Read;
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::custom_flags(
-            &mut options,
-            libc::O_NOFOLLOW | libc::O_NONBLOCK,
-        );
-        let mut file = options.open(self.dir.join(name)).ok()?;
+        let path = self.dir.join(name);
+        let mut file =
+            crate::files::open_regular_here(&path, std::fs::OpenOptions::new().read(true)).ok()?;
         let meta = file.metadata().ok()?;
-        if !meta.is_file() {
-            return None;
-        }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
         file.read_to_end(&mut bytes).ok()?;
         Some(bytes)
