@@ -1,0 +1,541 @@
+//! Several `zimage serve` replicas behind nginx, on loopback: each pulls the demo model from a
+//! local registry (`--pull`) before it is ready, nginx (configured from `deploy/nginx.conf`)
+//! spreads requests over them, a replica drains on SIGTERM without losing a request, and
+//! `/metrics` counts every job once. Also: the bundle (`deploy/bundle.sh`) runs from another
+//! folder with no cache, the Kubernetes manifests pass a schema check, and a bad `--pull` or an
+//! unreadable store is reported.
+
+mod common;
+
+use common::registry::Registry;
+use common::server::{free_port, Server, BIN};
+use common::{s, zimage_in};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NGINX: &str = "/usr/sbin/nginx";
+const PATCHELF: &str = "/usr/bin/patchelf";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The demo model pushed to `registry` as `me/tiny:v1`; its name there.
+fn push_demo(registry: &Registry, dir: &Path) -> String {
+    let store = dir.join("pusher");
+    let demo = repo().join("models/z-image-tiny");
+    let out = zimage_in(&store, &["create", "tiny", "--from", s(&demo)]);
+    assert!(out.status.success(), "{out:?}");
+    let name = format!("{}/me/tiny:v1", registry.host);
+    let out = zimage_in(&store, &["push", "tiny", "--to", &name, "--insecure"]);
+    assert!(out.status.success(), "{out:?}");
+    name
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    let r = client()
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .send()
+        .unwrap();
+    (r.status().as_u16(), r.text().unwrap())
+}
+
+/// A replica on the store at `store`, once it listens. Another test may take the free port
+/// between its choice and the server's bind: then it starts again on another.
+fn start_server(store: &Path, args: &[&str]) -> Server {
+    for _ in 0..3 {
+        let mut server = Server::start(store, args, &[]);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if server.log().iter().any(|l| l.contains("listening on")) {
+                return server;
+            }
+            if server.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = server.log();
+        assert!(
+            log.iter().any(|l| l.contains("is in use")),
+            "the server did not start: {log:?}"
+        );
+    }
+    panic!("no free port for the server");
+}
+
+/// Waits until the replica says it is ready.
+fn wait_ready(server: &Server, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let (status, body) = get(server.port, "/readyz");
+        if status == 200 {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "not ready after {within:?}: {body}; log: {:?}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The sum of `zimage_jobs_total` over its labels, and the `ok` ones alone.
+fn jobs_total(port: u16) -> (u64, u64) {
+    let (status, text) = get(port, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let mut all = 0;
+    let mut ok = 0;
+    for line in text.lines().filter(|l| l.starts_with("zimage_jobs_total{")) {
+        let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        all += n;
+        if line.contains("outcome=\"ok\"") {
+            ok += n;
+        }
+    }
+    (all, ok)
+}
+
+/// nginx in the foreground with `deploy/nginx.conf`, its replicas and port swapped for these.
+struct Nginx {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    fn start(replicas: [u16; 2]) -> Nginx {
+        common::apt_install(&["nginx"], &[NGINX], "the scale-out test");
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path();
+        // nginx's workers may run as another user than the test: they write their temporary
+        // files in folders anyone may write.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(prefix, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut temps = String::new();
+        for t in ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"] {
+            let path = prefix.join(t);
+            std::fs::create_dir(&path).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+            temps.push_str(&format!("    {t}_temp_path {};\n", path.display()));
+        }
+        let port = free_port();
+        let deployed = std::fs::read_to_string(repo().join("deploy/nginx.conf")).unwrap();
+        let conf = deployed
+            .replace("zimage-1:11434", &format!("127.0.0.1:{}", replicas[0]))
+            .replace("zimage-2:11434", &format!("127.0.0.1:{}", replicas[1]))
+            .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"))
+            .replace(
+                "http {\n",
+                &format!("http {{\n    access_log off;\n{temps}"),
+            );
+        for needle in [
+            format!("127.0.0.1:{}", replicas[1]),
+            format!("listen 127.0.0.1:{port}"),
+            "access_log off".into(),
+        ] {
+            assert!(conf.contains(&needle), "deploy/nginx.conf changed: {conf}");
+        }
+        let conf_path = prefix.join("nginx.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let child = Command::new(NGINX)
+            .arg("-p")
+            .arg(prefix)
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-g")
+            .arg(format!(
+                "daemon off; pid {}; error_log {} warn;",
+                prefix.join("nginx.pid").display(),
+                prefix.join("error.log").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx starts");
+        let nginx = Nginx { child, port, dir };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "nginx did not start: {}",
+                nginx.errors()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        nginx
+    }
+
+    fn errors(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One tiny generation through nginx, Ollama's API for even `i`, OpenAI's for odd; its
+/// PNG's size, or why it failed.
+fn generate(port: u16, model: &str, i: usize) -> Result<(u32, u32), String> {
+    let (path, body) = if i.is_multiple_of(2) {
+        (
+            "/api/generate",
+            serde_json::json!({"model": model, "prompt": format!("a fox {i}"), "width": 64,
+                "height": 64, "steps": 2, "stream": false, "options": {"seed": i}}),
+        )
+    } else {
+        (
+            "/v1/images/generations",
+            serde_json::json!({"model": model, "prompt": format!("a fox {i}"), "size": "64x64",
+                "steps": 2, "seed": i, "response_format": "b64_json"}),
+        )
+    };
+    let r = client()
+        .post(format!("http://127.0.0.1:{port}{path}"))
+        .header("Content-Type", "application/json")
+        .body(body.to_string())
+        .send()
+        .map_err(|e| format!("{path}: {e}"))?;
+    let status = r.status().as_u16();
+    let text = r.text().map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("{path}: {status} {text}"));
+    }
+    let answer: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let image = answer["image"]
+        .as_str()
+        .or(answer["data"][0]["b64_json"].as_str())
+        .ok_or_else(|| format!("{path}: no image in {text}"))?;
+    let (w, h, _) = common::server::pixels(&common::server::b64(image));
+    Ok((w, h))
+}
+
+/// `count` requests from `clients` threads, each sending its share one after the other;
+/// `sent` counts the answered ones. Panics naming every failure.
+fn load(port: u16, model: &str, count: usize, clients: usize, sent: Arc<AtomicUsize>) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (next, sent, model) = (next.clone(), sent.clone(), model.to_string());
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= count {
+                        return failures;
+                    }
+                    match generate(port, &model, i) {
+                        Ok((64, 64)) => {}
+                        Ok(size) => failures.push(format!("request {i}: an image of {size:?}")),
+                        Err(e) => failures.push(format!("request {i}: {e}")),
+                    }
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let failures: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Generation requests a replica answered with 200, by its log.
+fn answered(server: &Server) -> usize {
+    server
+        .log()
+        .iter()
+        .filter(|l| {
+            (l.starts_with("POST /api/generate ") || l.starts_with("POST /v1/images/generations "))
+                && l.split(' ').nth(3) == Some("200")
+        })
+        .count()
+}
+
+#[test]
+fn two_replicas_behind_nginx_share_the_work_and_one_drains_without_losing_a_request() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let model = push_demo(&registry, dir.path());
+    let replica = |n: usize| {
+        start_server(
+            &dir.path().join(format!("store-{n}")),
+            &["--pull", &model, "--insecure", "--drain-timeout", "60"],
+        )
+    };
+    let a = replica(1);
+    let mut b = replica(2);
+    // Alive at once; ready once the model is in.
+    assert_eq!(get(a.port, "/healthz").0, 200);
+    wait_ready(&a, Duration::from_secs(60));
+    wait_ready(&b, Duration::from_secs(60));
+    let nginx = Nginx::start([a.port, b.port]);
+
+    // 40 at once, Ollama's and OpenAI's: all answered, each counted once, on both replicas.
+    load(nginx.port, &model, 40, 40, Arc::new(AtomicUsize::new(0)));
+    let (on_a, on_b) = (jobs_total(a.port), jobs_total(b.port));
+    assert_eq!(on_a.0 + on_b.0, 40, "a: {on_a:?}, b: {on_b:?}");
+    assert_eq!(
+        on_a.1 + on_b.1,
+        40,
+        "every job ended well: {on_a:?}, {on_b:?}"
+    );
+    assert!(
+        on_a.0 > 0 && on_b.0 > 0,
+        "one replica did all: {on_a:?} {on_b:?}"
+    );
+    let (_, metrics) = get(a.port, "/metrics");
+    for family in [
+        "zimage_queue_depth",
+        "zimage_running_jobs",
+        "zimage_generation_seconds_bucket",
+        "zimage_step_seconds_bucket",
+        "zimage_model_load_seconds_count",
+        "zimage_resident_memory_bytes",
+        "zimage_mlx_active_memory_bytes",
+    ] {
+        assert!(metrics.contains(family), "no {family} in {metrics}");
+    }
+
+    // Again, from 8 clients one request after another; SIGTERM to one replica once it has
+    // started on its share: what it holds is finished, the rest goes to the other.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let before_a = on_a.0 as usize;
+    let loader = {
+        let (sent, model, port) = (sent.clone(), model.clone(), nginx.port);
+        std::thread::spawn(move || load(port, &model, 40, 8, sent))
+    };
+    let start = Instant::now();
+    while jobs_total(b.port).0 < on_b.0 + 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no work reached the replica"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let at_signal = sent.load(Ordering::SeqCst);
+    let st = Command::new("kill")
+        .args(["-TERM", &b.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = b.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the drained replica did not end: {:?}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{:?}", b.log());
+    b.wait_for_log("drained: every request was answered");
+    loader.join().unwrap();
+    assert!(at_signal < 40, "the load ended before the signal");
+    // Every request was made exactly once: by the drained replica before it went, or by the
+    // other.
+    let (all_a, ok_a) = jobs_total(a.port);
+    assert_eq!(all_a, ok_a, "{:?}", a.log());
+    assert_eq!(
+        answered(&b) + ok_a as usize,
+        80,
+        "a: {ok_a} (had {before_a}); b's log: {:?}",
+        b.log()
+    );
+    assert!(
+        ok_a as usize > before_a,
+        "the other replica took no new work"
+    );
+    let refused = b.log().iter().filter(|l| l.contains(" 503 ")).count();
+    eprintln!(
+        "signal after {at_signal} of 40; the drained replica answered {} in all and refused {refused} while draining; the other answered {ok_a}",
+        answered(&b)
+    );
+    drop(nginx);
+}
+
+#[test]
+fn a_pull_of_a_model_the_registry_lacks_stops_the_server_with_one_line_and_exit_2() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = format!("{}/me/none:v1", registry.host);
+    let mut child = Command::new(BIN)
+        .arg("--store")
+        .arg(dir.path().join("store"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1:0",
+            "--insecure",
+            "--pull",
+            &missing,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the server did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("me/none"), "{stderr}");
+
+    // A name that is no name is refused before the server listens.
+    let out = zimage_in(
+        &dir.path().join("store"),
+        &["serve", "--host", "127.0.0.1:0", "--pull", "Bad Name!"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--pull"), "{stderr}");
+}
+
+#[test]
+fn a_replica_whose_store_cannot_be_read_is_alive_but_not_ready_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    // A file where the models' folder should be: unreadable as a folder, even to root.
+    std::fs::write(store.join("manifests"), b"").unwrap();
+    let server = start_server(&store, &[]);
+    assert_eq!(get(server.port, "/healthz").0, 200);
+    let (status, body) = get(server.port, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("manifests"), "{body}");
+    let line = server.wait_for_log("not ready:");
+    assert!(line.contains("manifests"), "{line}");
+}
+
+#[test]
+fn the_bundle_runs_from_another_folder_without_the_cache_or_a_compiler() {
+    common::apt_install(&["patchelf"], &[PATCHELF], "the bundle test");
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("dist/zimage");
+    let out = Command::new("bash")
+        .arg(repo().join("deploy/bundle.sh"))
+        .arg(BIN)
+        .arg(&folder)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(dir.path().join("dist/zimage.tar.gz").is_file());
+    let program = folder.join("zimage");
+
+    // Its MLX comes from the bundle.
+    let ldd = Command::new("ldd").arg(&program).output().unwrap();
+    let ldd = String::from_utf8_lossy(&ldd.stdout).to_string();
+    let libmlx = ldd
+        .lines()
+        .find(|l| l.contains("libmlx"))
+        .unwrap_or_else(|| panic!("no libmlx in {ldd}"));
+    assert!(
+        libmlx.contains(s(&folder.join("lib"))),
+        "libmlx resolves outside the bundle: {libmlx}"
+    );
+    assert!(!ldd.contains("not found"), "{ldd}");
+
+    // From another folder, with a HOME of its own (no ~/.cache/zimage) and nothing on PATH.
+    let elsewhere = dir.path().join("elsewhere");
+    let home = dir.path().join("home");
+    let empty = dir.path().join("empty-path");
+    for d in [&elsewhere, &home, &empty] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let run = |args: &[&str]| {
+        Command::new(&program)
+            .args(args)
+            .current_dir(&elsewhere)
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", &empty)
+            .output()
+            .unwrap()
+    };
+    let demo = repo().join("models/z-image-tiny");
+    let out = run(&["--store", "store", "create", "tiny", "--from", s(&demo)]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&[
+        "--store", "store", "generate", "a fox", "--model", "tiny", "--width", "64", "--height",
+        "64", "--steps", "2", "--seed", "3", "-o", "fox.png",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(elsewhere.join("fox.png").is_file());
+    assert!(!home.join(".cache/zimage/lib").exists());
+}
+
+#[test]
+fn the_kubernetes_manifests_pass_a_schema_check() {
+    let venv = common::test_cache().join("venv-kubernetes");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import kubernetes_validate"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        std::fs::create_dir_all(common::test_cache()).unwrap();
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed to check the manifests");
+        assert!(made.success(), "cannot create a venv at {}", venv.display());
+        let installed = Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "kubernetes-validate"])
+            .status()
+            .unwrap();
+        assert!(
+            installed.success(),
+            "pip could not install kubernetes-validate"
+        );
+    }
+    let dir = repo().join("deploy/kubernetes");
+    // Every manifest; KEDA's ScaledObject, a custom resource, has no schema there and is
+    // only read as YAML.
+    let mut manifests: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    manifests.sort();
+    assert!(manifests.len() >= 4, "{manifests:?}");
+    let out = Command::new(venv.join("bin/kubernetes-validate"))
+        .arg("--strict")
+        .args(&manifests)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
