@@ -436,7 +436,7 @@ fn a_replica_whose_store_cannot_be_read_is_alive_but_not_ready_and_says_why() {
 }
 
 #[test]
-fn the_bundle_runs_from_another_folder_without_the_cache_or_a_compiler() {
+fn the_bundle_runs_from_another_folder_without_the_cache_or_a_compiler_on_a_read_only_store() {
     common::apt_install(&["patchelf"], &[PATCHELF], "the bundle test");
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().join("dist/zimage");
@@ -490,6 +490,62 @@ fn the_bundle_runs_from_another_folder_without_the_cache_or_a_compiler() {
     assert!(out.status.success(), "{out:?}");
     assert!(elsewhere.join("fox.png").is_file());
     assert!(!home.join(".cache/zimage/lib").exists());
+
+    // The same store, read-only to the user who serves from it (as on a shared read-only
+    // volume): it generates without the store's lock. As root, that user is `nobody`.
+    use std::os::unix::fs::PermissionsExt;
+    let open = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+    open(dir.path(), 0o755).unwrap();
+    open(&elsewhere, 0o777).unwrap();
+    let store = elsewhere.join("store");
+    let root = String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap();
+    let mut cmd = if root.trim() == "0" {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&program);
+        c
+    } else {
+        let st = Command::new("chmod")
+            .args(["-R", "a-w"])
+            .arg(&store)
+            .status();
+        assert!(st.unwrap().success());
+        Command::new(&program)
+    };
+    let out = cmd
+        .args([
+            "--store",
+            s(&store),
+            "generate",
+            "a fox",
+            "--model",
+            "tiny",
+            "--width",
+            "64",
+        ])
+        .args([
+            "--height",
+            "64",
+            "--steps",
+            "2",
+            "--seed",
+            "3",
+            "-o",
+            "fox-ro.png",
+        ])
+        .current_dir(&elsewhere)
+        .env_clear()
+        .env("HOME", &home)
+        .env("ZIMAGE_CACHE_DIR", &elsewhere)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let _ = Command::new("chmod")
+        .args(["-R", "u+w"])
+        .arg(&store)
+        .status();
+    assert!(out.status.success(), "{out:?}");
+    assert!(elsewhere.join("fox-ro.png").is_file());
 }
 
 #[test]

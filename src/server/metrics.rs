@@ -126,7 +126,7 @@ impl Metrics {
                 "Time a job took on the worker, loading included, by model",
                 &generation,
             ),
-            ("zimage_step", "Time of one denoising step, by model", &step),
+            ("zimage_step", "Time of one denoising step after the first of each pass (the first carries the pass's setup), by model", &step),
             (
                 "zimage_model_load",
                 "Time to load a model that was not resident, by model",
