@@ -595,3 +595,87 @@ fn the_kubernetes_manifests_pass_a_schema_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A metric's value in a replica's `/metrics`.
+fn metric(port: u16, name: &str) -> f64 {
+    let (_, text) = get(port, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+fn wait_metric(port: u16, name: &str, value: f64) {
+    let start = Instant::now();
+    while metric(port, name) != value {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{name} never {value}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_drain_past_its_timeout_stops_what_is_left_answers_it_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::server::demo_store(dir.path());
+    let mut server = start_server(&store, &["--drain-timeout", "2"]);
+    let port = server.port;
+    let post = move |steps: usize| {
+        std::thread::spawn(move || {
+            let body = serde_json::json!({"model": "tiny", "prompt": "a fox", "width": 64,
+                "height": 64, "steps": steps, "stream": false});
+            let r = client()
+                .post(format!("http://127.0.0.1:{port}/api/generate"))
+                .header("Content-Type", "application/json")
+                .body(body.to_string())
+                .send()
+                .unwrap();
+            (r.status().as_u16(), r.text().unwrap())
+        })
+    };
+    // One long job runs, another waits behind it.
+    let long = post(1000);
+    wait_metric(port, "zimage_running_jobs", 1.0);
+    let queued = post(2);
+    wait_metric(port, "zimage_queue_depth", 1.0);
+
+    let st = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    server.wait_for_log("draining");
+    // While it drains: not ready, and new work is refused with Retry-After.
+    let (status, body) = get(port, "/readyz");
+    assert_eq!((status, body.contains("draining")), (503, true), "{body}");
+    let r = client()
+        .post(format!("http://127.0.0.1:{port}/v1/images/generations"))
+        .header("Content-Type", "application/json")
+        .body(r#"{"model": "tiny", "prompt": "a fox", "size": "64x64"}"#)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1), "{:?}", server.log());
+    // Both were answered: the running one stopped, the waiting one told to come again.
+    let (status, body) = long.join().unwrap();
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = queued.join().unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("send it again"), "{body}");
+    assert!(server.log().iter().any(|l| l.contains("timed out")));
+}

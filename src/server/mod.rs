@@ -774,6 +774,7 @@ pub fn job_error(api: Api, e: worker::JobError) -> ApiError {
             StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
         }
         worker::JobErrorKind::Interrupted => StatusCode::CONFLICT,
+        worker::JobErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         worker::JobErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError::new(api, status, e.message)

@@ -51,6 +51,8 @@ pub enum JobErrorKind {
     Stopped,
     /// Someone stopped the running job on purpose ([`Worker::interrupt`]).
     Interrupted,
+    /// The server stopped before the job ran ([`Worker::stop_all`]): another may run it.
+    Unavailable,
     Internal,
 }
 
@@ -367,7 +369,7 @@ impl Worker {
             eprintln!("{}: the server stopped before it ran; not run", job.label);
             self.queue.metrics.finished(&job.label, Outcome::Cancelled);
             let _ = job.events.send(Event::Done(Err(JobError::new(
-                JobErrorKind::Internal,
+                JobErrorKind::Unavailable,
                 "the server stopped before this request ran; send it again",
             ))));
         }
@@ -543,7 +545,12 @@ fn count(metrics: &Metrics, job: &Job, result: &Result<Finished, JobError>) {
     let outcome = match result {
         Ok(f) if f.interrupted => Outcome::Cancelled,
         Ok(_) => Outcome::Ok,
-        Err(e) if matches!(e.kind, JobErrorKind::Stopped | JobErrorKind::Interrupted) => {
+        Err(e)
+            if matches!(
+                e.kind,
+                JobErrorKind::Stopped | JobErrorKind::Interrupted | JobErrorKind::Unavailable
+            ) =>
+        {
             Outcome::Cancelled
         }
         Err(_) => Outcome::Error,
