@@ -284,6 +284,7 @@ fn start_pulls(state: &Arc<AppState>, names: Vec<String>, insecure: bool) -> any
                 }
                 state.readiness.pulled_one();
             }
+            eprintln!("--pull: every model is in the store");
         })
         .context("starting the thread that pulls the --pull models")?;
     Ok(())
