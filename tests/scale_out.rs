@@ -679,3 +679,33 @@ fn a_drain_past_its_timeout_stops_what_is_left_answers_it_and_exits_1() {
     assert!(body.contains("send it again"), "{body}");
     assert!(server.log().iter().any(|l| l.contains("timed out")));
 }
+
+#[test]
+fn probes_answer_without_the_key_and_for_any_host_and_metrics_need_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::server::demo_store(dir.path());
+    let keyed = start_server(&store, &["--api-key", "s3cret"]);
+    assert_eq!(get(keyed.port, "/healthz").0, 200);
+    assert_eq!(get(keyed.port, "/readyz").0, 200);
+    assert_eq!(get(keyed.port, "/metrics").0, 401);
+    let r = client()
+        .get(format!("http://127.0.0.1:{}/metrics", keyed.port))
+        .bearer_auth("s3cret")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    drop(keyed);
+
+    // Without a key the server answers requests for this machine only; a probe by another
+    // name (a pod's address, a Service's name) is answered all the same.
+    let open = start_server(&store, &[]);
+    let by_name = |path: &str| {
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: zimage.example:11434\r\nConnection: close\r\n\r\n"
+        );
+        common::server::raw(open.port, request.as_bytes()).0
+    };
+    assert_eq!(by_name("/readyz"), 200);
+    assert_eq!(by_name("/healthz"), 200);
+    assert_eq!(by_name("/api/tags"), 403);
+}
