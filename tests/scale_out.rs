@@ -313,6 +313,20 @@ fn two_replicas_behind_nginx_share_the_work_and_one_drains_without_losing_a_requ
         assert!(metrics.contains(family), "no {family} in {metrics}");
     }
 
+    // A client that polls A1111's progress reaches one replica every time.
+    for _ in 0..6 {
+        assert_eq!(get(nginx.port, "/sdapi/v1/progress").0, 200);
+    }
+    let polls = |s: &Server| {
+        s.log()
+            .iter()
+            .filter(|l| l.starts_with("GET /sdapi/v1/progress "))
+            .count()
+    };
+    let mut seen = [polls(&a), polls(&b)];
+    seen.sort();
+    assert_eq!(seen, [0, 6], "the polls went to both replicas");
+
     // Again, from 8 clients one request after another; SIGTERM to one replica once it has
     // started on its share: what it holds is finished, the rest goes to the other.
     let sent = Arc::new(AtomicUsize::new(0));
