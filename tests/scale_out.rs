@@ -53,8 +53,12 @@ fn get(port: u16, path: &str) -> (u16, String) {
 /// A replica on the store at `store`, once it listens. Another test may take the free port
 /// between its choice and the server's bind: then it starts again on another.
 fn start_server(store: &Path, args: &[&str]) -> Server {
+    start_server_with(store, args, &[])
+}
+
+fn start_server_with(store: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
     for _ in 0..3 {
-        let mut server = Server::start(store, args, &[]);
+        let mut server = Server::start(store, args, env);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(20) {
             if server.log().iter().any(|l| l.contains("listening on")) {
@@ -722,4 +726,32 @@ fn probes_answer_without_the_key_and_for_any_host_and_metrics_need_the_key() {
     assert_eq!(by_name("/readyz"), 200);
     assert_eq!(by_name("/healthz"), 200);
     assert_eq!(by_name("/api/tags"), 403);
+}
+
+#[test]
+fn a_replica_pulls_a_hugging_face_model_before_it_is_ready_and_generates_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    common::copy_model(&repo().join("models/z-image-tiny"), &repo_dir);
+    let hub = common::hub::HubServer::start(&repo_dir, "tiny-org/z-image-tiny", None);
+    let hf_home = dir.path().join("hf");
+    let name = "hf.co/tiny-org/z-image-tiny";
+    let server = start_server_with(
+        &dir.path().join("store"),
+        &["--pull", name],
+        &[("HF_ENDPOINT", &hub.url), ("HF_HOME", s(&hf_home))],
+    );
+    wait_ready(&server, Duration::from_secs(60));
+    server.wait_for_log("every model is in the store");
+    let r = client()
+        .post(format!("http://127.0.0.1:{}/api/generate", server.port))
+        .header("Content-Type", "application/json")
+        .body(
+            serde_json::json!({"model": name, "prompt": "a fox", "width": 64, "height": 64,
+                "steps": 2, "stream": false})
+            .to_string(),
+        )
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }
