@@ -275,7 +275,7 @@ fn remove_listed(list: &Option<HashMap<u64, PathBuf>>) -> usize {
 static TERMINATION_HANDLED_ELSEWHERE: AtomicBool = AtomicBool::new(false);
 
 /// SIGTERM and SIGINT no longer end the process here: the caller handles them and ends the
-/// process itself, after its own temporaries are gone (SIGHUP still ends it here).
+/// process itself, after [`remove_temporaries`] (SIGHUP still ends it here).
 pub fn handle_termination_elsewhere() {
     TERMINATION_HANDLED_ELSEWHERE.store(true, Ordering::SeqCst);
 }

@@ -231,6 +231,8 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     })?;
     // Blocking work left (a readiness check) is not waited for: the requests are answered.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // A --pull or /api/pull cut short by the end leaves no temporary file behind.
+    let _ = zimage::files::remove_temporaries();
     Ok(if clean {
         ExitCode::SUCCESS
     } else {
