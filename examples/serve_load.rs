@@ -78,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         default_model: Default::default(),
         gallery: server::ui::gallery::Gallery::new(dir.path().join("gallery")),
         page_jobs: Default::default(),
+        readiness: Default::default(),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 #[derive(Debug, thiserror::Error)]
@@ -333,6 +333,15 @@ fn remove_listed(list: &Option<HashMap<u64, PathBuf>>) -> usize {
     paths.len()
 }
 
+/// Set by a program that ends itself on SIGTERM and SIGINT (`zimage serve` drains first).
+static TERMINATION_HANDLED_ELSEWHERE: AtomicBool = AtomicBool::new(false);
+
+/// SIGTERM and SIGINT no longer end the process here: the caller handles them and ends the
+/// process itself, after [`remove_temporaries`] (SIGHUP still ends it here).
+pub fn handle_termination_elsewhere() {
+    TERMINATION_HANDLED_ELSEWHERE.store(true, Ordering::SeqCst);
+}
+
 /// On SIGTERM, SIGINT or SIGHUP: remove this process's temporary files, then die of the signal
 /// as if it had not been caught, so the parent sees the usual status. Call once, from `main`.
 pub fn remove_temporaries_on_signal() {
@@ -343,7 +352,10 @@ pub fn remove_temporaries_on_signal() {
             return;
         };
         std::thread::spawn(move || {
-            if let Some(signal) = signals.forever().next() {
+            for signal in signals.forever() {
+                if signal != SIGHUP && TERMINATION_HANDLED_ELSEWHERE.load(Ordering::SeqCst) {
+                    continue;
+                }
                 // The list stays locked until the process is gone, so no thread registers (and
                 // then creates) a file after the sweep. Paths are registered before their files
                 // exist; a file created by a thread that registered it just before the lock was

@@ -4,125 +4,20 @@
 
 mod common;
 
+use common::registry::Registry;
 use common::{s, write_safetensors, zimage_in};
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zimage::safetensors::Dtype;
 
-const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
-
 fn tiny_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("models/z-image-tiny")
-}
-
-/// Installs the registry (and `htpasswd`) with apt when they are missing; fails, never skips.
-fn ensure_installed() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        common::apt_install(
-            &["docker-registry", "apache2-utils"],
-            &[REGISTRY_BIN, "/usr/bin/htpasswd"],
-            "the registry tests",
-        )
-    });
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `docker-registry` serving from a temporary folder; killed on drop.
-struct Registry {
-    child: Child,
-    dir: tempfile::TempDir,
-    host: String,
-}
-
-impl Registry {
-    fn start() -> Registry {
-        Registry::start_with(None)
-    }
-
-    /// With `login`, the registry asks for HTTP basic auth (htpasswd, bcrypt).
-    fn start_with(login: Option<(&str, &str)>) -> Registry {
-        ensure_installed();
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut auth = String::new();
-        if let Some((user, password)) = login {
-            let htpasswd = dir.path().join("htpasswd");
-            let st = Command::new("htpasswd")
-                .args(["-Bbc", s(&htpasswd), user, password])
-                .output()
-                .unwrap();
-            assert!(st.status.success(), "{st:?}");
-            auth = format!(
-                "auth:\n  htpasswd:\n    realm: zimage-test\n    path: {}\n",
-                htpasswd.display()
-            );
-        }
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(REGISTRY_BIN)
-            .args(["serve", s(&config)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry starts");
-        let host = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(&host).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Registry { child, dir, host }
-    }
-
-    /// The file the registry keeps a blob in.
-    fn blob_data(&self, digest: &str) -> PathBuf {
-        let hex = digest.strip_prefix("sha256:").unwrap();
-        self.dir
-            .path()
-            .join("data/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data")
-    }
-
-    fn get(&self, path: &str) -> reqwest::blocking::Response {
-        reqwest::blocking::Client::new()
-            .get(format!("http://{}{path}", self.host))
-            .header(
-                "Accept",
-                "application/vnd.docker.distribution.manifest.v2+json",
-            )
-            .send()
-            .unwrap()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn ok(out: &Output) -> String {

@@ -43,6 +43,19 @@ pub struct ServeArgs {
     /// (default: ZIMAGE_GALLERY, else `gallery` in the store's folder).
     #[arg(long, value_name = "DIR")]
     pub gallery_dir: Option<PathBuf>,
+    /// A model to pull into the store before the server reports ready on `/readyz`
+    /// (repeatable): a registry's name, or `hf.co/OWNER/REPO[:REVISION]`, as `zimage pull`
+    /// takes them. One that cannot be pulled stops the server (exit 2).
+    #[arg(long = "pull", value_name = "NAME")]
+    pub pulls: Vec<String>,
+    /// Speak plain HTTP to the registry of the `--pull` models (one on this machine or your
+    /// network), as `zimage pull --insecure`.
+    #[arg(long)]
+    pub insecure: bool,
+    /// On SIGTERM or SIGINT, how long the server may take to finish the requests it holds
+    /// (it takes no new one meanwhile); past it they are stopped and it exits with 1.
+    #[arg(long, value_name = "SECS", default_value_t = server::drain::DEFAULT_TIMEOUT.as_secs())]
+    pub drain_timeout: u64,
 }
 
 /// A setting from its flag, else from the first of `vars` that is set.
@@ -60,6 +73,9 @@ fn setting(flag: Option<String>, vars: &[&str]) -> Option<(String, String)> {
 pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     let store = Store::locate(store.as_deref())?;
     a.products.apply();
+    for name in &a.pulls {
+        check_pull_name(name)?;
+    }
     let (host_text, host_from) = setting(a.host, &["ZIMAGE_HOST", "OLLAMA_HOST"])
         .unwrap_or_else(|| (String::new(), "the default".into()));
     let host_from = if host_from == "--" {
@@ -191,15 +207,87 @@ pub fn run(store: Option<PathBuf>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         default_model: std::sync::Mutex::new(default_model),
         gallery: server::ui::gallery::Gallery::new(gallery),
         page_jobs: Default::default(),
+        readiness: Default::default(),
     });
+    if let Some(reason) = server::probes::store_unreadable(&state.store.root) {
+        state.readiness.log_change(Some(&reason));
+    }
+    state.readiness.pulls_to_come(a.pulls.len());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let drain_timeout = std::time::Duration::from_secs(a.drain_timeout);
+    let (pulls, insecure) = (a.pulls, a.insecure);
+    let clean = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        // The server drains on these signals instead of dying of them.
+        let signals = server::drain::Signals::register()?;
+        zimage::files::handle_termination_elsewhere();
         eprintln!("zimage serve listening on http://{local} (the page: http://{local}/ui)");
-        server::serve(listener, state).await
+        start_pulls(&state, pulls, insecure)?;
+        let clean = server::drain::serve(listener, state, signals, drain_timeout).await?;
+        Ok::<_, anyhow::Error>(clean)
     })?;
-    Ok(ExitCode::SUCCESS)
+    // Blocking work left (a readiness check) is not waited for: the requests are answered.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // A --pull or /api/pull cut short by the end leaves no temporary file behind.
+    let _ = zimage::files::remove_temporaries();
+    Ok(if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// A `--pull` name, checked before anything starts.
+fn check_pull_name(name: &str) -> anyhow::Result<()> {
+    match zimage::hub::HubRepo::parse(name) {
+        Some(repo) => repo
+            .map(drop)
+            .map_err(|e| anyhow!("--pull `{}`: {e}", name.escape_debug())),
+        None => zimage::store::ModelName::parse(name)
+            .map(drop)
+            .map_err(|e| anyhow!("--pull `{}`: {e}", name.escape_debug())),
+    }
+}
+
+/// Pulls the `--pull` models one after the other on a thread of their own, while the server
+/// answers its probes; the server is ready once all are in. A pull that fails ends the
+/// process with one line and exit 2, as `zimage pull` would: a replica without its model
+/// must not wait for traffic.
+fn start_pulls(state: &Arc<AppState>, names: Vec<String>, insecure: bool) -> anyhow::Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let state = state.clone();
+    std::thread::Builder::new()
+        .name("zimage-pull".into())
+        .spawn(move || {
+            for name in names {
+                eprintln!("pulling {name} (--pull)");
+                let args = super::registry::PullArgs {
+                    name: name.clone(),
+                    quantize: None,
+                    remote: super::registry::RemoteArgs {
+                        insecure,
+                        user: None,
+                        credentials: None,
+                        parallel: 6,
+                        stall_timeout: 30,
+                    },
+                };
+                if let Err(e) = super::registry::pull(Some(state.store.root.clone()), args) {
+                    eprintln!(
+                        "error: --pull: {}",
+                        zimage::shown::escape_controls(&format!("{e:#}"))
+                    );
+                    std::process::exit(2);
+                }
+                state.readiness.pulled_one();
+            }
+            eprintln!("--pull: every model is in the store");
+        })
+        .context("starting the thread that pulls the --pull models")?;
+    Ok(())
 }

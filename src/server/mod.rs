@@ -8,11 +8,14 @@
 
 pub mod a1111;
 pub mod current;
+pub mod drain;
 pub mod errors;
 pub mod hosted;
+pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod origin;
+pub mod probes;
 pub mod pull;
 pub mod ui;
 pub mod worker;
@@ -65,6 +68,8 @@ pub struct AppState {
     pub gallery: ui::gallery::Gallery,
     /// The page's jobs, as it polls them.
     pub page_jobs: ui::jobs::PageJobs,
+    /// What `/readyz` waits for besides the worker (the `--pull` models).
+    pub readiness: probes::Readiness,
 }
 
 impl AppState {
@@ -769,6 +774,7 @@ pub fn job_error(api: Api, e: worker::JobError) -> ApiError {
             StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
         }
         worker::JobErrorKind::Interrupted => StatusCode::CONFLICT,
+        worker::JobErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         worker::JobErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     };
     ApiError::new(api, status, e.message)
@@ -792,6 +798,14 @@ pub fn queue(
 }
 
 pub fn queue_full(api: Api, full: worker::QueueFull) -> ApiError {
+    if full.draining {
+        return ApiError::new(
+            api,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is stopping and takes no new request; send it again (another replica takes it)",
+        )
+        .with_retry_after(RETRY_AFTER_SECONDS);
+    }
     ApiError::new(
         api,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -822,6 +836,9 @@ pub fn random_seed() -> u64 {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", get(root))
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(metrics::page))
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
@@ -904,13 +921,14 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 /// Checks `Authorization: Bearer <key>` when the server has a key. `/` stays open, so that
-/// clients and monitors can see the server is up, and so does the page (not its API), which
-/// asks for the key.
+/// clients and monitors can see the server is up, and so do the probes (a kubelet sends no
+/// key) and the page (not its API), which asks for the key.
 async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(key) = &state.api_key else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/" || ui::is_public(req.uri().path()) {
+    let path = req.uri().path();
+    if path == "/" || ui::is_public(path) || probes::is_probe(path) {
         return next.run(req).await;
     }
     let given = req
@@ -940,7 +958,7 @@ async fn refuse_other_sites(
     req: Request,
     next: Next,
 ) -> Response {
-    if state.api_key.is_some() {
+    if state.api_key.is_some() || probes::is_probe(req.uri().path()) {
         return next.run(req).await;
     }
     if let Some(refusal) = other_site(&req) {

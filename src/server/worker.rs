@@ -3,6 +3,7 @@
 //! each reports its steps and its result over a channel, and stops at the next step boundary
 //! once its client has gone.
 
+use super::metrics::{Metrics, Outcome};
 use crate::generation::{self, Engine, ErrorClass, ModelChoice};
 use crate::mlx::Dtype;
 use crate::store::{ModelName, Store, StoredModel};
@@ -50,6 +51,8 @@ pub enum JobErrorKind {
     Stopped,
     /// Someone stopped the running job on purpose ([`Worker::interrupt`]).
     Interrupted,
+    /// The server stopped before the job ran ([`Worker::stop_all`]): another may run it.
+    Unavailable,
     Internal,
 }
 
@@ -192,10 +195,12 @@ pub struct Settings {
     pub dtype: Option<Dtype>,
 }
 
-/// The queue is full: the request was not taken.
+/// The queue is full, or the server drains: the request was not taken.
 #[derive(Debug)]
 pub struct QueueFull {
     pub capacity: usize,
+    /// The server is stopping ([`Worker::drain`]) and takes no new job.
+    pub draining: bool,
 }
 
 #[derive(Default)]
@@ -208,6 +213,12 @@ struct Queue {
     state: Mutex<QueueState>,
     wake: Condvar,
     capacity: usize,
+    /// Set once the server drains; never cleared.
+    draining: AtomicBool,
+    /// The worker holds a job: set under the lock as it takes one from the queue, cleared
+    /// once it has answered it (so a job is never in neither place).
+    busy: AtomicBool,
+    metrics: Arc<Metrics>,
 }
 
 /// What the worker does next.
@@ -233,8 +244,10 @@ impl Queue {
             if let Some(job) = state.jobs.pop_front() {
                 if job.cancel.is_cancelled() {
                     eprintln!("{}: the client left while queued; not run", job.label);
+                    self.metrics.finished(&job.label, Outcome::Cancelled);
                     continue;
                 }
+                self.busy.store(true, Ordering::SeqCst);
                 return Work::Job(Box::new(job));
             }
             match deadline {
@@ -290,6 +303,9 @@ impl Worker {
                 state: Mutex::new(QueueState::default()),
                 wake: Condvar::new(),
                 capacity: settings.max_queue,
+                draining: AtomicBool::new(false),
+                busy: AtomicBool::new(false),
+                metrics: Arc::new(Metrics::new()),
             }),
             resident: Arc::new(Mutex::new(None)),
             running: Arc::new(Mutex::new(None)),
@@ -310,17 +326,64 @@ impl Worker {
             let keep = !j.cancel.is_cancelled();
             if !keep {
                 eprintln!("{}: the client left while queued; not run", j.label);
+                self.queue.metrics.finished(&j.label, Outcome::Cancelled);
             }
             keep
         });
-        if state.jobs.len() >= self.queue.capacity {
+        let draining = self.is_draining();
+        if draining || state.jobs.len() >= self.queue.capacity {
             return Err(QueueFull {
                 capacity: self.queue.capacity,
+                draining,
             });
         }
         state.jobs.push_back(job);
         self.queue.wake.notify_one();
         Ok(())
+    }
+
+    /// Stops taking jobs: from now on [`Worker::submit`] refuses every job, and the worker
+    /// goes on with those it holds.
+    pub fn drain(&self) {
+        // Under the queue's lock, so no job is queued after a drain saw the queue empty.
+        let _state = self.queue.lock();
+        self.queue.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.queue.draining.load(Ordering::SeqCst)
+    }
+
+    /// Nothing waits and nothing runs.
+    pub fn is_idle(&self) -> bool {
+        let state = self.queue.lock();
+        !self.queue.busy.load(Ordering::SeqCst)
+            && state.jobs.iter().all(|j| j.cancel.is_cancelled())
+    }
+
+    /// Ends every job the worker holds: the waiting ones are answered at once that the server
+    /// stopped, the running one stops at its next step as an interrupt does.
+    pub fn stop_all(&self) {
+        let dropped: Vec<Job> = self.queue.lock().jobs.drain(..).collect();
+        for job in dropped {
+            eprintln!("{}: the server stopped before it ran; not run", job.label);
+            self.queue.metrics.finished(&job.label, Outcome::Cancelled);
+            let _ = job.events.send(Event::Done(Err(JobError::new(
+                JobErrorKind::Unavailable,
+                "the server stopped before this request ran; send it again",
+            ))));
+        }
+        self.interrupt();
+    }
+
+    /// Jobs may wait while one runs; more are refused.
+    pub fn capacity(&self) -> usize {
+        self.queue.capacity
+    }
+
+    /// The metrics the worker keeps.
+    pub fn metrics(&self) -> &Metrics {
+        &self.queue.metrics
     }
 
     /// Unloads `name` if it is resident (it was deleted).
@@ -456,6 +519,7 @@ fn run(handle: Worker, settings: Settings) {
                 });
                 let result = run_job(&job, &mut resident, &settings, &handle);
                 *lock(&handle.running) = None;
+                count(&handle.queue.metrics, &job, &result);
                 let info = resident.model().map(|m| ResidentInfo {
                     model: m.clone(),
                     expires_at: resident
@@ -470,9 +534,41 @@ fn run(handle: Worker, settings: Settings) {
                 }
                 // The client may be gone; then nobody reads the result.
                 let _ = job.events.send(Event::Done(result));
+                handle.queue.busy.store(false, Ordering::SeqCst);
             }
         }
     }
+}
+
+/// A finished job in the metrics, with MLX's memory as the job left it.
+fn count(metrics: &Metrics, job: &Job, result: &Result<Finished, JobError>) {
+    let outcome = match result {
+        Ok(f) if f.interrupted => Outcome::Cancelled,
+        Ok(_) => Outcome::Ok,
+        Err(e)
+            if matches!(
+                e.kind,
+                JobErrorKind::Stopped | JobErrorKind::Interrupted | JobErrorKind::Unavailable
+            ) =>
+        {
+            Outcome::Cancelled
+        }
+        Err(_) => Outcome::Error,
+    };
+    metrics.finished(&job.label, outcome);
+    if let Ok(f) = result {
+        let model = job.model.short();
+        if job.generate.is_some() {
+            metrics.generated(&model, f.total);
+        }
+        if !f.load.is_zero() {
+            metrics.loaded(&model, f.load);
+        }
+    }
+    metrics.mlx_memory(
+        crate::mlx::memory::active_memory(),
+        crate::mlx::memory::peak_memory(),
+    );
 }
 
 fn run_job(
@@ -532,6 +628,9 @@ fn run_job(
             let mut started = false;
             let mut done_before = 0;
             let mut image_now = 0;
+            let model_label = job.model.short();
+            // The previous step's report, to time each step.
+            let mut last_step: Option<(usize, usize, Instant)> = None;
             let outcome = generation::run(
                 &generate,
                 &mut resident.engine,
@@ -546,6 +645,17 @@ fn run_job(
                         done_before = job.cancel.steps_done.load(Ordering::SeqCst);
                     }
                     if p.steps > 0 {
+                        let now = Instant::now();
+                        if let Some((image, step, at)) = last_step {
+                            if image == p.image && p.step == step + 1 {
+                                handle.queue.metrics.step(&model_label, now - at);
+                            }
+                        }
+                        handle.queue.metrics.mlx_memory(
+                            crate::mlx::memory::active_memory(),
+                            crate::mlx::memory::peak_memory(),
+                        );
+                        last_step = Some((p.image, p.step, now));
                         job.cancel
                             .steps_done
                             .store(done_before + p.step, Ordering::SeqCst);

@@ -162,6 +162,7 @@ pub mod browser;
 pub mod controlnet;
 pub mod hub;
 pub mod klein;
+pub mod registry;
 pub mod server;
 
 /// The share of equal bytes and the largest difference between two pictures' bytes.
