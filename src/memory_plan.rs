@@ -850,22 +850,6 @@ pub fn budget(flag: Option<&str>) -> Result<(u64, String), String> {
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_as_people_write_them() {
-        assert_eq!(parse_size("12GB").unwrap(), 12_000_000_000);
-        assert_eq!(parse_size("12g").unwrap(), 12_000_000_000);
-        assert_eq!(parse_size("1.5 GiB").unwrap(), 1_610_612_736);
-        assert_eq!(parse_size("800MB").unwrap(), 800_000_000);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("10").is_err());
-    }
-}
-
 /// A model's estimated run-time peak at one size, with weights held either way, as `show`
 /// reports it.
 pub struct RuntimeMemory {
@@ -910,5 +894,21 @@ impl RuntimeMemory {
             stored: model.estimate(&shape, Residency::Stored, None, base),
             needs: model.smallest_budget(&shape, base, can_stream),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_as_people_write_them() {
+        assert_eq!(parse_size("12GB").unwrap(), 12_000_000_000);
+        assert_eq!(parse_size("12g").unwrap(), 12_000_000_000);
+        assert_eq!(parse_size("1.5 GiB").unwrap(), 1_610_612_736);
+        assert_eq!(parse_size("800MB").unwrap(), 800_000_000);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("10").is_err());
     }
 }

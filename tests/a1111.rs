@@ -682,6 +682,11 @@ fn interrupt_after_an_image_answers_with_the_images_made() {
         if p["state"]["job_no"] == 1 && p["state"]["sampling_step"].as_u64().unwrap_or(0) > 0 {
             break;
         }
+        assert!(
+            !run.is_finished(),
+            "the job ended early: {:?}",
+            server.log()
+        );
         assert!(start.elapsed().as_secs() < 60, "{p}");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

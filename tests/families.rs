@@ -84,18 +84,22 @@ fn no_rust_file_outside_the_family_folders_names_a_family() {
 #[test]
 fn the_registry_lists_every_family_folder_once() {
     let registry = std::fs::read_to_string(src().join("families/mod.rs")).unwrap();
-    let listed: Vec<&str> = registry
-        .lines()
-        .filter(|l| l.trim_start().starts_with('&') && l.contains("::"))
+    // The entries of `FAMILIES = &[…];`, however they are laid out.
+    let list = registry
+        .split_once("pub static FAMILIES")
+        .and_then(|(_, rest)| rest.split_once("= &["))
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .map(|(entries, _)| entries)
+        .expect("the registry declares FAMILIES");
+    let listed: Vec<&str> = (list.split(','))
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
         .collect();
     assert_eq!(listed.len(), Family::all().count(), "{listed:?}");
     for folder in folders() {
-        let line = format!("&{folder}::");
+        let entry = format!("&{folder}::");
         assert_eq!(
-            listed
-                .iter()
-                .filter(|l| l.trim_start().starts_with(&line))
-                .count(),
+            listed.iter().filter(|l| l.starts_with(&entry)).count(),
             1,
             "the registry lists `{folder}` once: {listed:?}"
         );

@@ -73,15 +73,9 @@ impl Setup {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > Duration::from_secs(120) {
-                child.kill().unwrap();
-                panic!("zimage {args:?} still running after 120 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().unwrap()
+        common::output_within(child, Duration::from_secs(120), || {
+            panic!("zimage {args:?} still running after 120 s")
+        })
     }
 
     fn pull(&self, env: &[(&str, &str)]) -> Output {

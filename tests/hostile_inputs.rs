@@ -65,15 +65,9 @@ fn zimage_measured(dir: &Path, args: &[&str]) -> (Output, u64) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            child.kill().unwrap();
-            panic!("zimage {args:?} still running after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = common::output_within(child, Duration::from_secs(60), || {
+        panic!("zimage {args:?} still running after 60 s")
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
     let kb: u64 = stderr
         .lines()

@@ -267,19 +267,22 @@ fn an_edit_from_a_reference_matches_diffusers() {
     refused(&out, "--ref is not available for Z-Image");
 }
 
-/// `--image --mask --strength`: klein inpaints at the picture's size, as diffusers does. The
-/// picture is resized (100×75 → 96×72) by a Lanczos-3 that is close to, not bit-identical
-/// with, PIL's, so pixels may differ by a level or two (`klein_parity` checks the pipeline
-/// itself from diffusers' resized picture: 99.99% identical).
-#[test]
-fn inpainting_from_the_command_line_matches_diffusers() {
+/// One inpainting request from the command line, as the reference `case` made it in diffusers
+/// (`models/make_klein_tiny.py`): `picture` and `mask` under `models/reference/`, strength,
+/// steps and seed; its picture must be `size` and match diffusers' to 99.9%, none off by more
+/// than one level.
+fn inpaints_as_diffusers(
+    case: &str,
+    (picture, mask): (&str, &str),
+    (strength, steps, seed): (&str, &str, &str),
+    size: (u32, u32),
+) {
     let tmp = tempfile::tempdir().unwrap();
-    let inputs = models().join("reference/klein-inputs");
     let png = tmp.path().join("inpainted.png");
     let model = models().join("flux2-klein-tiny");
     let (picture, mask) = (
-        inputs.join("picture-100x75.png"),
-        inputs.join("mask-100x75.png"),
+        models().join("reference").join(picture),
+        models().join("reference").join(mask),
     );
     let args = [
         "generate",
@@ -291,11 +294,11 @@ fn inpainting_from_the_command_line_matches_diffusers() {
         "--mask",
         s(&mask),
         "--strength",
-        "0.8",
+        strength,
         "--steps",
-        "6",
+        steps,
         "--seed",
-        "11",
+        seed,
         "--dtype",
         "f32",
         "-o",
@@ -304,55 +307,36 @@ fn inpainting_from_the_command_line_matches_diffusers() {
     let out = zimage_in(&tmp.path().join("store"), &args);
     assert!(out.status.success(), "{}", text(&out));
     let ours = image::open(&png).unwrap().to_rgb8();
-    assert_eq!(ours.dimensions(), (96, 72));
-    let (same, worst) = compare_pixels(&ours.into_raw(), &klein_reference_image("inpaint"));
-    println!("inpaint from the command line: {same} identical, worst off by {worst}");
+    assert_eq!(ours.dimensions(), size);
+    let (same, worst) = compare_pixels(&ours.into_raw(), &klein_reference_image(case));
+    println!("{case} from the command line: {same} identical, worst off by {worst}");
     assert!(
         same >= 0.999 && worst <= 1,
-        "{same} identical, worst {worst}"
+        "{case}: {same} identical, worst {worst}"
     );
+}
+
+/// `--image --mask --strength`: klein inpaints at the picture's size, as diffusers does; the
+/// picture and its mask (a ramp across the threshold) are resized (100×75 → 96×72) as Pillow
+/// resizes them.
+#[test]
+fn inpainting_from_the_command_line_matches_diffusers() {
+    let inputs = (
+        "klein-inputs/picture-100x75.png",
+        "klein-inputs/mask-100x75.png",
+    );
+    inpaints_as_diffusers("inpaint", inputs, ("0.8", "6", "11"), (96, 72));
 }
 
 /// A mask whose edges fall inside token cells (some cells half or a quarter covered) inpaints
 /// as diffusers does: the token mask is the bilinear reduction's, partial values and all.
 #[test]
 fn inpainting_a_mask_off_the_token_grid_matches_diffusers() {
-    let tmp = tempfile::tempdir().unwrap();
-    let png = tmp.path().join("inpainted.png");
-    let model = models().join("flux2-klein-tiny");
-    let picture = models().join("reference/inputs/picture-96x80.png");
-    let mask = models().join("reference/klein-inputs/mask-rect-96x80.png");
-    let args = [
-        "generate",
-        "a red fox in the snow",
-        "--model",
-        s(&model),
-        "--image",
-        s(&picture),
-        "--mask",
-        s(&mask),
-        "--strength",
-        "1",
-        "--steps",
-        "4",
-        "--seed",
-        "13",
-        "--dtype",
-        "f32",
-        "-o",
-        s(&png),
-    ];
-    let out = zimage_in(&tmp.path().join("store"), &args);
-    assert!(out.status.success(), "{}", text(&out));
-    let ours = image::open(&png).unwrap().to_rgb8();
-    assert_eq!(ours.dimensions(), (96, 80));
-    let reference = klein_reference_image("inpaint-offgrid");
-    let (same, worst) = compare_pixels(&ours.into_raw(), &reference);
-    println!("off-grid inpaint from the command line: {same} identical, worst off by {worst}");
-    assert!(
-        same >= 0.999 && worst <= 1,
-        "{same} identical, worst {worst}"
+    let inputs = (
+        "inputs/picture-96x80.png",
+        "klein-inputs/mask-rect-96x80.png",
     );
+    inpaints_as_diffusers("inpaint-offgrid", inputs, ("1", "4", "13"), (96, 80));
 }
 
 /// A picture of another size than the output is resized, mask and all, as diffusers resizes it
@@ -360,47 +344,11 @@ fn inpainting_a_mask_off_the_token_grid_matches_diffusers() {
 /// resize binarises there as it does in diffusers, so the token mask and the picture match.
 #[test]
 fn inpainting_a_resized_mask_off_the_token_grid_matches_diffusers() {
-    let tmp = tempfile::tempdir().unwrap();
-    let png = tmp.path().join("inpainted.png");
-    let model = models().join("flux2-klein-tiny");
-    let inputs = models().join("reference/klein-inputs");
-    let (picture, mask) = (
-        inputs.join("picture-100x75.png"),
-        inputs.join("mask-rect-100x75.png"),
+    let inputs = (
+        "klein-inputs/picture-100x75.png",
+        "klein-inputs/mask-rect-100x75.png",
     );
-    let args = [
-        "generate",
-        "a red fox in the snow",
-        "--model",
-        s(&model),
-        "--image",
-        s(&picture),
-        "--mask",
-        s(&mask),
-        "--strength",
-        "0.8",
-        "--steps",
-        "6",
-        "--seed",
-        "11",
-        "--dtype",
-        "f32",
-        "-o",
-        s(&png),
-    ];
-    let out = zimage_in(&tmp.path().join("store"), &args);
-    assert!(out.status.success(), "{}", text(&out));
-    let ours = image::open(&png).unwrap().to_rgb8();
-    assert_eq!(ours.dimensions(), (96, 72));
-    let reference = klein_reference_image("inpaint-resized");
-    let (same, worst) = compare_pixels(&ours.into_raw(), &reference);
-    println!(
-        "resized off-grid inpaint from the command line: {same} identical, worst off by {worst}"
-    );
-    assert!(
-        same >= 0.999 && worst <= 1,
-        "{same} identical, worst {worst}"
-    );
+    inpaints_as_diffusers("inpaint-resized", inputs, ("0.8", "6", "11"), (96, 72));
 }
 
 /// Generates "a red fox in the snow" with seed 42 in f32 from `model` with `flags`, against

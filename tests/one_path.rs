@@ -864,26 +864,26 @@ fn klein_bad_cases(dir: &Path) -> Vec<(KleinCase, &'static str)> {
         ),
         (
             KleinCase {
-                name: "a side not a multiple of 16",
-                cli: klein(&["--width", "72", "--height", "64"]),
+                name: "a side not a multiple of the token cell",
+                cli: klein(&["--width", "76", "--height", "64"]),
                 ollama: Some(body(
                     "klein",
-                    serde_json::json!({"width": 72, "height": 64}),
+                    serde_json::json!({"width": 76, "height": 64}),
                 )),
                 openai: Some(OpenAi::Json(body(
                     "klein",
-                    serde_json::json!({"size": "72x64"}),
+                    serde_json::json!({"size": "76x64"}),
                 ))),
                 a1111: Some((
                     "/sdapi/v1/txt2img",
-                    a1111_body(serde_json::json!({"width": 72, "height": 64})),
+                    a1111_body(serde_json::json!({"width": 76, "height": 64})),
                 )),
                 page: Some(page(
                     "klein",
-                    serde_json::json!({"width": 72, "height": 64}),
+                    serde_json::json!({"width": 76, "height": 64}),
                 )),
             },
-            "width is 72",
+            "width is 76",
         ),
         (
             KleinCase {

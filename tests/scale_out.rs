@@ -411,15 +411,9 @@ fn a_pull_of_a_model_the_registry_lacks_stops_the_server_with_one_line_and_exit_
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("the server did not stop");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = common::output_within(child, Duration::from_secs(30), || {
+        panic!("the server did not stop")
+    });
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();

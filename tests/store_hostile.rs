@@ -322,15 +322,9 @@ fn a_fifo_given_as_a_source_is_refused_at_once() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            panic!("`create --from FIFO` hangs");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = common::output_within(child, Duration::from_secs(10), || {
+        panic!("`create --from FIFO` hangs")
+    });
     assert_eq!(out.status.code(), Some(2));
     let err = stderr_of(&out);
     assert!(err.contains("is a FIFO, not a regular file"), "{err}");

@@ -50,9 +50,13 @@ pub trait ModelFamily: Sync {
     fn class_names(&self) -> &'static [&'static str];
     /// Whether requests to this family may use `feature`.
     fn takes(&self, feature: Feature) -> bool;
-    /// The pixels on a side of one token of the model in `source` (the VAE's downscale times
-    /// the patch): sizes are multiples of it.
-    fn cell(&self, source: &dyn ModelSource) -> Result<u32, Error>;
+    /// The pixels on a side of one token of the model in `source`: sizes are multiples of it.
+    /// The default is the VAE's downscale times the 2×2 patch every family here packs.
+    fn cell(&self, source: &dyn ModelSource) -> Result<u32, Error> {
+        let vae: crate::models::VaeConfig =
+            crate::pipeline::parse_config(source, "vae/config.json", |_| Ok(()))?;
+        Ok(2 * vae.scale_factor() as u32)
+    }
     /// The steps and guidance it runs with when nothing names them, if the family has its own.
     fn own_defaults(&self, _source: &dyn ModelSource) -> Option<OwnDefaults> {
         None

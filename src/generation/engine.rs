@@ -15,7 +15,7 @@ pub struct Engine {
     dtype: Dtype,
     /// Keep the transformer and VAE between images (more memory, no reload).
     keep_models: bool,
-    loaded: Option<(Family, Box<dyn LoadedModel>)>,
+    loaded: Option<(Family, ModelKey, Box<dyn LoadedModel>)>,
 }
 
 impl Engine {
@@ -35,12 +35,14 @@ impl Engine {
 
     /// The stored model loaded, if any.
     pub fn stored_model(&self) -> Option<&StoredModel> {
-        self.loaded.as_ref().and_then(|(_, l)| l.stored())
+        self.loaded
+            .as_ref()
+            .and_then(|(_, _, l)| l.source().stored())
     }
 
     /// Whether the model `key` names is the one loaded.
     pub fn holds(&self, key: &ModelKey) -> bool {
-        self.loaded.as_ref().is_some_and(|(_, l)| l.key() == key)
+        self.loaded.as_ref().is_some_and(|(_, k, _)| k == key)
     }
 
     /// Lets go of the loaded model and returns its memory to the system.
@@ -59,6 +61,7 @@ impl Engine {
         }
         self.unload();
         let source = Source::open(model)?;
+        let key = source.key();
         let family = match (model, &source) {
             (ModelChoice::Stored { store, .. }, Source::Stored(s)) => {
                 image_model_family(store, &s.model)?
@@ -66,13 +69,17 @@ impl Engine {
             (ModelChoice::Directory(dir), source) => directory_family(source, dir)?,
             _ => unreachable!("a source is opened as its choice names it"),
         };
-        self.loaded = Some((family, family.load(source, self.dtype, self.keep_models)?));
+        self.loaded = Some((
+            family,
+            key,
+            family.load(source, self.dtype, self.keep_models)?,
+        ));
         Ok(true)
     }
 
     /// The loaded model and its family; [`Engine::load`] first.
     pub(super) fn loaded(&mut self) -> (Family, &mut dyn LoadedModel) {
-        let (family, model) = self
+        let (family, _, model) = self
             .loaded
             .as_mut()
             .expect("a model is loaded before it is used");

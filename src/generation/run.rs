@@ -21,8 +21,7 @@ pub fn run(
     let mut reporter = Reporter::new(progress, job.count as usize);
     reporter.phase("load");
     engine.load(&job.model)?;
-    let dtype = engine.dtype();
     let (family, model) = engine.loaded();
     family.refuse(&job.features()).map_err(Error::Request)?;
-    model.run(job, dtype, &mut reporter, cancel)
+    model.run(job, &mut reporter, cancel)
 }

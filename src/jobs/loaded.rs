@@ -5,26 +5,16 @@ use super::batch::{Outcome, Reporter};
 use super::error::Error;
 use super::job::Job;
 use super::progress::Cancel;
-use super::source::ModelKey;
-use crate::mlx::Dtype;
-use crate::store::StoredModel;
+use super::source::Source;
 use std::time::SystemTime;
 
 /// A loaded model of some family: its pipeline, its defaults and what is bound to it.
 pub trait LoadedModel: Send {
-    /// What tells it from another model.
-    fn key(&self) -> &ModelKey;
-    /// The stored model it was loaded from, if it was.
-    fn stored(&self) -> Option<&StoredModel>;
+    /// Where its files and weights come from.
+    fn source(&self) -> &Source;
     /// Makes `job`'s images (the job checked and its options taken by the family), reporting
     /// to `reporter` and stopping on `cancel`.
-    fn run(
-        &mut self,
-        job: &Job,
-        dtype: Dtype,
-        reporter: &mut Reporter,
-        cancel: &Cancel,
-    ) -> Result<Outcome, Error>;
+    fn run(&mut self, job: &Job, report: &mut Reporter, cancel: &Cancel) -> Result<Outcome, Error>;
 }
 
 /// A request LoRA as bound: its file's size and time of change tell an edited file from the

@@ -185,6 +185,9 @@ impl Derived {
     }
 }
 
+/// Reads a `model_index.json` into the original names its family's layers answer to.
+pub type NamesOfIndex = dyn Fn(&[u8]) -> Result<Option<super::OriginalNames>, String>;
+
 /// Stores `name`: every layer of stored model `base`, plus the LoRAs `specs` as layers of their
 /// own. Every file is read and resolved against the base's layers before anything is written,
 /// so a file that would not apply writes nothing. The store is held (shared) throughout, so a
@@ -196,7 +199,7 @@ pub fn create(
     base: &str,
     specs: &[LoraSpec],
     lenient: bool,
-    original_names: &dyn Fn(&[u8]) -> Result<Option<super::OriginalNames>, String>,
+    original_names: &NamesOfIndex,
 ) -> Result<Derived, Error> {
     let name = ModelName::parse(name).map_err(crate::store::StoreError::from)?;
     let _lock = store.lock_for_writing()?;

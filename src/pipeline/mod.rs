@@ -371,7 +371,14 @@ pub fn request_range_error_in(
         ));
     }
     for (flag, v) in [("--width", width), ("--height", height)] {
-        if !(cell..=MAX_IMAGE_SIDE).contains(&v) || v % cell != 0 {
+        let refused = !(cell..=MAX_IMAGE_SIDE).contains(&v) || v % cell != 0;
+        // Before the model is read (`cell` 1) only the bounds every model shares are known.
+        if refused && cell == 1 {
+            return Some(format!(
+                "{flag} is {v}; it must be within 1..={MAX_IMAGE_SIDE}"
+            ));
+        }
+        if refused {
             return Some(format!(
                 "{flag} is {v}; widths and heights are multiples of {cell} within {cell}..={MAX_IMAGE_SIDE}"
             ));

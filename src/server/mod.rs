@@ -694,17 +694,28 @@ pub fn family(state: &AppState, name: &crate::store::ModelName) -> Option<crate:
 }
 
 /// Refuses, before it is queued, a job that uses an option the family of `name` does not
-/// take, naming it.
+/// take, naming it, or names a side that is not a multiple of the model's own token cell.
 pub fn check_family(
     state: &AppState,
     api: Api,
     name: &crate::store::ModelName,
     job: &crate::generation::Job,
 ) -> Result<(), ApiError> {
-    match family(state, name) {
-        Some(f) => f
-            .refuse(&job.features())
-            .map_err(|e| ApiError::bad_request(api, e)),
+    let Some(f) = family(state, name) else {
+        return Ok(());
+    };
+    f.refuse(&job.features())
+        .map_err(|e| ApiError::bad_request(api, e))?;
+    // The sides a job names, against the model's own token cell.
+    let Ok(model) = state.store.open(&name.to_string()) else {
+        return Ok(());
+    };
+    let Ok(cell) = f.cell(&crate::loader::StoreSource::new(&state.store, &model)) else {
+        return Ok(());
+    };
+    let sides = (job.width.unwrap_or(cell), job.height.unwrap_or(cell));
+    match crate::pipeline::request_range_error_in(1, 0.0, sides, cell) {
+        Some(e) => Err(ApiError::bad_request(api, e)),
         None => Ok(()),
     }
 }

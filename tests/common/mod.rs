@@ -180,3 +180,21 @@ pub fn klein_reference_image(case: &str) -> Vec<u8> {
     let st = zimage::mlx::io::load_safetensors(&path).unwrap();
     st.tensors["image"].to_vec::<u8>().unwrap()
 }
+
+/// The output of `child` once it ends; if it is still running after `limit`, it is killed and
+/// `hung` is called (which panics with what hung), so a test that would block fails instead.
+pub fn output_within(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+    hung: impl FnOnce(),
+) -> std::process::Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            hung();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}

@@ -76,12 +76,6 @@ impl ModelFamily for Flux2Klein {
         matches!(feature, Feature::References | Feature::NegativePrompt)
     }
 
-    fn cell(&self, source: &dyn ModelSource) -> Result<u32, Error> {
-        let vae: crate::models::VaeConfig =
-            crate::pipeline::parse_config(source, "vae/config.json", |_| Ok(()))?;
-        Ok(2 * vae.scale_factor() as u32)
-    }
-
     fn own_defaults(&self, source: &dyn ModelSource) -> Option<OwnDefaults> {
         let (steps, guidance, distilled) = pipeline::family_defaults(source)?;
         let kind = if distilled { "distilled" } else { "base" };

@@ -12,18 +12,17 @@ use crate::jobs::loaded::{BoundLoras, LoadedModel};
 use crate::jobs::masked_area::MaskedArea;
 use crate::jobs::metadata::{self, Provenance};
 use crate::jobs::progress::Cancel;
-use crate::jobs::source::{ModelKey, Source};
+use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
 use crate::pipeline::reference::{capped_size, Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
-use crate::store::StoredModel;
 use std::ops::ControlFlow;
 
 /// A loaded klein model: its pipeline, its defaults and its LoRAs (no ControlNet).
 pub struct Loaded {
-    key: ModelKey,
     pipeline: KleinPipeline<Source>,
+    dtype: Dtype,
     defaults: GenerationDefaults,
     loras: BoundLoras,
 }
@@ -31,12 +30,11 @@ pub struct Loaded {
 impl Loaded {
     /// The model in `source`, its configs and tokenizer read.
     pub fn new(source: Source, dtype: Dtype) -> Result<Loaded, Error> {
-        let key = source.key();
         let defaults = GenerationDefaults::of(&source)?;
         let pipeline = KleinPipeline::new(source, dtype)?;
         Ok(Loaded {
-            key,
             pipeline,
+            dtype,
             defaults,
             loras: BoundLoras::default(),
         })
@@ -51,23 +49,13 @@ impl Loaded {
 }
 
 impl LoadedModel for Loaded {
-    fn key(&self) -> &ModelKey {
-        &self.key
+    fn source(&self) -> &Source {
+        self.pipeline.source()
     }
 
-    fn stored(&self) -> Option<&StoredModel> {
-        self.pipeline.source().stored()
-    }
-
-    fn run(
-        &mut self,
-        job: &Job,
-        dtype: Dtype,
-        reporter: &mut Reporter,
-        cancel: &Cancel,
-    ) -> Result<Outcome, Error> {
-        let load = reporter.elapsed();
-        run(job, self, dtype, reporter, cancel, load)
+    fn run(&mut self, job: &Job, report: &mut Reporter, cancel: &Cancel) -> Result<Outcome, Error> {
+        let load = report.elapsed();
+        run(job, self, report, cancel, load)
     }
 }
 
@@ -198,11 +186,11 @@ fn pass<S: ModelSource>(
 fn run(
     job: &Job,
     klein: &mut Loaded,
-    dtype: Dtype,
     reporter: &mut Reporter,
     cancel: &Cancel,
     load: std::time::Duration,
 ) -> Result<Outcome, Error> {
+    let dtype = klein.dtype;
     klein.bind_loras(&job.loras, job.lora_lenient)?;
     let references = references(job, klein)?;
     let (mut first, area) = request(job, klein, &references)?;

@@ -69,12 +69,6 @@ impl ModelFamily for ZImage {
         feature != Feature::References
     }
 
-    fn cell(&self, source: &dyn ModelSource) -> Result<u32, Error> {
-        let vae: crate::models::VaeConfig =
-            crate::pipeline::parse_config(source, "vae/config.json", |_| Ok(()))?;
-        Ok(2 * vae.scale_factor() as u32)
-    }
-
     fn load(
         &self,
         source: Source,

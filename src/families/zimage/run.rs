@@ -14,18 +14,17 @@ use crate::jobs::loaded::{BoundLoras, LoadedModel};
 use crate::jobs::masked_area::MaskedArea;
 use crate::jobs::metadata::{self, ControlProvenance, HiresProvenance, Provenance};
 use crate::jobs::progress::Cancel;
-use crate::jobs::source::{ModelKey, Source};
+use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
 use crate::models::Residency;
 use crate::pipeline::{self, ControlInput, ModelSource, Request};
-use crate::store::StoredModel;
 use std::ops::ControlFlow;
 
 /// A loaded Z-Image model: its pipeline, its defaults, the LoRAs and the ControlNet bound.
 pub struct Loaded {
-    key: ModelKey,
     pipeline: Pipeline<Source>,
+    dtype: Dtype,
     /// What the model says a request should use when it names nothing.
     defaults: GenerationDefaults,
     loras: BoundLoras,
@@ -36,15 +35,14 @@ pub struct Loaded {
 impl Loaded {
     /// The model in `source`, its configs and tokenizer read.
     pub fn new(source: Source, dtype: Dtype, keep_models: bool) -> Result<Loaded, Error> {
-        let key = source.key();
         let mut pipeline = Pipeline::new(source, dtype, keep_models)?;
         let defaults = GenerationDefaults::of(pipeline.source())?;
         if let Some(shift) = defaults.shift {
             pipeline.configs.scheduler.shift = shift;
         }
         Ok(Loaded {
-            key,
             pipeline,
+            dtype,
             defaults,
             loras: BoundLoras::default(),
             controlnet: None,
@@ -128,22 +126,12 @@ struct Pass {
 }
 
 impl LoadedModel for Loaded {
-    fn key(&self) -> &ModelKey {
-        &self.key
+    fn source(&self) -> &Source {
+        self.pipeline.source()
     }
 
-    fn stored(&self) -> Option<&StoredModel> {
-        self.pipeline.source().stored()
-    }
-
-    fn run(
-        &mut self,
-        job: &Job,
-        dtype: Dtype,
-        reporter: &mut Reporter,
-        cancel: &Cancel,
-    ) -> Result<Outcome, Error> {
-        run(job, self, dtype, reporter, cancel)
+    fn run(&mut self, job: &Job, report: &mut Reporter, cancel: &Cancel) -> Result<Outcome, Error> {
+        run(job, self, report, cancel)
     }
 }
 
@@ -151,10 +139,10 @@ impl LoadedModel for Loaded {
 fn run(
     job: &Job,
     loaded: &mut Loaded,
-    dtype: Dtype,
     reporter: &mut Reporter,
     cancel: &Cancel,
 ) -> Result<Outcome, Error> {
+    let dtype = loaded.dtype;
     loaded.bind_loras(&job.loras, job.lora_lenient)?;
     if let Some(c) = &job.control {
         loaded.set_controlnet(&c.net)?;
