@@ -510,3 +510,23 @@ pub fn pack(x: &Array) -> mlx::Result<Array> {
 fn euler_step(x: &Array, v: &Array, dt: f32) -> mlx::Result<Array> {
     (x.astype(Dtype::F32)? + (v * dt)?.astype(Dtype::F32)?)?.astype(v.dtype())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_rounds_up_to_multiples_of_80() {
+        let cases = [
+            (1, 80),
+            (62, 80),
+            (80, 80),
+            (82, 160),
+            (8190, 8192),
+            (9000, 8192),
+        ];
+        for (real, rows) in cases {
+            assert_eq!(window(real), rows, "{real}");
+        }
+    }
+}

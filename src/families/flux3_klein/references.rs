@@ -101,25 +101,10 @@ fn fill(image: &image::DynamicImage, label: &str) -> Result<(Reference, Crop), S
         return Err(format!("{label} is {w}×{h}; a reference needs pixels"));
     }
     let mut rgb = image.to_rgb8();
-    let (wf, hf) = (w as f64, h as f64);
-    let mut s = 1f64
-        .min((ONE_MAX_PIXELS / (wf * hf)).sqrt())
-        .min(ONE_MAX_SIDE as f64 / wf.max(hf));
-    let (sw, sh) = loop {
-        let (sw, sh) = (
-            round_half_even(wf * s).max(1),
-            round_half_even(hf * s).max(1),
-        );
-        if canvas_side(sw) as f64 * canvas_side(sh) as f64 <= ONE_MAX_PIXELS {
-            break (sw, sh);
-        }
-        s *= 0.995;
-    };
+    let ((sw, sh), (cw, ch), (left, top)) = fill_geometry(w, h);
     if (sw, sh) != (w, h) {
         rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
     }
-    let (cw, ch) = (canvas_side(sw), canvas_side(sh));
-    let (left, top) = ((cw - sw) / 2, (ch - sh) / 2);
     // numpy's "reflect" (the edge pixel not repeated) when both sides exceed 16 pixels, else
     // "symmetric" (repeated).
     let repeat_edge = sw.min(sh) <= 16;
@@ -146,6 +131,27 @@ fn fill(image: &image::DynamicImage, label: &str) -> Result<(Reference, Crop), S
         height: sh,
     };
     Ok((picture, crop))
+}
+
+/// A single `w × h` reference's geometry: the size it is scaled to (shrunk by 0.5% at a time
+/// until its canvas fits under 4 megapixels), its canvas, and where it sits in the canvas.
+pub fn fill_geometry(w: u32, h: u32) -> ((u32, u32), (u32, u32), (u32, u32)) {
+    let (wf, hf) = (w as f64, h as f64);
+    let mut s = 1f64
+        .min((ONE_MAX_PIXELS / (wf * hf)).sqrt())
+        .min(ONE_MAX_SIDE as f64 / wf.max(hf));
+    let (sw, sh) = loop {
+        let (sw, sh) = (
+            round_half_even(wf * s).max(1),
+            round_half_even(hf * s).max(1),
+        );
+        if canvas_side(sw) as f64 * canvas_side(sh) as f64 <= ONE_MAX_PIXELS {
+            break (sw, sh);
+        }
+        s *= 0.995;
+    };
+    let (cw, ch) = (canvas_side(sw), canvas_side(sh));
+    ((sw, sh), (cw, ch), ((cw - sw) / 2, (ch - sh) / 2))
 }
 
 /// The index `i` (possibly outside `0..n`) mirrored into it, as numpy pads.
@@ -192,4 +198,46 @@ fn cropped(image: &image::DynamicImage, label: &str) -> Result<Reference, String
         width: cw,
         height: ch,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_reference_is_scaled_and_padded_as_diffusers_does() {
+        // (size in, scaled size, canvas, offset), from the spec's checked examples.
+        let cases = [
+            ((100, 70), (100, 70), (112, 80), (6, 5)),
+            ((1000, 700), (1000, 700), (1008, 704), (4, 2)),
+            ((40, 30), (40, 30), (64, 64), (12, 17)),
+            ((2500, 1700), (2471, 1680), (2480, 1680), (4, 0)),
+            ((5000, 900), (4096, 737), (4096, 752), (0, 7)),
+            ((2049, 2047), (2039, 2037), (2048, 2048), (4, 5)),
+        ];
+        for ((w, h), scaled, canvas, offset) in cases {
+            assert_eq!(fill_geometry(w, h), (scaled, canvas, offset), "{w}×{h}");
+        }
+    }
+
+    #[test]
+    fn padding_mirrors_as_numpy_does() {
+        // "reflect" skips the edge, "symmetric" repeats it.
+        let reflect: Vec<u32> = (-3..7).map(|i| mirror(i, 4, false)).collect();
+        assert_eq!(reflect, [3, 2, 1, 0, 1, 2, 3, 2, 1, 0]);
+        let symmetric: Vec<u32> = (-3..7).map(|i| mirror(i, 4, true)).collect();
+        assert_eq!(symmetric, [2, 1, 0, 0, 1, 2, 3, 3, 2, 1]);
+    }
+
+    #[test]
+    fn the_crop_takes_the_box() {
+        let rgb: Vec<u8> = (0..4 * 3 * 3).map(|v| v as u8).collect();
+        let crop = Crop {
+            left: 1,
+            top: 1,
+            width: 2,
+            height: 1,
+        };
+        assert_eq!(crop.apply(&rgb, 4), [15, 16, 17, 18, 19, 20]);
+    }
 }
