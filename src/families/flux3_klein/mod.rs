@@ -5,11 +5,13 @@
 //!
 //! - [`configs`]: what FLUX.3 reads of its components' configs, checked together;
 //! - [`pipeline`]: text → image and editing as diffusers' modular FLUX.3 blocks compute them
-//!   (the prompt upsampler left out); [`run`]: a job's images on a loaded model.
+//!   (the prompt upsampler left out); [`run`]: a job's images on a loaded model;
+//! - [`layout`]: Black Forest Labs' original transformer names, for single files.
 //!
 //! Mirrors diffusers 0.42.1 (flux3-klein-spec).
 
 pub mod configs;
+pub mod layout;
 pub mod pipeline;
 pub mod references;
 pub mod rope;
@@ -148,9 +150,8 @@ impl ModelFamily for Flux3Klein {
         "Flux3Transformer2DModel"
     }
 
-    fn claims_checkpoint(&self, _tensors: &[SourceTensor]) -> bool {
-        // Black Forest Labs' single files are not read yet.
-        false
+    fn claims_checkpoint(&self, tensors: &[SourceTensor]) -> bool {
+        layout::is_flux3(tensors)
     }
 
     fn transformer_to_diffusers(
@@ -158,12 +159,7 @@ impl ModelFamily for Flux3Klein {
         tensors: Vec<SourceTensor>,
         what: &str,
     ) -> Result<Mapped, LayoutError> {
-        Err(LayoutError::Unknown {
-            what: what.to_string(),
-            component: "transformer",
-            expected: "diffusers' FLUX.3 [klein] names (single files are not read yet)",
-            found: tensors.first().map_or(String::new(), |t| t.name.clone()),
-        })
+        layout::to_diffusers(tensors, what)
     }
 
     fn claims_stored(&self, tensors: &[(String, Vec<u64>)]) -> bool {
