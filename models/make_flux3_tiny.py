@@ -303,21 +303,83 @@ def save(name, dump, meta):
     print(f"reference flux3-{name}: {len(dump)} tensors, {os.path.getsize(path) / 1e3:.0f} kB", file=sys.stderr)
 
 
+# FLUX.3 [klein]'s real transformer widths (the diffusers defaults), one block of each kind.
+REAL_BLOCKS = dict(
+    in_channels=128, cond_in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=128,
+    num_attention_heads=24, joint_attention_dim=20480, timestep_channels=256, mlp_ratio=3.0,
+    axes_dims_rope=(32, 32, 32, 32), rope_theta=10000, eps=1e-6, flow_map=True,
+)
+# fill()'s matrices leave the time embedding small; as for klein, the modulations are scaled up
+# so that the blocks change the stream.
+MODULATION_GAIN = 16.0
+
+
+def blocks_real():
+    """One mode block of each mode and one joint block at the real widths, with the top-level
+    layers, on 6 image tokens (2 x 3), 4 reference tokens (2 x 2) and 5 text rows; weights from
+    make_controlnet.py's name-keyed generator."""
+    from diffusers import Flux3Transformer2DModel
+
+    sys.path.insert(0, HERE)
+    from make_controlnet import fill
+
+    with torch.device("meta"):
+        model = Flux3Transformer2DModel(**REAL_BLOCKS)
+    state = {k: fill(k, tuple(v.shape)) * (MODULATION_GAIN if "modulation" in k or k.startswith("norm_out.") else 1.0)
+             for k, v in model.state_dict().items()}
+    model.load_state_dict(state, assign=True, strict=True)
+    model.eval()
+    g = torch.Generator().manual_seed(31)
+    hidden = torch.randn(1, 6, 128, generator=g)
+    refs = torch.randn(1, 4, 128, generator=g)
+    text = torch.randn(1, 5, 20480, generator=g)
+    img_ids = torch.tensor([[0, i * 0.5, j * 0.5, 0] for i in range(2) for j in range(3)])
+    ref_ids = torch.tensor([[0, i * 0.5, j * 0.5, -1] for i in range(2) for j in range(2)])
+    txt_ids = torch.tensor([[0, 0, 0, s] for s in range(5)], dtype=torch.float32)
+    timestep, target = torch.tensor([0.75]), torch.tensor([0.5])
+    dump = {"hidden_states": hidden, "image_cond_hidden_states": refs, "encoder_hidden_states": text}
+
+    def hook(name):
+        def h(module, a, out):
+            out = out[0] if isinstance(out, tuple) else out
+            dump[name] = f32(out)
+        return h
+
+    hooks = [model.txt_mode_blocks[0].register_forward_hook(hook("txt_mode0")),
+             model.mode_blocks["image"][0].register_forward_hook(hook("image_mode0")),
+             model.mode_blocks["image_cond"][0].register_forward_hook(hook("image_cond_mode0"))]
+    with torch.no_grad():
+        dump["output"] = f32(model(hidden_states=hidden, encoder_hidden_states=text, timestep=timestep,
+                                   img_ids=img_ids, txt_ids=txt_ids, image_cond_hidden_states=refs,
+                                   image_cond_ids=ref_ids, target_timestep=target, return_dict=False)[0])
+    for h in hooks:
+        h.remove()
+    meta = {"config": dict(REAL_BLOCKS, axes_dims_rope=list(REAL_BLOCKS["axes_dims_rope"])),
+            "weights": "make_controlnet.fill(name, shape), times 16 for names containing 'modulation' or "
+                       "starting with 'norm_out.'", "timestep": 0.75, "target_timestep": 0.5, "seed": 31}
+    save("blocks-real", dump, meta)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-model", action="store_true", help="keep the model directories as they are")
-    ap.add_argument("--only", metavar="CASE", choices=list(CASES))
+    ap.add_argument("--only", metavar="CASE", choices=list(CASES) + ["blocks-real"])
     args = ap.parse_args()
     torch.set_num_threads(2)
     if not args.skip_model and not args.only:
         build_model()
     pipes = {}
+    if args.only == "blocks-real":
+        blocks_real()
+        return
     for name in [args.only] if args.only else list(CASES):
         model, call, seed = CASES[name]
         if model not in pipes:
             pipes[model] = load_pipeline(model)
         dump, meta = run_case(pipes[model], call, seed)
         save(name, dump, dict(meta, case=name, model=os.path.basename(MODEL_DIR if model == "distilled" else BASE_DIR)))
+    if not args.only:
+        blocks_real()
 
 
 if __name__ == "__main__":
