@@ -107,6 +107,57 @@ pub struct DiffusersDir {
     pub tensors: BTreeMap<String, Vec<TensorLocation>>,
     /// Config files present, relative path → absolute path.
     pub configs: Vec<(String, PathBuf)>,
+    /// A modular pipeline's `modular_model_index.json` read as the `model_index.json` the
+    /// directory lacks (see [`classic_index`]); `None` when it has its own.
+    pub index: Option<Vec<u8>>,
+}
+
+/// The file a modular pipeline (diffusers' `ModularPipeline`) keeps its index in.
+pub const MODULAR_INDEX: &str = "modular_model_index.json";
+
+/// A `modular_model_index.json` as the classic `model_index.json`: the pipeline's
+/// `_class_name`, `_diffusers_version` and `_blocks_class_name`, and each component as
+/// `[library, class]`. Refused, naming the component, when a component lives anywhere but its
+/// own folder of this directory (another repository or subfolder), which the classic layout
+/// cannot say.
+pub fn classic_index(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let index: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("`{MODULAR_INDEX}` is not JSON: {e}"))?;
+    let entries = index
+        .as_object()
+        .ok_or_else(|| format!("`{MODULAR_INDEX}` is not a JSON object"))?;
+    let mut out = serde_json::Map::new();
+    for (key, value) in entries {
+        if key.starts_with('_') {
+            out.insert(key.clone(), value.clone());
+            continue;
+        }
+        let spec = value.as_array().filter(|a| a.len() >= 2);
+        let Some(spec) = spec else {
+            return Err(format!(
+                "`{MODULAR_INDEX}` `{key}` is not `[library, class, {{…}}]`"
+            ));
+        };
+        if let Some(place) = spec.get(2).and_then(|p| p.as_object()) {
+            let repo = ["pretrained_model_name_or_path", "repo"]
+                .iter()
+                .find_map(|k| place.get(*k).filter(|v| !v.is_null()));
+            if let Some(repo) = repo {
+                return Err(format!(
+                    "`{MODULAR_INDEX}` `{key}` is loaded from {repo}; zimage reads components from the model's own folders only"
+                ));
+            }
+            let subfolder = place.get("subfolder").and_then(|v| v.as_str());
+            if subfolder.is_some_and(|s| s != key) {
+                return Err(format!(
+                    "`{MODULAR_INDEX}` `{key}` is in subfolder `{}`; zimage reads each component from its own folder",
+                    subfolder.unwrap_or_default()
+                ));
+            }
+        }
+        out.insert(key.clone(), serde_json::Value::Array(spec[..2].to_vec()));
+    }
+    Ok(serde_json::to_vec_pretty(&serde_json::Value::Object(out)).expect("JSON values serialize"))
 }
 
 impl DiffusersDir {
@@ -118,11 +169,20 @@ impl DiffusersDir {
             reason,
         };
         let index = root.join("model_index.json");
-        if !index.exists() {
-            return Err(not_a_model("no `model_index.json`".into()));
-        }
+        let modular = root.join(MODULAR_INDEX);
+        let classic = match (index.exists(), modular.exists()) {
+            (true, _) => None,
+            (false, true) => {
+                check_confined(root, &modular)?;
+                let bytes = crate::files::read_bounded(&modular, CONFIG_LIMIT, "config file")?;
+                Some(classic_index(&bytes).map_err(not_a_model)?)
+            }
+            (false, false) => return Err(not_a_model("no `model_index.json`".into())),
+        };
         // A FIFO or a device in a model's place is named, not read or taken as absent.
-        crate::files::open_regular(&index)?;
+        if classic.is_none() {
+            crate::files::open_regular(&index)?;
+        }
         let mut tensors = BTreeMap::new();
         for component in WEIGHT_COMPONENTS {
             let dir = root.join(component);
@@ -145,6 +205,7 @@ impl DiffusersDir {
             root: root.to_path_buf(),
             tensors,
             configs,
+            index: classic,
         })
     }
 }

@@ -53,7 +53,12 @@ fn family_words() -> Vec<String> {
     for folder in folders() {
         words.push(format!("families::{folder}"));
     }
-    words.extend(["ZImage", "Z-Image", "z_image", "klein", "Klein"].map(String::from));
+    words.extend(
+        [
+            "ZImage", "Z-Image", "z_image", "klein", "Klein", "Flux3", "flux3", "FLUX.3",
+        ]
+        .map(String::from),
+    );
     words
 }
 

@@ -10,6 +10,8 @@
 #[doc(hidden)]
 pub mod flux2_klein;
 #[doc(hidden)]
+pub mod flux3_klein;
+#[doc(hidden)]
 pub mod zimage;
 
 pub use crate::jobs::feature::Feature;
@@ -27,8 +29,14 @@ use crate::store::SourceTensor;
 use std::path::Path;
 
 /// Every family zimage runs. The first is the one a `model_index.json` without a
-/// `_class_name` is read as (the first family's early stores did not always keep it).
-pub static FAMILIES: &[&dyn ModelFamily] = &[&zimage::ZImage, &flux2_klein::Flux2Klein];
+/// `_class_name` is read as (the first family's early stores did not always keep it). Stored
+/// transformers are told apart in this order, so a family whose tensor names include another's
+/// comes before it.
+pub static FAMILIES: &[&dyn ModelFamily] = &[
+    &zimage::ZImage,
+    &flux3_klein::Flux3Klein,
+    &flux2_klein::Flux2Klein,
+];
 
 /// The steps and guidance a family runs a model with when neither the request nor the model
 /// records any, and what kind of model that makes it (for `show`).

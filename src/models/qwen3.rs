@@ -173,8 +173,14 @@ impl Attention {
         })
     }
 
-    /// `x`: [L, hidden] → [L, hidden], under `mask` (causal, or causal and padding).
-    fn forward(&self, x: &Array, mask: fast::Mask) -> mlx::Result<Array> {
+    /// `x`: [L, hidden] → [L, hidden], under `mask` (causal, or causal and padding), rotated
+    /// at positions `0..L` or, given, by the half-split `rope` tables `(cos, sin)` `[L, d]`.
+    fn forward(
+        &self,
+        x: &Array,
+        mask: fast::Mask,
+        rope: Option<&(Array, Array)>,
+    ) -> mlx::Result<Array> {
         let l = x.dim(0);
         let d = self.head_dim;
         // 1. Project and split heads: [L, n·d] → [1, n, L, d], per-head RMS norm first.
@@ -189,15 +195,57 @@ impl Attention {
         let q = heads(&self.q_proj, Some(&self.q_norm), self.heads)?;
         let k = heads(&self.k_proj, Some(&self.k_norm), self.kv_heads)?;
         let v = heads(&self.v_proj, None, self.kv_heads)?;
-        // 2. Half-split ("rotate_half") RoPE at positions 0..L.
-        let q = fast::rope(&q, d, false, Some(self.rope_theta), 1.0, 0, None)?;
-        let k = fast::rope(&k, d, false, Some(self.rope_theta), 1.0, 0, None)?;
+        // 2. Half-split ("rotate_half") RoPE at positions 0..L, or at the given ones.
+        let (q, k) = match rope {
+            Some(tables) => (
+                rotate_half_split(&q, tables)?,
+                rotate_half_split(&k, tables)?,
+            ),
+            None => (
+                fast::rope(&q, d, false, Some(self.rope_theta), 1.0, 0, None)?,
+                fast::rope(&k, d, false, Some(self.rope_theta), 1.0, 0, None)?,
+            ),
+        };
         // 3. Causal attention; query head j reads kv head j / (heads / kv_heads).
         let scale = 1.0 / (d as f32).sqrt();
         let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, self.heads * d])?;
         self.o_proj.forward(&o)
     }
+}
+
+/// `x·cos + rotate_half(x)·sin` for `x` `[1, n, L, d]` and tables `[L, d]` (each half the
+/// same angles), in the tables' dtype and back, as transformers applies explicit positions.
+fn rotate_half_split(x: &Array, (cos, sin): &(Array, Array)) -> mlx::Result<Array> {
+    let d = x.dim(3);
+    let (x1, x2) = (x.slice_axis(3, 0, d / 2)?, x.slice_axis(3, d / 2, d)?);
+    let rotated = crate::mlx::ops::concatenate(&[&x2.neg()?, &x1], 3)?;
+    let (cos, sin) = (cos.astype(x.dtype())?, sin.astype(x.dtype())?);
+    (x * &cos)? + (&rotated * &sin)?
+}
+
+/// Half-split RoPE tables `(cos, sin)`, each `[L, d]` f32, for explicit `positions`: pair `j`
+/// turns by `p·θ^(−2j/d)`, the inverse frequencies and the angles in f32 as transformers
+/// computes them, each half holding the same angles.
+pub fn half_split_tables(positions: &[i32], d: i32, theta: f32) -> mlx::Result<(Array, Array)> {
+    let half = (d / 2) as usize;
+    let inv: Vec<f32> = (0..half)
+        .map(|j| 1.0 / theta.powf((2 * j) as f32 / d as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(positions.len() * d as usize);
+    let mut sin = Vec::with_capacity(positions.len() * d as usize);
+    for &p in positions {
+        let angles: Vec<f32> = inv.iter().map(|f| p as f32 * f).collect();
+        for _ in 0..2 {
+            cos.extend(angles.iter().map(|a| a.cos()));
+            sin.extend(angles.iter().map(|a| a.sin()));
+        }
+    }
+    let shape = [positions.len() as i32, d];
+    Ok((
+        Array::from_slice(&cos, &shape)?,
+        Array::from_slice(&sin, &shape)?,
+    ))
 }
 
 struct Mlp {
@@ -230,10 +278,15 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn forward(&self, x: &Array, mask: fast::Mask) -> mlx::Result<Array> {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: fast::Mask,
+        rope: Option<&(Array, Array)>,
+    ) -> mlx::Result<Array> {
         let x = (x + self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, mask)?)?;
+            .forward(&self.input_layernorm.forward(x)?, mask, rope)?)?;
         &x + self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&x)?)?
@@ -251,8 +304,9 @@ pub struct Qwen3Encoder {
 }
 
 impl Qwen3Encoder {
-    /// Binds the checkpoint, with or without the `model.` prefix of a causal-LM save. The last
-    /// layer, the final norm and any `lm_head` are not needed and may be absent.
+    /// Binds the checkpoint, with or without the `model.` prefix of a causal-LM save (or the
+    /// `model.language_model.` of a vision-language save, whose vision tower never runs). The
+    /// last layer, the final norm and any `lm_head` are not needed and may be absent.
     pub fn new(cfg: &Qwen3Config, ckpt: Checkpoint) -> Result<Qwen3Encoder, super::ModelError> {
         Qwen3Encoder::with_layers(cfg, ckpt, cfg.layers_used())
     }
@@ -271,7 +325,13 @@ impl Qwen3Encoder {
                 cfg.num_hidden_layers
             )));
         }
-        let mut ckpt = ckpt.rename(|n| n.strip_prefix("model.").unwrap_or(n).to_string());
+        let mut ckpt = ckpt.rename(|n| {
+            (n.strip_prefix("model.language_model."))
+                .or_else(|| n.strip_prefix("model."))
+                .unwrap_or(n)
+                .to_string()
+        });
+        ckpt.allow_unused("visual.");
         for unused in count..cfg.num_hidden_layers {
             ckpt.allow_unused(&format!("layers.{unused}."));
         }
@@ -316,7 +376,7 @@ impl Qwen3Encoder {
     /// `hidden_states[-2]` for the real tokens `ids`: `[L, hidden]`.
     pub fn encode(&self, ids: &[u32]) -> mlx::Result<Array> {
         let x = self.embed(ids)?;
-        Ok(self.run(x, fast::Mask::Causal, &[])?.0)
+        Ok(self.run(x, fast::Mask::Causal, None, &[])?.0)
     }
 
     /// The residual stream after each of the layer counts `outputs` (transformers'
@@ -340,7 +400,38 @@ impl Qwen3Encoder {
             .collect();
         let mask = Array::from_slice(&mask, &[1, 1, n, n])?;
         let x = self.embed(&padded)?;
-        Ok(self.run(x, fast::Mask::Array(&mask), outputs)?.1)
+        Ok(self.run(x, fast::Mask::Array(&mask), None, outputs)?.1)
+    }
+
+    /// As [`Qwen3Encoder::encode_padded`], the real tokens at positions `0..L` and every
+    /// padding row at position `pad_position` instead of its index (what a model trained on
+    /// an encoder that placed its padding so reads). A row still attends to the real rows at
+    /// or before it.
+    pub fn encode_padded_at(
+        &self,
+        ids: &[u32],
+        pad_id: u32,
+        length: usize,
+        outputs: &[usize],
+        pad_position: i32,
+    ) -> mlx::Result<Vec<Array>> {
+        let real = ids.len().min(length);
+        let mut padded = ids[..real].to_vec();
+        padded.resize(length, pad_id);
+        let n = length as i32;
+        let mask: Vec<bool> = (0..length)
+            .flat_map(|q| (0..length).map(move |k| k <= q && k < real))
+            .collect();
+        let mask = Array::from_slice(&mask, &[1, 1, n, n])?;
+        let positions: Vec<i32> = (0..length)
+            .map(|i| if i < real { i as i32 } else { pad_position })
+            .collect();
+        let theta = self.config.theta().expect("validated");
+        let rope = half_split_tables(&positions, self.config.head_dim, theta)?;
+        let x = self.embed(&padded)?;
+        Ok(self
+            .run(x, fast::Mask::Array(&mask), Some(&rope), outputs)?
+            .1)
     }
 
     fn embed(&self, ids: &[u32]) -> mlx::Result<Array> {
@@ -355,6 +446,7 @@ impl Qwen3Encoder {
         &self,
         mut x: Array,
         mask: fast::Mask,
+        rope: Option<&(Array, Array)>,
         outputs: &[usize],
     ) -> mlx::Result<(Array, Vec<Array>)> {
         let last = outputs.iter().max().copied().unwrap_or(self.layers.len());
@@ -369,7 +461,7 @@ impl Qwen3Encoder {
         }
         let mut kept = Vec::new();
         for (i, layer) in self.layers[..last].iter().enumerate() {
-            x = layer.forward(&x, mask)?;
+            x = layer.forward(&x, mask, rope)?;
             super::blocks::after_block(self.release.as_ref(), &x, ("text_encoder.layers", i))?;
             if outputs.contains(&(i + 1)) {
                 kept.push(x.clone());

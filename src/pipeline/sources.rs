@@ -18,6 +18,9 @@ impl ModelSource for DiffusersDir {
     }
 
     fn config_file(&self, path: &str) -> Result<Option<Vec<u8>>, SourceError> {
+        if let (Some(index), "model_index.json") = (&self.index, path) {
+            return Ok(Some(index.clone()));
+        }
         let p = self.root.join(path);
         if !p.exists() {
             return Ok(None);

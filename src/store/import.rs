@@ -53,24 +53,24 @@ impl TensorSource for DiffusersDir {
     }
 
     fn config_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.configs
-            .iter()
-            .map(|(rel, path)| {
-                let (limit, what) = crate::diffusers_dir::config_limit(rel);
-                let bytes = crate::files::read_bounded(path, limit, what)?;
-                // Stored verbatim and read back by every load: a broken one is refused now,
-                // not when the model is first run.
-                if rel.ends_with(".json") {
-                    if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                        return Err(StoreError::ConfigNotJson {
-                            path: path.clone(),
-                            reason: e.to_string(),
-                        });
-                    }
+        // A modular pipeline's index is stored as the classic one it reads as.
+        let index = (self.index.iter()).map(|b| Ok(("model_index.json".to_string(), b.clone())));
+        let files = self.configs.iter().map(|(rel, path)| {
+            let (limit, what) = crate::diffusers_dir::config_limit(rel);
+            let bytes = crate::files::read_bounded(path, limit, what)?;
+            // Stored verbatim and read back by every load: a broken one is refused now,
+            // not when the model is first run.
+            if rel.ends_with(".json") {
+                if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                    return Err(StoreError::ConfigNotJson {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    });
                 }
-                Ok((rel.clone(), bytes))
-            })
-            .collect()
+            }
+            Ok((rel.clone(), bytes))
+        });
+        index.chain(files).collect()
     }
 }
 
