@@ -68,7 +68,7 @@ impl Setup {
             cmd.env(k, v);
         }
         // A pull that blocks fails the test instead of hanging it.
-        let mut child = cmd
+        let child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

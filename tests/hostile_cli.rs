@@ -38,7 +38,7 @@ fn edit_config(model: &Path, rel: &str, key: &str, value: Value) {
 /// Runs `zimage generate` with `args`, in `dir` (a fresh store and cache there), and kills it
 /// if it runs past 60 s: a read that blocks fails the test instead of hanging it.
 fn generate(dir: &Path, args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zimage"))
+    let child = Command::new(env!("CARGO_BIN_EXE_zimage"))
         .current_dir(dir)
         .env("ZIMAGE_CACHE_DIR", dir.join("cache"))
         .env_remove("ZIMAGE_MEMORY_LIMIT")

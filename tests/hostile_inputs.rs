@@ -53,7 +53,7 @@ fn bomb_8192() -> &'static [u8] {
 /// Runs `zimage` with `args` under `/usr/bin/time`, in `dir`; returns the output and the peak
 /// resident memory in bytes. Killed past 60 s.
 fn zimage_measured(dir: &Path, args: &[&str]) -> (Output, u64) {
-    let mut child = Command::new("/usr/bin/time")
+    let child = Command::new("/usr/bin/time")
         .args(["-f", "maxrss-kb=%M", BIN])
         .current_dir(dir)
         .env("ZIMAGE_CACHE_DIR", dir.join("cache"))

@@ -396,7 +396,7 @@ fn a_pull_of_a_model_the_registry_lacks_stops_the_server_with_one_line_and_exit_
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
     let missing = format!("{}/me/none:v1", registry.host);
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .arg("--store")
         .arg(dir.path().join("store"))
         .args([

@@ -314,7 +314,7 @@ fn a_fifo_given_as_a_source_is_refused_at_once() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path; mkfifo only reads it.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zimage"))
+    let child = Command::new(env!("CARGO_BIN_EXE_zimage"))
         .arg("--store")
         .arg(dir.path().join("store"))
         .args(["create", "m", "--from", s(&fifo)])

@@ -5,7 +5,7 @@
 //! Qwen3 text encoder with or without its `model.` prefix, and the LDM/Flux VAE layout are
 //! recognised from their tensor names, as diffusers' single-file loader recognises them
 //! (`diffusers/loaders/single_file_utils.py`, 0.42.1). Every mapping works on byte ranges
-//! ([`SourceTensor`]s): a rename keeps the range, a fused `q|k|v` projection becomes three
+//! ([`crate::store::SourceTensor`]s): a rename keeps the range, a fused `q|k|v` projection becomes three
 //! row ranges, a 1×1 convolution used as a linear layer drops its trailing unit axes. No
 //! tensor is read, so any source that can say where a tensor's rows are (a safetensors file,
 //! a GGUF file) goes through the same mapping.

@@ -1,6 +1,6 @@
 //! What every family's pipeline shares: where a model's files and weights come from
 //! ([`ModelSource`]), a request and what it starts from ([`condition`]), the reference pictures
-//! it may carry ([`reference`]), the phases' reports and progress, and the steps that are the
+//! it may carry ([`mod@reference`]), the phases' reports and progress, and the steps that are the
 //! same whatever the family (reading configs, encoding prompts and letting the encoder go,
 //! decoding to RGB bytes, binding LoRAs). Each family's own pipeline, in its folder under
 //! `crate::families`, owns the evaluation points (after text encoding, once per step, after
@@ -233,13 +233,13 @@ pub struct PhaseReport {
     pub peak_resident_bytes: Option<u64>,
 }
 
-/// Progress callbacks from [`Pipeline::generate`].
+/// Progress callbacks from a family's pipeline as it generates.
 pub enum Progress {
     Phase(&'static str),
     Step {
         index: usize,
         total: usize,
-        /// The step's latents as a picture, with previews on ([`Pipeline::set_previews`]).
+        /// The step's latents as a picture, when previews are on.
         preview: Option<Preview>,
     },
 }

@@ -186,7 +186,7 @@ pub fn klein_reference_image(case: &str) -> Vec<u8> {
 pub fn output_within(
     mut child: std::process::Child,
     limit: std::time::Duration,
-    hung: impl FnOnce(),
+    hung: impl Fn(),
 ) -> std::process::Output {
     let start = std::time::Instant::now();
     while child.try_wait().unwrap().is_none() {

@@ -81,12 +81,6 @@ impl ModelFamily for Flux3Klein {
         matches!(feature, Feature::References | Feature::NegativePrompt)
     }
 
-    fn cell(&self, source: &dyn ModelSource) -> Result<u32, Error> {
-        let vae: crate::models::VaeConfig =
-            crate::pipeline::parse_config(source, "vae/config.json", |_| Ok(()))?;
-        Ok(2 * vae.scale_factor() as u32)
-    }
-
     fn own_defaults(&self, source: &dyn ModelSource) -> Option<OwnDefaults> {
         let flow_map = flow_map(source)?;
         let (steps, guidance) = pipeline::default_steps_and_guidance(flow_map);

@@ -103,7 +103,7 @@ fn fill(image: &image::DynamicImage, label: &str) -> Result<(Reference, Crop), S
     let mut rgb = image.to_rgb8();
     let ((sw, sh), (cw, ch), (left, top)) = fill_geometry(w, h);
     if (sw, sh) != (w, h) {
-        rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
+        rgb = crate::resample::lanczos3(&rgb, sw, sh);
     }
     // numpy's "reflect" (the edge pixel not repeated) when both sides exceed 16 pixels, else
     // "symmetric" (repeated).
@@ -182,7 +182,7 @@ fn cropped(image: &image::DynamicImage, label: &str) -> Result<Reference, String
     if w as f64 * h as f64 > EACH_MAX_PIXELS {
         let s = (EACH_MAX_PIXELS / (w as f64 * h as f64)).sqrt();
         let (sw, sh) = ((w as f64 * s) as u32, (h as f64 * s) as u32);
-        rgb = image::imageops::resize(&rgb, sw, sh, image::imageops::FilterType::Lanczos3);
+        rgb = crate::resample::lanczos3(&rgb, sw, sh);
     }
     let (w, h) = rgb.dimensions();
     let (cw, ch) = (w - w % GRID, h - h % GRID);

@@ -11,17 +11,16 @@ use crate::jobs::job::Job;
 use crate::jobs::loaded::{BoundLoras, LoadedModel};
 use crate::jobs::metadata::{self, Provenance};
 use crate::jobs::progress::Cancel;
-use crate::jobs::source::{ModelKey, Source};
+use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
 use crate::pipeline::{self, ModelSource, Request};
-use crate::store::StoredModel;
 use std::ops::ControlFlow;
 
 /// A loaded FLUX.3 model: its pipeline, its defaults and its LoRAs.
 pub struct Loaded {
-    key: ModelKey,
     pipeline: Flux3Pipeline<Source>,
+    dtype: Dtype,
     defaults: GenerationDefaults,
     loras: BoundLoras,
 }
@@ -29,12 +28,11 @@ pub struct Loaded {
 impl Loaded {
     /// The model in `source`, its configs and tokenizer read.
     pub fn new(source: Source, dtype: Dtype) -> Result<Loaded, Error> {
-        let key = source.key();
         let defaults = GenerationDefaults::of(&source)?;
         let pipeline = Flux3Pipeline::new(source, dtype)?;
         Ok(Loaded {
-            key,
             pipeline,
+            dtype,
             defaults,
             loras: BoundLoras::default(),
         })
@@ -48,23 +46,13 @@ impl Loaded {
 }
 
 impl LoadedModel for Loaded {
-    fn key(&self) -> &ModelKey {
-        &self.key
+    fn source(&self) -> &Source {
+        self.pipeline.source()
     }
 
-    fn stored(&self) -> Option<&StoredModel> {
-        self.pipeline.source().stored()
-    }
-
-    fn run(
-        &mut self,
-        job: &Job,
-        dtype: Dtype,
-        reporter: &mut Reporter,
-        cancel: &Cancel,
-    ) -> Result<Outcome, Error> {
-        let load = reporter.elapsed();
-        run(job, self, dtype, reporter, cancel, load)
+    fn run(&mut self, job: &Job, report: &mut Reporter, cancel: &Cancel) -> Result<Outcome, Error> {
+        let load = report.elapsed();
+        run(job, self, report, cancel, load)
     }
 }
 
@@ -147,11 +135,11 @@ fn plan(
 fn run(
     job: &Job,
     flux3: &mut Loaded,
-    dtype: Dtype,
     reporter: &mut Reporter,
     cancel: &Cancel,
     load: std::time::Duration,
 ) -> Result<Outcome, Error> {
+    let dtype = flux3.dtype;
     if let Some(refusal) = refusal(job) {
         return Err(Error::Request(refusal));
     }
