@@ -1,6 +1,6 @@
 """One FLUX.2 [klein] image with diffusers, as `zimage generate` makes it: a cold process that
 loads the pipeline from a diffusers directory in float32, runs the distilled model's 4 steps at
-SIZE x SIZE from the seed and writes the PNG. benches/klein_compare.sh times the whole process.
+SIZE x SIZE from the seed and writes the PNG. benches/diffusers_compare.sh klein times the whole process.
 
     python models/bench_klein_reference.py MODEL_DIR SIZE OUT.png
 """

@@ -171,24 +171,29 @@ def build_model():
         shutil.copytree(os.path.join(MODEL_DIR, sub), os.path.join(BASE_DIR, sub))
     build_transformer(False).to(torch.bfloat16).save_pretrained(os.path.join(BASE_DIR, "transformer"))
     for model, d in (("distilled", MODEL_DIR), ("base", BASE_DIR)):
-        index = {
-            "_class_name": "Flux3DistilledModularPipeline" if model == "distilled" else "Flux3ModularPipeline",
-            "_blocks_class_name": "Flux3DistilledAutoBlocks" if model == "distilled" else "Flux3AutoBlocks",
-            "_diffusers_version": "0.42.1",
-        }
-        for name, lib, cls in (("text_encoder", "transformers", "Qwen3VLForConditionalGeneration"),
-                               ("tokenizer", "transformers", "AutoProcessor"),
-                               ("transformer", "diffusers", "Flux3Transformer2DModel"),
-                               ("vae", "diffusers", "AutoencoderKLFlux2")):
-            index[name] = [lib, cls, {"pretrained_model_name_or_path": None, "subfolder": name,
-                                      "type_hint": [lib, cls], "revision": None, "variant": None}]
-        write_json(os.path.join(d, "modular_model_index.json"), index)
+        write_index(d, model)
 
 
-def load_pipeline(model):
+def write_index(d, model):
+    """The modular pipeline's index of the `model` ("distilled" or "base") in `d`."""
+    index = {
+        "_class_name": "Flux3DistilledModularPipeline" if model == "distilled" else "Flux3ModularPipeline",
+        "_blocks_class_name": "Flux3DistilledAutoBlocks" if model == "distilled" else "Flux3AutoBlocks",
+        "_diffusers_version": "0.42.1",
+    }
+    for name, lib, cls in (("text_encoder", "transformers", "Qwen3VLForConditionalGeneration"),
+                           ("tokenizer", "transformers", "AutoProcessor"),
+                           ("transformer", "diffusers", "Flux3Transformer2DModel"),
+                           ("vae", "diffusers", "AutoencoderKLFlux2")):
+        index[name] = [lib, cls, {"pretrained_model_name_or_path": None, "subfolder": name,
+                                  "type_hint": [lib, cls], "revision": None, "variant": None}]
+    write_json(os.path.join(d, "modular_model_index.json"), index)
+
+
+def load_pipeline(model, dtype=torch.float32):
     d = MODEL_DIR if model == "distilled" else BASE_DIR
     pipe = blocks(model).init_pipeline(d)
-    pipe.load_components(names=["text_encoder", "transformer", "vae"], torch_dtype=torch.float32)
+    pipe.load_components(names=["text_encoder", "transformer", "vae"], torch_dtype=dtype)
     pipe.update_components(tokenizer=Processor(os.path.join(d, "tokenizer")))
     return pipe
 
@@ -212,6 +217,9 @@ CASES = {
     "edit2": ("distilled", dict(prompt="the fox from the first picture in the second",
                                 image=["klein-inputs/picture-100x75.png", "inputs/picture-128x128.png"],
                                 num_inference_steps=3), 7),
+    # The distilled text-to-image case with every component loaded in bf16 (q/k norms stay f32).
+    "t2i-bf16": ("distilled-bf16", dict(prompt="a red fox in the snow", width=72, height=56,
+                                        num_inference_steps=3), 42),
 }
 
 
@@ -360,12 +368,50 @@ def blocks_real():
     save("blocks-real", dump, meta)
 
 
+# The benchmarks' "big" model (benches/flux3_compare.sh): a transformer 512 wide (4 heads of 128,
+# the real RoPE axes, θ and MLP ratio) with 1 mode block per mode and 4 joint blocks, Qwen3-VL's
+# language model 256 wide with the real 36 layers (so that the eight stacked states are
+# intermediate ones), and the real FLUX.2 VAE's sizes (128/256/512/512 channels, 32 latent
+# channels), so that encoding and decoding cost what the real ones do.
+BIG_TEXT = dict(hidden=256, intermediate=768, layers=36, heads=4, kv_heads=2, head_dim=64)
+BIG_TRANSFORMER = dict(
+    REAL_BLOCKS, num_layers=1, num_single_layers=4, num_attention_heads=4,
+    joint_attention_dim=8 * BIG_TEXT["hidden"],
+)
+
+
+def build_big(out_dir):
+    """The benchmarks' big random FLUX.3 [klein] (distilled) in the modular layout under
+    `out_dir`; its VAE is the FLUX.2 [klein] benchmark model's (written by
+    make_klein_tiny.py --big), copied."""
+    global TEXT, TRANSFORMER
+    TEXT, TRANSFORMER = BIG_TEXT, {k: v for k, v in BIG_TRANSFORMER.items() if k != "flow_map"}
+    torch.manual_seed(SEED)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    build_processor(os.path.join(out_dir, "tokenizer"))
+    build_text_encoder(os.path.join(out_dir, "text_encoder"))
+    build_transformer(True).to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "transformer"))
+    sys.path.insert(0, HERE)
+    import make_klein_tiny
+
+    vae = dict(make_klein_tiny.BIG_VAE)
+    make_klein_tiny.VAE = vae
+    make_klein_tiny.build_vae().to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "vae"))
+    write_index(out_dir, "distilled")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--big", metavar="DIR", help="only write the benchmarks' big model to DIR")
     ap.add_argument("--skip-model", action="store_true", help="keep the model directories as they are")
     ap.add_argument("--only", metavar="CASE", choices=list(CASES) + ["blocks-real"])
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.big:
+        build_big(args.big)
+        return
     if not args.skip_model and not args.only:
         build_model()
     pipes = {}
@@ -375,9 +421,11 @@ def main():
     for name in [args.only] if args.only else list(CASES):
         model, call, seed = CASES[name]
         if model not in pipes:
-            pipes[model] = load_pipeline(model)
+            base, _, bf16 = model.partition("-")
+            pipes[model] = load_pipeline(base, torch.bfloat16 if bf16 else torch.float32)
         dump, meta = run_case(pipes[model], call, seed)
-        save(name, dump, dict(meta, case=name, model=os.path.basename(MODEL_DIR if model == "distilled" else BASE_DIR)))
+        model_dir = MODEL_DIR if model.startswith("distilled") else BASE_DIR
+        save(name, dump, dict(meta, case=name, model=os.path.basename(model_dir)))
     if not args.only:
         blocks_real()
 

@@ -444,7 +444,7 @@ def blocks_real():
     save("blocks-real", dump, meta)
 
 
-# The "big" model of the benchmarks (benches/klein_compare.sh): a transformer 512 wide (4 heads
+# The "big" model of the benchmarks (benches/diffusers_compare.sh klein): a transformer 512 wide (4 heads
 # of 128, real RoPE axes) with 2 double- and 4 single-stream blocks, a 28-layer text encoder 256
 # wide, and the real FLUX.2 VAE's sizes (128/256/512/512 channels, 32 latent channels), so that
 # the decode costs what the real one does.

@@ -21,7 +21,7 @@ pub(crate) const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", 
 pub(crate) const DEFAULTS_FILE: &str = "generation_defaults.json";
 
 /// Files other than weights that a pipeline needs, relative to the model directory.
-pub(crate) const CONFIG_FILES: [&str; 11] = [
+pub(crate) const CONFIG_FILES: [&str; 13] = [
     "model_index.json",
     DEFAULTS_FILE,
     "scheduler/scheduler_config.json",
@@ -33,6 +33,8 @@ pub(crate) const CONFIG_FILES: [&str; 11] = [
     "tokenizer/vocab.json",
     "tokenizer/merges.txt",
     "tokenizer/special_tokens_map.json",
+    "tokenizer/chat_template.json",
+    "tokenizer/chat_template.jinja",
 ];
 
 /// The most bytes a model's JSON config (`model_index.json`, `*/config.json`, a shard index)

@@ -43,6 +43,7 @@
 
 #![warn(missing_docs)]
 
+pub mod chat_template;
 #[doc(hidden)]
 pub mod component;
 pub mod diffusers_dir;

@@ -129,7 +129,7 @@ impl PromptTokenizer {
     /// Only as much of a long prompt is tokenized as gives that many: a start of it that ends
     /// where the pre-tokenizer splits, read further only if it gave too few.
     pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>, Error> {
-        self.encode_templated(prompt, chat_template, MAX_SEQUENCE_LENGTH)
+        self.encode_templated(prompt, &|p| Ok(chat_template(p)), MAX_SEQUENCE_LENGTH)
     }
 
     /// Ids of `prompt` in `template`, cut to `max_len` as the tokenizer's truncation does. Only
@@ -138,15 +138,15 @@ impl PromptTokenizer {
     pub fn encode_templated(
         &self,
         prompt: &str,
-        template: fn(&str) -> String,
+        template: &dyn Fn(&str) -> Result<String, Error>,
         max_len: usize,
     ) -> Result<Vec<u32>, Error> {
         // The template's own tokens come on top of a cut prompt's.
-        let template_len = self.encode_raw(&template(""))?.len();
+        let template_len = self.encode_raw(&template("")?)?.len();
         let mut read = FIRST_READ_BYTES;
         loop {
             let head = split_prefix(prompt, read);
-            let mut ids = self.encode_raw(&template(head))?;
+            let mut ids = self.encode_raw(&template(head)?)?;
             if head.len() == prompt.len() || ids.len() >= max_len + template_len {
                 ids.truncate(max_len);
                 return Ok(ids);

@@ -103,3 +103,92 @@ fn a_stored_flux3_generates_what_the_library_makes_and_refuses_what_it_lacks() {
     );
     assert!(!other.exists());
 }
+
+/// Copies a model directory (its files, recursively).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The prompt is rendered by the chat template the model ships, from its directory and from
+/// the store alike; a template that does not parse is refused naming its file.
+#[test]
+fn the_models_own_chat_template_renders_the_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("flux3");
+    copy_dir(&models().join("flux3-klein-tiny"), &dir);
+    let file = dir.join("tokenizer/chat_template.json");
+    let stock: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let stock = stock["chat_template"].as_str().unwrap().to_string();
+    let ids = |dir: &Path, prompt: &str| {
+        let d = zimage::diffusers_dir::DiffusersDir::open(dir).unwrap();
+        let p = Flux3Pipeline::new(d, zimage::mlx::Dtype::F32).unwrap();
+        p.token_ids(prompt).unwrap()
+    };
+    let (plain, plain_empty) = (ids(&dir, "a fox"), ids(&dir, ""));
+
+    // A system turn before the user's: its tokens, then the stock template's.
+    let system = "{{- '<|im_start|>system\\nYou paint.<|im_end|>\\n' }}";
+    let custom = serde_json::json!({"chat_template": format!("{system}{stock}")});
+    std::fs::write(&file, custom.to_string()).unwrap();
+    let (ours, ours_empty) = (ids(&dir, "a fox"), ids(&dir, ""));
+    let k = ours_empty.len() - plain_empty.len();
+    assert!(k > 3, "{ours_empty:?}");
+    assert_eq!(ours[..k], ours_empty[..k]);
+    assert_eq!(ours[k..], plain[..]);
+
+    // Stored with the model, and read back from the store.
+    let store = tmp.path().join("store");
+    let out = zimage_in(&store, &["create", "flux3sys", "--from", s(&dir)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let st = zimage::store::Store::at(&store);
+    let model = st.open("flux3sys").unwrap();
+    let source = zimage::loader::StoreSource {
+        store: st,
+        model,
+        read_path: zimage::loader::ReadPath::MlxLoader,
+    };
+    let p = Flux3Pipeline::new(source, zimage::mlx::Dtype::F32).unwrap();
+    assert_eq!(p.token_ids("a fox").unwrap(), ours);
+
+    // A broken template is refused, naming its file.
+    std::fs::write(&file, r#"{"chat_template": "{% for m in messages %}"}"#).unwrap();
+    let d = zimage::diffusers_dir::DiffusersDir::open(&dir).unwrap();
+    let e = Flux3Pipeline::new(d, zimage::mlx::Dtype::F32)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("chat_template.json"), "{e}");
+}
+
+/// A FLUX.2 [klein] and a FLUX.3 [klein] with the same VAE share its blobs: the second import
+/// writes none of them.
+#[test]
+fn flux2_and_flux3_share_the_vae_they_have_in_common() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    for (name, dir) in [("klein", "flux2-klein-tiny"), ("flux3", "flux3-klein-tiny")] {
+        let out = zimage_in(&store, &["create", name, "--from", s(&models().join(dir))]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let st = zimage::store::Store::at(&store);
+    let vae = |name: &str| -> std::collections::BTreeMap<String, String> {
+        let model = st.open(name).unwrap();
+        (model.manifest.layers.iter())
+            .filter_map(|l| {
+                let path = l.name.as_deref()?.strip_prefix("vae/")?;
+                Some((path.to_string(), l.digest.clone()))
+            })
+            .collect()
+    };
+    let (klein, flux3) = (vae("klein"), vae("flux3"));
+    assert!(klein.len() > 10, "{klein:?}");
+    assert_eq!(klein, flux3);
+}

@@ -242,6 +242,32 @@ fn an_edit_from_two_references_matches_diffusers() {
     check("edit2");
 }
 
+/// bf16 follows diffusers' own bf16 run, its q/k norms kept in f32 as diffusers keeps them:
+/// the final latents stay well within the reference's own f32 ↔ bf16 distance.
+#[test]
+fn bf16_follows_the_reference_run_in_bf16() {
+    let case = Case::load("t2i-bf16");
+    let full = Case::load("t2i");
+    let dir = DiffusersDir::open(&models().join(case.model())).unwrap();
+    let mut p = Flux3Pipeline::new(dir, Dtype::BF16).unwrap();
+    let req = case.request(&Prepared::default());
+    let out = p
+        .generate_from(&req, &Prepared::default(), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    let (h, w) = p.grid(&req);
+    let c = p.configs.transformer.in_channels;
+    let latents = (out.latents.transpose(&[1, 0]).unwrap())
+        .reshape(&[c, h, w])
+        .unwrap();
+    let theirs = case.unbatched("final_latents");
+    let d = max_abs(&latents, &theirs);
+    let own = max_abs(&full.unbatched("final_latents"), &theirs);
+    println!("bf16 final latents max |Δ| {d:e} (the reference's f32 ↔ bf16: {own:e})");
+    assert!(d < own / 4.0, "bf16 final latents differ by {d}");
+}
+
 #[test]
 fn pictures_to_start_from_and_masks_are_refused_by_name() {
     let p = pipeline("flux3-klein-tiny");

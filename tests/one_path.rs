@@ -1019,3 +1019,304 @@ fn the_same_klein_request_gives_the_same_png_from_every_front_end() {
         );
     }
 }
+
+/// FLUX.3 [klein] requests as each front end takes them: text to image on the distilled model,
+/// guidance with a negative prompt on the base model, and edits from one and two references.
+fn flux3_cases() -> Vec<KleinCase> {
+    let picture = inputs().join("picture-96x80.png");
+    let second = inputs().join("picture-128x128.png");
+    let (pic, sec) = (encoded(&picture), encoded(&second));
+    let ollama = |model: &str, extra| {
+        let base = serde_json::json!({
+            "model": model, "prompt": PROMPT, "steps": 2, "seed": 7, "stream": false,
+            "options": {"seed": 7},
+        });
+        merged(base, extra)
+    };
+    let a1111 = |model: &str, extra| {
+        let base = serde_json::json!({
+            "prompt": PROMPT, "steps": 2, "seed": 7, "sampler_name": "Euler",
+            "scheduler": "Automatic", "override_settings": {"sd_model_checkpoint": model},
+        });
+        merged(base, extra)
+    };
+    let page = |model: &str, extra| {
+        merged(
+            serde_json::json!({"model": model, "prompt": PROMPT, "steps": 2, "seed": 7}),
+            extra,
+        )
+    };
+    let with = |model: &str, extra: &[&str]| {
+        let mut f = flags(&["--model", model, "--steps", "2", "--seed", "7"]);
+        f.extend(flags(extra));
+        f
+    };
+    let form = |extra: Vec<FormPart>| {
+        let mut parts = vec![
+            text("model", "flux3"),
+            text("prompt", PROMPT),
+            text("steps", "2"),
+            text("seed", "7"),
+        ];
+        parts.extend(extra);
+        OpenAi::Edit(parts)
+    };
+    let negative = "blurry, dark";
+    vec![
+        KleinCase {
+            name: "text to image",
+            cli: with("flux3", &["--width", "64", "--height", "48"]),
+            ollama: Some(ollama(
+                "flux3",
+                serde_json::json!({"width": 64, "height": 48}),
+            )),
+            openai: Some(OpenAi::Json(ollama(
+                "flux3",
+                serde_json::json!({"size": "64x48"}),
+            ))),
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111("flux3", serde_json::json!({"width": 64, "height": 48})),
+            )),
+            page: Some(page(
+                "flux3",
+                serde_json::json!({"width": 64, "height": 48}),
+            )),
+        },
+        KleinCase {
+            name: "guidance and a negative prompt on the base model",
+            cli: with(
+                "flux3base",
+                &[
+                    "--width",
+                    "48",
+                    "--height",
+                    "64",
+                    "--guidance",
+                    "2.5",
+                    "--negative",
+                    negative,
+                ],
+            ),
+            ollama: Some(ollama(
+                "flux3base",
+                serde_json::json!({
+                    "width": 48, "height": 64, "guidance": 2.5, "negative_prompt": negative,
+                }),
+            )),
+            openai: None,
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111(
+                    "flux3base",
+                    serde_json::json!({
+                        "width": 48, "height": 64, "cfg_scale": 2.5, "negative_prompt": negative,
+                    }),
+                ),
+            )),
+            page: Some(page(
+                "flux3base",
+                serde_json::json!({
+                    "width": 48, "height": 64, "guidance": 2.5, "negative_prompt": negative,
+                }),
+            )),
+        },
+        KleinCase {
+            name: "an edit from a reference",
+            cli: with("flux3", &["--ref", s(&picture)]),
+            ollama: Some(ollama("flux3", serde_json::json!({"images": [pic]}))),
+            openai: Some(form(vec![file("image", &picture)])),
+            // A model that only edits from references reads every `init_images` as one.
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111("flux3", serde_json::json!({"init_images": [pic]})),
+            )),
+            page: Some(page(
+                "flux3",
+                serde_json::json!({"references": [data_url(&picture)]}),
+            )),
+        },
+        KleinCase {
+            name: "an edit from two references",
+            cli: with("flux3", &["--ref", s(&picture), "--ref", s(&second)]),
+            ollama: Some(ollama("flux3", serde_json::json!({"images": [pic, sec]}))),
+            openai: Some(form(vec![
+                file("image[]", &picture),
+                file("image[]", &second),
+            ])),
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111("flux3", serde_json::json!({"init_images": [pic, sec]})),
+            )),
+            page: Some(page(
+                "flux3",
+                serde_json::json!({"references": [data_url(&picture), data_url(&second)]}),
+            )),
+        },
+    ]
+}
+
+/// What FLUX.3 [klein] has no way to do, asked of every front end that can ask it.
+fn flux3_bad_cases(dir: &Path) -> Vec<(KleinCase, &'static str)> {
+    let picture = inputs().join("picture-96x80.png");
+    let mask = inputs().join("mask-96x80.png");
+    let rgba_mask = dir.join("flux3-mask-rgba.png");
+    alpha_mask(&mask, &rgba_mask);
+    let (pic, m) = (encoded(&picture), encoded(&mask));
+    let a1111 = |extra| {
+        let base = serde_json::json!({
+            "prompt": PROMPT, "override_settings": {"sd_model_checkpoint": "flux3"},
+        });
+        merged(base, extra)
+    };
+    let page = |extra| {
+        merged(
+            serde_json::json!({"model": "flux3", "prompt": PROMPT}),
+            extra,
+        )
+    };
+    let with = |extra: &[&str]| {
+        let mut f = flags(&["--model", "flux3"]);
+        f.extend(flags(extra));
+        f
+    };
+    vec![
+        (
+            KleinCase {
+                name: "image to image on FLUX.3",
+                cli: with(&["--image", s(&picture), "--strength", "0.7"]),
+                ollama: None,
+                openai: None,
+                a1111: None,
+                page: Some(page(
+                    serde_json::json!({"picture": data_url(&picture), "strength": 0.7}),
+                )),
+            },
+            "image is not available for FLUX.3 [klein] models",
+        ),
+        (
+            KleinCase {
+                name: "inpainting on FLUX.3",
+                cli: with(&["--image", s(&picture), "--mask", s(&mask)]),
+                ollama: None,
+                openai: Some(OpenAi::Edit(vec![
+                    text("model", "flux3"),
+                    text("prompt", PROMPT),
+                    file("image", &picture),
+                    file("mask", &rgba_mask),
+                ])),
+                a1111: Some((
+                    "/sdapi/v1/img2img",
+                    a1111(serde_json::json!({"init_images": [pic], "mask": m})),
+                )),
+                page: Some(page(serde_json::json!({
+                    "picture": data_url(&picture), "mask": data_url(&mask),
+                }))),
+            },
+            "mask is not available for FLUX.3 [klein] models",
+        ),
+        (
+            KleinCase {
+                name: "a hires pass on FLUX.3",
+                cli: with(&["--width", "64", "--height", "48", "--hires-scale", "1.5"]),
+                ollama: None,
+                openai: None,
+                a1111: Some((
+                    "/sdapi/v1/txt2img",
+                    a1111(serde_json::json!({
+                        "width": 64, "height": 48, "enable_hr": true, "hr_scale": 1.5,
+                        "hr_upscaler": "Lanczos",
+                    })),
+                )),
+                page: Some(page(serde_json::json!({
+                    "width": 64, "height": 48, "hires_scale": 1.5,
+                }))),
+            },
+            "hires-scale is not available for FLUX.3 [klein] models",
+        ),
+    ]
+}
+
+#[test]
+fn the_same_flux3_request_gives_the_same_png_from_every_front_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    for (name, from) in [
+        ("flux3", models.join("flux3-klein-tiny")),
+        ("flux3base", models.join("flux3-klein-tiny-base")),
+    ] {
+        let created = common::zimage_in(&store, &["create", name, "--from", s(&from)]);
+        assert!(created.status.success(), "{created:?}");
+    }
+    let gallery = dir.path().join("gallery");
+    let server = Server::start(&store, &["--gallery-dir", s(&gallery)], &[]);
+
+    let mut pictures = Vec::new();
+    for case in flux3_cases() {
+        let Answer::Png(expected) = cli(&store, dir.path(), &case.cli) else {
+            panic!("{}: the command line refused it", case.name)
+        };
+        for (front, answer) in server_answers(&case, server.port, &gallery) {
+            match answer {
+                None => {}
+                Some(Answer::Png(png)) => {
+                    assert!(png == expected, "{}: {front}'s PNG differs", case.name)
+                }
+                Some(other) => panic!("{}: {front} answered {other:?}", case.name),
+            }
+        }
+        pictures.push(expected);
+    }
+    for (i, a) in pictures.iter().enumerate() {
+        for b in &pictures[i + 1..] {
+            assert!(a != b, "two FLUX.3 cases gave the same image");
+        }
+    }
+    // The page's form offers what FLUX.3 has: references, no picture to start from, no mask,
+    // no hires pass.
+    let (_, info) = common::server::get(server.port, "/ui/api/info");
+    let info = json(&info);
+    let flux3 = (info["models"].as_array())
+        .and_then(|all| all.iter().find(|m| m["short"] == "flux3"))
+        .unwrap_or_else(|| panic!("no flux3 in {info}"));
+    assert_eq!(
+        flux3["takes"],
+        serde_json::json!({
+            "controlnet": false, "cfg_normalization": false, "cfg_truncation": false,
+            "references": true, "picture": false, "mask": false, "hires": false,
+        })
+    );
+
+    let written = files_in(&gallery);
+    for (case, needle) in flux3_bad_cases(dir.path()) {
+        let command_line = ("command line", Some(cli(&store, dir.path(), &case.cli)));
+        let answers =
+            std::iter::once(command_line).chain(server_answers(&case, server.port, &gallery));
+        for (front, answer) in answers {
+            let Some(answer) = answer else { continue };
+            let Answer::Refused(code, message) = answer else {
+                panic!("{}: {front} made an image", case.name)
+            };
+            match front {
+                "command line" => assert_eq!(code, 2, "{}: {message}", case.name),
+                _ => assert!(
+                    (400..500).contains(&code),
+                    "{}: {front}: {code} {message}",
+                    case.name
+                ),
+            }
+            assert!(
+                message.contains(needle),
+                "{}: {front} said `{message}`, without `{needle}`",
+                case.name
+            );
+        }
+        assert_eq!(
+            files_in(&gallery),
+            written,
+            "{}: the page kept an image",
+            case.name
+        );
+    }
+}

@@ -27,11 +27,11 @@ def family_options(page):
     """Which of the family-dependent parts of the form show."""
     return {
         part: page.is_visible(f"#{part}")
-        for part in ["reference-section", "control-section"]
+        for part in ["reference-section", "control-section", "picture-section"]
     } | {
         # Inside a closed section: hidden by the family or not.
         part: page.evaluate(f"() => !document.getElementById('{part}').hidden")
-        for part in ["cfg-normalization-row", "cfg-truncation-row"]
+        for part in ["cfg-normalization-row", "cfg-truncation-row", "hires-rows"]
     }
 
 
@@ -52,22 +52,30 @@ def main():
                 if r.method == "POST" and r.url.endswith("/ui/api/jobs") else None)
         try:
             page.goto(f"{base}/ui")
-            page.wait_for_selector("#model option[value='klein']", state="attached")
+            page.wait_for_selector("#model option[value='flux3']", state="attached")
             page.wait_for_function("() => /^Ready/.test(document.getElementById('status').textContent)")
 
             choose(page, "tiny")
             zimage = family_options(page)
             summary["z_image_form"] = zimage
-            check(zimage == {"reference-section": False, "control-section": True,
-                             "cfg-normalization-row": True, "cfg-truncation-row": True},
+            check(zimage == {"reference-section": False, "control-section": True, "picture-section": True,
+                             "cfg-normalization-row": True, "cfg-truncation-row": True, "hires-rows": True},
                   f"for Z-Image the form should hide the references alone: {zimage}")
 
             choose(page, "klein")
             klein = family_options(page)
             summary["klein_form"] = klein
-            check(klein == {"reference-section": True, "control-section": False,
-                            "cfg-normalization-row": False, "cfg-truncation-row": False},
+            check(klein == {"reference-section": True, "control-section": False, "picture-section": True,
+                            "cfg-normalization-row": False, "cfg-truncation-row": False, "hires-rows": True},
                   f"for klein the form should offer references, no ControlNet or CFG options: {klein}")
+
+            choose(page, "flux3")
+            flux3 = family_options(page)
+            summary["flux3_form"] = flux3
+            check(flux3 == {"reference-section": True, "control-section": False, "picture-section": False,
+                            "cfg-normalization-row": False, "cfg-truncation-row": False, "hires-rows": False},
+                  f"for FLUX.3 the form should offer references alone, no picture or hires pass: {flux3}")
+            choose(page, "klein")
 
             page.click("#reference-section > summary")
             # Two references added, the second removed: one is left.

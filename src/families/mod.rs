@@ -58,6 +58,10 @@ pub trait ModelFamily: Sync {
     fn class_names(&self) -> &'static [&'static str];
     /// Whether requests to this family may use `feature`.
     fn takes(&self, feature: Feature) -> bool;
+    /// What to use instead of a `feature` the family does not take, for the refusal.
+    fn instead(&self, _feature: Feature) -> Option<&'static str> {
+        None
+    }
     /// The pixels on a side of one token of the model in `source`: sizes are multiples of it.
     /// The default is the VAE's downscale times the 2×2 patch every family here packs.
     fn cell(&self, source: &dyn ModelSource) -> Result<u32, Error> {
@@ -316,13 +320,13 @@ impl Family {
 
     /// The refusal of the first of `used` this family does not take, naming its flag.
     pub fn refuse(self, used: &[Feature]) -> Result<(), String> {
-        match used.iter().find(|f| !self.takes(**f)) {
-            Some(f) => Err(format!(
-                "{} is not available for {} models",
-                f.flag(),
-                self.name()
-            )),
-            None => Ok(()),
+        let Some(f) = used.iter().find(|f| !self.takes(**f)) else {
+            return Ok(());
+        };
+        let mut refusal = format!("{} is not available for {} models", f.flag(), self.name());
+        if let Some(instead) = self.instead(*f) {
+            refusal += &format!(" ({instead})");
         }
+        Err(refusal)
     }
 }

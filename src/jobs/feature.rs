@@ -13,6 +13,12 @@ pub enum Feature {
     NegativePrompt,
     /// Reference images the model sees while it draws.
     References,
+    /// A picture the denoise starts from (image-to-image).
+    ImageInput,
+    /// A mask saying which part of that picture to redraw (inpainting).
+    Mask,
+    /// A second, larger pass over the first picture (an image-to-image of it).
+    Hires,
 }
 
 impl Feature {
@@ -24,6 +30,9 @@ impl Feature {
             Feature::CfgNormalization => "--cfg-normalization",
             Feature::NegativePrompt => "--negative-prompt",
             Feature::References => "--ref",
+            Feature::ImageInput => "--image",
+            Feature::Mask => "--mask",
+            Feature::Hires => "--hires-scale",
         }
     }
 }

@@ -158,6 +158,13 @@ impl Job {
                 self.cfg_normalization == Some(true),
             ),
             (Feature::References, !self.references.is_empty()),
+            // A mask comes with a picture: the mask is the option to name first.
+            (
+                Feature::Mask,
+                self.input.as_ref().is_some_and(|i| i.mask.is_some()),
+            ),
+            (Feature::ImageInput, self.input.is_some()),
+            (Feature::Hires, self.hires.is_some()),
         ];
         (used.into_iter())
             .filter_map(|(f, used)| used.then_some(f))

@@ -6,6 +6,8 @@ use super::error::Error;
 use super::job::Job;
 use super::progress::Cancel;
 use super::source::Source;
+use crate::generation_defaults::GenerationDefaults;
+use crate::mlx::Dtype;
 use std::time::SystemTime;
 
 /// A loaded model of some family: its pipeline, its defaults and what is bound to it.
@@ -15,6 +17,47 @@ pub trait LoadedModel: Send {
     /// Makes `job`'s images (the job checked and its options taken by the family), reporting
     /// to `reporter` and stopping on `cancel`.
     fn run(&mut self, job: &Job, report: &mut Reporter, cancel: &Cancel) -> Result<Outcome, Error>;
+}
+
+/// What a family's runner keeps of a loaded model: its pipeline, the compute dtype, the
+/// settings the model records for requests that name none, and the LoRAs bound to it.
+pub struct Held<P> {
+    pub pipeline: P,
+    pub dtype: Dtype,
+    pub defaults: GenerationDefaults,
+    pub loras: BoundLoras,
+}
+
+impl<P> Held<P> {
+    /// The model in `source`, its recorded defaults read and its pipeline made by `make`.
+    pub fn new(
+        source: Source,
+        dtype: Dtype,
+        make: impl FnOnce(Source, Dtype) -> Result<P, crate::pipeline::Error>,
+    ) -> Result<Held<P>, Error> {
+        let defaults = GenerationDefaults::of(&source)?;
+        Ok(Held {
+            pipeline: make(source, dtype)?,
+            dtype,
+            defaults,
+            loras: BoundLoras::default(),
+        })
+    }
+
+    /// Binds the model's own LoRAs and `specs` with the pipeline's `load` and `set`, unless
+    /// those are bound already.
+    pub fn bind_loras(
+        &mut self,
+        specs: (&[crate::lora::LoraSpec], bool),
+        load: impl FnOnce(
+            &P,
+            &[crate::lora::LoraSpec],
+            bool,
+        ) -> Result<crate::lora::Adapters, crate::pipeline::Error>,
+        set: impl FnOnce(&mut P, crate::lora::Adapters),
+    ) -> Result<(), Error> {
+        self.loras.bind(&mut self.pipeline, specs, load, set)
+    }
 }
 
 /// A request LoRA as bound: its file's size and time of change tell an edited file from the

@@ -1,6 +1,7 @@
-//! The S3-DiT's 3-axis rotary tables (zimage-spec §3.7).
+//! Rotary tables: the S3-DiT's three axes (zimage-spec §3.7) and FLUX's four
+//! ([`axes_tables`], every FLUX transformer's).
 //!
-//! Axis `a` with `d_a` dims has `d_a/2` frequencies `1/θ^(2j/d_a)` (f64); the angle of position
+//! For the S3-DiT, axis `a` with `d_a` dims has `d_a/2` frequencies `1/θ^(2j/d_a)` (f64); the angle of position
 //! `p` is `f32(p·f)` and cos/sin are taken in f32, as the reference builds `freqs_cis`. A token
 //! with ids `(p0, p1, p2)` rotates its head-dim pairs with the three axes' tables concatenated.
 
@@ -63,4 +64,49 @@ impl RopeTables {
             Array::from_slice(&sin, &shape)?,
         ))
     }
+}
+
+/// FLUX's four-axis tables: `(cos, sin)`, each `[S, 1, Σd/2]` f32, for tokens at `ids`; per
+/// axis `a` of `dims[a]` dims, pair `j` turns by `p_a / θ^(2j/dims[a])`, the angle and its
+/// cos/sin in f64 rounded once to f32, as diffusers' `get_1d_rotary_pos_embed` builds them.
+/// Positions may be halves or negative.
+pub fn axes_tables(ids: &[[f64; 4]], dims: &[i32], theta: f64) -> mlx::Result<(Array, Array)> {
+    let freqs: Vec<Vec<f64>> = dims
+        .iter()
+        .map(|&d| {
+            (0..d / 2)
+                .map(|j| 1.0 / theta.powf((2 * j) as f64 / d as f64))
+                .collect()
+        })
+        .collect();
+    let half: usize = freqs.iter().map(Vec::len).sum();
+    let mut cos = Vec::with_capacity(ids.len() * half);
+    let mut sin = Vec::with_capacity(ids.len() * half);
+    for id in ids {
+        for (axis, f) in freqs.iter().enumerate() {
+            for w in f {
+                let phi = id[axis] * w;
+                cos.push(phi.cos() as f32);
+                sin.push(phi.sin() as f32);
+            }
+        }
+    }
+    let shape = [ids.len() as i32, 1, half as i32];
+    Ok((
+        Array::from_slice(&cos, &shape)?,
+        Array::from_slice(&sin, &shape)?,
+    ))
+}
+
+/// Checks a FLUX transformer config's `axes_dims_rope`: four even sizes that fill the head.
+pub fn check_axes(dims: &[i32], head_dim: i32) -> Result<(), String> {
+    if dims.len() != 4
+        || dims.iter().any(|d| *d < 2 || d % 2 != 0)
+        || dims.iter().sum::<i32>() != head_dim
+    {
+        return Err(format!(
+            "transformer `axes_dims_rope` {dims:?} must be 4 even sizes summing to `attention_head_dim` {head_dim}"
+        ));
+    }
+    Ok(())
 }

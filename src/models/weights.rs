@@ -278,6 +278,16 @@ impl<'a> Weights<'a> {
         }
     }
 
+    /// The tensor `name` with exactly `shape`, cast to `dtype` rather than the compute dtype:
+    /// for the few modules a model keeps in f32 whatever it computes in.
+    pub fn get_as(&self, name: &str, shape: &[i32], dtype: Dtype) -> mlx::Result<Array> {
+        match self.stored(name, shape)? {
+            Some(t) if t.dtype() == dtype => Ok(t),
+            Some(t) => t.astype(dtype),
+            None => Array::zeros(shape, dtype),
+        }
+    }
+
     /// The table `name` (`[rows, width]`) as stored, packed when quantized: for tables read a
     /// few rows at a time, such as token embeddings.
     pub fn table(&self, name: &str, shape: &[i32]) -> mlx::Result<Table> {
@@ -591,6 +601,14 @@ impl RmsNorm {
     pub fn new(w: &Weights, dim: i32, eps: f32) -> mlx::Result<RmsNorm> {
         Ok(RmsNorm {
             weight: w.get("weight", &[dim])?,
+            eps,
+        })
+    }
+
+    /// A norm whose weight stays f32 in every compute dtype (diffusers' `_keep_in_fp32_modules`).
+    pub fn new_f32(w: &Weights, dim: i32, eps: f32) -> mlx::Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: w.get_as("weight", &[dim], Dtype::F32)?,
             eps,
         })
     }

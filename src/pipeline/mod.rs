@@ -8,6 +8,8 @@
 
 pub mod condition;
 pub mod control;
+pub mod core;
+pub mod packing;
 pub mod reference;
 mod sources;
 

@@ -73,7 +73,11 @@ impl ModelFamily for Flux2Klein {
     }
 
     fn takes(&self, feature: Feature) -> bool {
-        matches!(feature, Feature::References | Feature::NegativePrompt)
+        use Feature::*;
+        matches!(
+            feature,
+            References | NegativePrompt | ImageInput | Mask | Hires
+        )
     }
 
     fn own_defaults(&self, source: &dyn ModelSource) -> Option<OwnDefaults> {
@@ -92,7 +96,11 @@ impl ModelFamily for Flux2Klein {
         dtype: Dtype,
         _keep_models: bool,
     ) -> Result<Box<dyn LoadedModel>, crate::jobs::error::Error> {
-        Ok(Box::new(run::Loaded::new(source, dtype)?))
+        Ok(Box::new(run::Loaded::new(
+            source,
+            dtype,
+            pipeline::KleinPipeline::new,
+        )?))
     }
 
     fn check_configs(&self, configs: &[(String, Vec<u8>)]) -> Result<(), String> {

@@ -15,10 +15,11 @@ use crate::models::vae_tiling::Tiling;
 use crate::models::{
     self, Checkpoint, Qwen3Config, Qwen3Encoder, Residency, VaeConfig, VaeDecoder, VaeEncoder,
 };
+use crate::pipeline::core::Core;
 use crate::pipeline::reference::{Reference, MAX_REFERENCES};
 use crate::pipeline::{
-    load_adapters, measure, parse_config, read_config, release_freed_memory, Error, Generated,
-    ModelSource, Progress, Request, NO_TRUNCATION,
+    measure, parse_config, read_config, release_freed_memory, Error, Generated, ModelSource,
+    Progress, Request, NO_TRUNCATION,
 };
 use crate::preview::{LatentFormat, RgbMap, StepPreviews};
 use crate::scheduler::{empirical_mu, Schedule, SchedulerConfig};
@@ -66,21 +67,14 @@ pub struct KleinConfigs {
 
 /// A klein pipeline; the components load per phase.
 pub struct KleinPipeline<S: ModelSource> {
-    source: S,
+    core: Core<S>,
     pub configs: KleinConfigs,
     tokenizer: PromptTokenizer,
     pad_id: u32,
-    dtype: Dtype,
-    /// LoRA pairs added, unfused, to the linear layers they target.
-    adapters: crate::lora::Adapters,
     /// The latents → RGB map each step's preview is drawn with, once fitted.
     rgb_map: Option<RgbMap>,
     /// Whether steps report previews.
     previews: bool,
-    /// How the text encoder's and the transformer's weights are held.
-    residency: Residency,
-    /// Decode in tiles (`None`: whole).
-    tiling: Option<Tiling>,
 }
 
 impl<S: ModelSource> KleinPipeline<S> {
@@ -114,25 +108,21 @@ impl<S: ModelSource> KleinPipeline<S> {
             )
         })?;
         Ok(KleinPipeline {
-            source,
+            core: Core::new(source, dtype),
             configs,
             tokenizer,
             pad_id,
-            dtype,
-            adapters: Default::default(),
             rgb_map: None,
             previews: false,
-            residency: Residency::Compute,
-            tiling: None,
         })
     }
 
     pub fn dtype(&self) -> Dtype {
-        self.dtype
+        self.core.dtype
     }
 
     pub fn source(&self) -> &S {
-        &self.source
+        &self.core.source
     }
 
     /// klein's own LoRAs (a derived model's), then the files `specs` names, bound to its
@@ -143,27 +133,17 @@ impl<S: ModelSource> KleinPipeline<S> {
         lenient: bool,
     ) -> Result<crate::lora::Adapters, Error> {
         let originals = Some(super::layout::original_linear as crate::lora::OriginalNames);
-        load_adapters(&self.source, originals, specs, lenient, self.dtype)
+        self.core.load_adapters(originals, specs, lenient)
     }
 
     /// Applies these LoRA pairs from the next image on.
     pub fn set_adapters(&mut self, adapters: crate::lora::Adapters) {
-        self.adapters = adapters;
+        self.core.adapters = adapters;
     }
 
     /// The LoRAs bound, for the image's metadata.
     pub fn adapters(&self) -> &crate::lora::Adapters {
-        &self.adapters
-    }
-
-    fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        crate::pipeline::held_checkpoint(
-            &self.source,
-            component,
-            self.dtype,
-            self.residency,
-            &self.adapters,
-        )
+        &self.core.adapters
     }
 
     /// A component's model, made from its checkpoint.
@@ -172,7 +152,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         component: &str,
         make: impl FnOnce(Checkpoint) -> Result<M, models::ModelError>,
     ) -> Result<M, Error> {
-        Ok(make(self.checkpoint(component)?)?)
+        self.core.load(component, make)
     }
 
     /// Qwen3 bound up to the deepest layer klein reads.
@@ -202,36 +182,15 @@ impl<S: ModelSource> KleinPipeline<S> {
     /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the
     /// compute dtype (the square root taken there, as the reference does with its buffers).
     pub fn latent_statistics(&self) -> Result<(Array, Array), Error> {
-        let vae = self.source.component("vae").map_err(|e| Error::Source {
-            model: self.source.name(),
-            cause: e,
-        })?;
-        let c = self.configs.transformer.in_channels;
-        let get = |name: &str| -> Result<Array, Error> {
-            let t = vae.tensors.get(name).ok_or_else(|| Error::BadConfig {
-                model: self.source.name(),
-                path: "vae".into(),
-                reason: format!("has no `{name}`: not a FLUX.2 VAE"),
-            })?;
-            if t.shape() != [c] {
-                return Err(Error::BadConfig {
-                    model: self.source.name(),
-                    path: "vae".into(),
-                    reason: format!("`{name}` has shape {:?}; expected [{c}]", t.shape()),
-                });
-            }
-            Ok(t.astype(self.dtype)?)
-        };
         let eps = self.configs.vae.batch_norm_eps.expect("checked when read");
-        let std = (get("bn.running_var")? + eps)?.sqrt()?;
-        Ok((get("bn.running_mean")?, std))
+        (self.core).batch_norm_statistics(self.configs.transformer.in_channels, eps)
     }
 
     /// Token ids of the templated prompt, cut to the text length.
     pub fn token_ids(&self, prompt: &str) -> Result<Vec<u32>, Error> {
         Ok(self.tokenizer.encode_templated(
             prompt,
-            crate::text::chat_template_no_thinking,
+            &|p| Ok(crate::text::chat_template_no_thinking(p)),
             MAX_SEQUENCE_LENGTH,
         )?)
     }
@@ -256,7 +215,7 @@ impl<S: ModelSource> KleinPipeline<S> {
     pub fn set_previews(&mut self, on: bool) -> Result<(), Error> {
         if on && self.rgb_map.is_none() {
             let map = crate::pipeline::preview_map(
-                &self.source,
+                &self.core.source,
                 &self.latent_format(),
                 &self.load_vae()?,
             );
@@ -413,7 +372,7 @@ impl<S: ModelSource> KleinPipeline<S> {
                     .randn((c * h * w) as usize)
                     .map_err(Error::Request)?,
             };
-            let noise = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
+            let noise = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.core.dtype)?;
             let schedule =
                 Schedule::exponential(req.steps, empirical_mu((h * w) as usize, req.steps));
             // An image task starts part-way, from the picture noised to that step's level.
@@ -495,7 +454,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         let rgb = measure(&mut phases, "decode", || {
             let vae = self.load_vae()?;
             let z = self.vae_latents(&latents, (h, w))?;
-            crate::pipeline::decode_to_rgb8(&vae, &z, self.tiling.as_ref())
+            crate::pipeline::decode_to_rgb8(&vae, &z, self.core.tiling.as_ref())
         })?;
         Ok(Generated::decoded(rgb, req, phases, latents, None))
     }
@@ -533,7 +492,7 @@ impl<S: ModelSource> KleinPipeline<S> {
         let x = models::vae_encoder::image_to_array(rgb, width, height)?;
         let moments = encoder.moments(&x)?;
         let z = models::vae_encoder::LatentDistribution::from_moments(&moments)?.mode()?;
-        Ok(((patchify(&z)?.astype(self.dtype)? - mean)? / std)?)
+        Ok(((patchify(&z)?.astype(self.core.dtype)? - mean)? / std)?)
     }
 
     /// What an image task starts from, conditions on and keeps: the picture's packed latents
@@ -579,23 +538,23 @@ fn unpack(latents: &Array, (h, w): (i32, i32), (mean, std): &(Array, Array)) -> 
 impl<S: ModelSource> KleinPipeline<S> {
     /// Holds the weights in `residency` from the next load on.
     pub fn set_residency(&mut self, residency: Residency) {
-        self.residency = residency;
+        self.core.residency = residency;
     }
 
     /// Decodes in tiles from now on (`None`: whole).
     pub fn set_tiling(&mut self, tiling: Option<Tiling>) {
-        self.tiling = tiling;
+        self.core.tiling = tiling;
     }
 
     /// Whether the weights can stream ([`Residency::Streamed`]): mapped from a store, on the
     /// CPU.
     pub fn can_stream(&self) -> bool {
-        self.source.maps_weights() && crate::platform::can_stream_weights()
+        self.core.can_stream()
     }
 
     /// The sizes of the model's tensors, per component.
     pub fn tensor_sizes(&self) -> Result<[Vec<TensorSize>; 3], Error> {
-        crate::pipeline::component_sizes(&self.source)
+        self.core.tensor_sizes()
     }
 
     /// The model's sizes and configuration as the memory plan reads them.
@@ -628,7 +587,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             prompt_tokens: MAX_SEQUENCE_LENGTH as u32,
             prompts: 1 + self.guided(req) as u32,
             reference_tokens: input + refs,
-            compute_bytes: self.dtype.size_bytes() as u64,
+            compute_bytes: self.core.dtype.size_bytes() as u64,
             encodes: (references.iter().map(|r| (r.width, r.height)))
                 .chain(req.input.as_ref().map(|_| (req.width, req.height)))
                 .max_by_key(|&(w, h)| w as u64 * h as u64),
@@ -638,21 +597,7 @@ impl<S: ModelSource> KleinPipeline<S> {
     }
 }
 
-/// VAE latents `[C, 2h, 2w]` → token space `[4C, h, w]`, channel `c·4 + 2·dy + dx` holding
-/// `[c, 2i + dy, 2j + dx]` (klein-spec §3.4).
-pub fn patchify(z: &Array) -> mlx::Result<Array> {
-    let s = z.shape();
-    let (c, h, w) = (s[0], s[1] / 2, s[2] / 2);
-    z.reshape(&[c, h, 2, w, 2])?
-        .transpose(&[0, 2, 4, 1, 3])?
-        .reshape(&[4 * c, h, w])
-}
-
-/// `[C, h, w]` → `[h·w, C]`, token `n = i·w + j`.
-pub fn pack(x: &Array) -> mlx::Result<Array> {
-    let s = x.shape();
-    x.reshape(&[s[0], s[1] * s[2]])?.transpose(&[1, 0])
-}
+pub use crate::pipeline::packing::{euler_step, pack, patchify};
 
 /// `σ·noise + (1 − σ)·x0`: the picture at noise level σ, as the scheduler's `scale_noise`.
 fn noised(x0: &Array, noise: &Array, sigma: f32) -> mlx::Result<Array> {
@@ -672,10 +617,4 @@ pub fn token_mask(mask: Option<&[u8]>, (width, height): (u32, u32), cell: u32) -
         .flat_map(|i| (0..w).map(move |j| (i * cell + c, j * cell + c)))
         .map(|(y, x)| (at(y, x) + at(y, x + 1) + at(y + 1, x) + at(y + 1, x + 1)) / 4.0)
         .collect()
-}
-
-/// `x + dt·v` as the scheduler computes it: `dt·v` in v's dtype, the sum in f32, the result in
-/// v's dtype (klein-spec §6.5; in f32 simply the Euler step).
-pub fn euler_step(x: &Array, v: &Array, dt: f32) -> mlx::Result<Array> {
-    (x.astype(Dtype::F32)? + (v * dt)?.astype(Dtype::F32)?)?.astype(v.dtype())
 }

@@ -4,34 +4,11 @@
 
 use crate::mlx::{self, Array};
 
-/// `(cos, sin)`, each `[S, 1, Σd/2]` f32, for tokens with `ids`: per axis `a` of `dims[a]`
-/// dims, pair `j` turns by `p_a / θ^(2j/dims[a])`.
+/// `(cos, sin)`, each `[S, 1, Σd/2]` f32, for tokens with `ids` (see
+/// [`crate::models::rope::axes_tables`]).
 pub fn tables(ids: &[[i32; 4]], dims: &[i32], theta: f64) -> mlx::Result<(Array, Array)> {
-    let freqs: Vec<Vec<f64>> = dims
-        .iter()
-        .map(|&d| {
-            (0..d / 2)
-                .map(|j| 1.0 / theta.powf((2 * j) as f64 / d as f64))
-                .collect()
-        })
-        .collect();
-    let half: usize = freqs.iter().map(Vec::len).sum();
-    let mut cos = Vec::with_capacity(ids.len() * half);
-    let mut sin = Vec::with_capacity(ids.len() * half);
-    for id in ids {
-        for (axis, f) in freqs.iter().enumerate() {
-            for w in f {
-                let phi = id[axis] as f64 * w;
-                cos.push(phi.cos() as f32);
-                sin.push(phi.sin() as f32);
-            }
-        }
-    }
-    let shape = [ids.len() as i32, 1, half as i32];
-    Ok((
-        Array::from_slice(&cos, &shape)?,
-        Array::from_slice(&sin, &shape)?,
-    ))
+    let ids: Vec<[f64; 4]> = ids.iter().map(|id| id.map(f64::from)).collect();
+    crate::models::rope::axes_tables(&ids, dims, theta)
 }
 
 /// Text ids `(0, 0, 0, s)` for `length` rows, then output-image ids `(0, i, j, 0)` of an

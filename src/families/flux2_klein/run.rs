@@ -3,48 +3,27 @@
 //! as every other image. Options klein lacks were refused by name before any weights loaded.
 
 use super::pipeline::{self as klein, KleinPipeline};
-use crate::generation_defaults::GenerationDefaults;
 use crate::jobs::batch::{self, BatchEnds, Image, Outcome, Reporter};
 use crate::jobs::error::Error;
 use crate::jobs::job::Job;
 use crate::jobs::job::Picture;
-use crate::jobs::loaded::{BoundLoras, LoadedModel};
+use crate::jobs::loaded::{Held, LoadedModel};
 use crate::jobs::masked_area::MaskedArea;
 use crate::jobs::metadata::{self, Provenance};
 use crate::jobs::progress::Cancel;
 use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
-use crate::mlx::Dtype;
 use crate::pipeline::reference::{capped_size, Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 
-/// A loaded klein model: its pipeline, its defaults and its LoRAs (no ControlNet).
-pub struct Loaded {
-    pipeline: KleinPipeline<Source>,
-    dtype: Dtype,
-    defaults: GenerationDefaults,
-    loras: BoundLoras,
-}
+/// A loaded klein model: its pipeline, its defaults and its LoRAs.
+pub type Loaded = Held<KleinPipeline<Source>>;
 
 impl Loaded {
-    /// The model in `source`, its configs and tokenizer read.
-    pub fn new(source: Source, dtype: Dtype) -> Result<Loaded, Error> {
-        let defaults = GenerationDefaults::of(&source)?;
-        let pipeline = KleinPipeline::new(source, dtype)?;
-        Ok(Loaded {
-            pipeline,
-            dtype,
-            defaults,
-            loras: BoundLoras::default(),
-        })
-    }
-
-    /// Binds klein's own LoRAs (a derived model's) and `specs`, unless those are bound already.
-    fn bind_loras(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
-        let pipeline = &mut self.pipeline;
+    fn bind(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
         let (load, set) = (KleinPipeline::load_adapters, KleinPipeline::set_adapters);
-        (self.loras).bind(pipeline, (specs, lenient), load, set)
+        self.bind_loras((specs, lenient), load, set)
     }
 }
 
@@ -191,7 +170,7 @@ fn run(
     load: std::time::Duration,
 ) -> Result<Outcome, Error> {
     let dtype = klein.dtype;
-    klein.bind_loras(&job.loras, job.lora_lenient)?;
+    klein.bind(&job.loras, job.lora_lenient)?;
     let references = references(job, klein)?;
     let (mut first, area) = request(job, klein, &references)?;
     klein.pipeline.validate(&first)?;

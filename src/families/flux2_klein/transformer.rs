@@ -93,16 +93,7 @@ impl Flux2Config {
         check_range(WHAT, "mlp hidden size", self.mlp_dim(), 1..=MAX_WIDTH * 4)?;
         check_finite(WHAT, "rope_theta", self.rope_theta, true)?;
         check_finite(WHAT, "eps", self.eps as f64, true)?;
-        if self.axes_dims_rope.len() != 4
-            || self.axes_dims_rope.iter().any(|d| *d < 2 || d % 2 != 0)
-            || self.axes_dims_rope.iter().sum::<i32>() != self.attention_head_dim
-        {
-            return Err(format!(
-                "transformer `axes_dims_rope` {:?} must be 4 even sizes summing to `attention_head_dim` {}",
-                self.axes_dims_rope, self.attention_head_dim
-            ));
-        }
-        Ok(())
+        crate::models::rope::check_axes(&self.axes_dims_rope, self.attention_head_dim)
     }
 
     pub fn dim(&self) -> i32 {

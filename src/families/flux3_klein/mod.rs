@@ -81,6 +81,16 @@ impl ModelFamily for Flux3Klein {
         matches!(feature, Feature::References | Feature::NegativePrompt)
     }
 
+    // diffusers' FLUX.3 blocks have no image-to-image or inpainting, so neither a picture to
+    // start from nor a mask, nor a hires pass (an image-to-image of the first picture).
+    fn instead(&self, feature: Feature) -> Option<&'static str> {
+        (matches!(
+            feature,
+            Feature::ImageInput | Feature::Mask | Feature::Hires
+        ))
+        .then_some("it edits from reference pictures, --ref")
+    }
+
     fn own_defaults(&self, source: &dyn ModelSource) -> Option<OwnDefaults> {
         let flow_map = flow_map(source)?;
         let (steps, guidance) = pipeline::default_steps_and_guidance(flow_map);
@@ -98,7 +108,11 @@ impl ModelFamily for Flux3Klein {
         dtype: Dtype,
         _keep_models: bool,
     ) -> Result<Box<dyn LoadedModel>, crate::jobs::error::Error> {
-        Ok(Box::new(run::Loaded::new(source, dtype)?))
+        Ok(Box::new(run::Loaded::new(
+            source,
+            dtype,
+            Flux3Pipeline::new,
+        )?))
     }
 
     fn check_configs(&self, configs: &[(String, Vec<u8>)]) -> Result<(), String> {

@@ -10,13 +10,15 @@
 use super::configs::{self, Flux3Configs, PAD_MULTIPLE, TEXT_LAYERS};
 use super::references::Prepared;
 use super::transformer::{Flux3Transformer, Rope};
+use crate::chat_template::ChatTemplate;
 use crate::memory_plan::{ModelSizes, RequestShape, TensorSize};
-use crate::mlx::{self, ops, Array, Dtype};
+use crate::mlx::{ops, Array, Dtype};
 use crate::models::vae_tiling::Tiling;
 use crate::models::{self, Checkpoint, Qwen3Encoder, Residency, VaeDecoder, VaeEncoder};
+use crate::pipeline::core::Core;
 use crate::pipeline::{
-    load_adapters, measure, read_config, release_freed_memory, Error, Generated, ModelSource,
-    Progress, Request, NO_TRUNCATION,
+    measure, read_config, release_freed_memory, Error, Generated, ModelSource, Progress, Request,
+    NO_TRUNCATION,
 };
 use crate::scheduler::Schedule;
 use crate::text::PromptTokenizer;
@@ -46,22 +48,26 @@ pub fn window(real: usize) -> usize {
 
 /// A FLUX.3 \[klein\] pipeline; the components load per phase.
 pub struct Flux3Pipeline<S: ModelSource> {
-    source: S,
+    core: Core<S>,
     pub configs: Flux3Configs,
     tokenizer: PromptTokenizer,
+    /// The processor's chat template; Qwen3-VL-Instruct's when the model ships none.
+    template: Option<ChatTemplate>,
     pad_id: u32,
-    dtype: Dtype,
-    adapters: crate::lora::Adapters,
-    residency: Residency,
-    tiling: Option<Tiling>,
 }
 
 impl<S: ModelSource> Flux3Pipeline<S> {
     /// Reads the configs and the tokenizer and checks that the components fit each other.
     pub fn new(source: S, dtype: Dtype) -> Result<Flux3Pipeline<S>, Error> {
         let configs = Flux3Configs::read(&source)?;
-        let tokenizer = PromptTokenizer::from_files(|name| {
+        let read = |name: &str| {
             read_config(&source, &format!("tokenizer/{name}")).map_err(|e| e.to_string())
+        };
+        let tokenizer = PromptTokenizer::from_files(read)?;
+        let template = ChatTemplate::from_files(read).map_err(|reason| Error::BadConfig {
+            model: source.name(),
+            path: "tokenizer".into(),
+            reason,
         })?;
         let pad_id = tokenizer
             .token_id(PAD_TOKEN)
@@ -71,23 +77,20 @@ impl<S: ModelSource> Flux3Pipeline<S> {
                 reason: format!("has no `{PAD_TOKEN}` token to pad prompts with"),
             })?;
         Ok(Flux3Pipeline {
-            source,
+            core: Core::new(source, dtype),
             configs,
             tokenizer,
+            template,
             pad_id,
-            dtype,
-            adapters: Default::default(),
-            residency: Residency::Compute,
-            tiling: None,
         })
     }
 
     pub fn dtype(&self) -> Dtype {
-        self.dtype
+        self.core.dtype
     }
 
     pub fn source(&self) -> &S {
-        &self.source
+        &self.core.source
     }
 
     /// The files `specs` names, bound to the transformer's layers in the compute dtype.
@@ -96,25 +99,15 @@ impl<S: ModelSource> Flux3Pipeline<S> {
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<crate::lora::Adapters, Error> {
-        load_adapters(&self.source, None, specs, lenient, self.dtype)
+        self.core.load_adapters(None, specs, lenient)
     }
 
     pub fn set_adapters(&mut self, adapters: crate::lora::Adapters) {
-        self.adapters = adapters;
+        self.core.adapters = adapters;
     }
 
     pub fn adapters(&self) -> &crate::lora::Adapters {
-        &self.adapters
-    }
-
-    fn checkpoint(&self, component: &str) -> Result<Checkpoint, Error> {
-        crate::pipeline::held_checkpoint(
-            &self.source,
-            component,
-            self.dtype,
-            self.residency,
-            &self.adapters,
-        )
+        &self.core.adapters
     }
 
     fn load<M>(
@@ -122,7 +115,7 @@ impl<S: ModelSource> Flux3Pipeline<S> {
         component: &str,
         make: impl FnOnce(Checkpoint) -> Result<M, models::ModelError>,
     ) -> Result<M, Error> {
-        Ok(make(self.checkpoint(component)?)?)
+        self.core.load(component, make)
     }
 
     /// Qwen3-VL's language model bound up to the deepest layer read.
@@ -150,40 +143,20 @@ impl<S: ModelSource> Flux3Pipeline<S> {
     /// The VAE's BatchNorm statistics as `(mean, sqrt(var + eps))`, `[C]` each, in the
     /// compute dtype.
     pub fn latent_statistics(&self) -> Result<(Array, Array), Error> {
-        let vae = self.source.component("vae").map_err(|e| Error::Source {
-            model: self.source.name(),
-            cause: e,
-        })?;
-        let c = self.configs.transformer.in_channels;
-        let get = |name: &str| -> Result<Array, Error> {
-            let bad = |reason: String| Error::BadConfig {
-                model: self.source.name(),
-                path: "vae".into(),
-                reason,
-            };
-            let t = (vae.tensors.get(name))
-                .ok_or_else(|| bad(format!("has no `{name}`: not a FLUX.2 VAE")))?;
-            if t.shape() != [c] {
-                return Err(bad(format!(
-                    "`{name}` has shape {:?}; expected [{c}]",
-                    t.shape()
-                )));
-            }
-            Ok(t.astype(self.dtype)?)
-        };
         let eps = self.configs.vae.batch_norm_eps.expect("checked when read");
-        let std = (get("bn.running_var")? + eps)?.sqrt()?;
-        Ok((get("bn.running_mean")?, std))
+        (self.core).batch_norm_statistics(self.configs.transformer.in_channels, eps)
     }
 
-    /// Token ids of the templated prompt (Qwen3-VL-Instruct's: no think block), cut to the
-    /// longest window.
+    /// Token ids of the templated prompt (the model's template, else Qwen3-VL-Instruct's: no
+    /// think block), cut to the longest window.
     pub fn token_ids(&self, prompt: &str) -> Result<Vec<u32>, Error> {
-        Ok(self.tokenizer.encode_templated(
-            prompt,
-            crate::text::chat_template,
-            MAX_SEQUENCE_LENGTH,
-        )?)
+        let render = |p: &str| match &self.template {
+            Some(t) => t.render_user(p).map_err(crate::text::Error::Encode),
+            None => Ok(crate::text::chat_template(p)),
+        };
+        Ok(self
+            .tokenizer
+            .encode_templated(prompt, &render, MAX_SEQUENCE_LENGTH)?)
     }
 
     /// `[h4 | h8 | … | h32]` per row of the prompt's window: `[P, 8·hidden]`.
@@ -336,7 +309,7 @@ impl<S: ModelSource> Flux3Pipeline<S> {
                     .randn((c * h * w) as usize)
                     .map_err(Error::Request)?,
             };
-            let mut x = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.dtype)?;
+            let mut x = pack(&Array::from_slice(&noise, &[c, h, w])?)?.astype(self.core.dtype)?;
             let schedule = self.schedule(req.steps);
             let cfg = &self.configs.transformer;
             let ropes = |text: &Array| Rope::new(cfg, text.dim(0) as usize, (h, w), &grids);
@@ -382,7 +355,7 @@ impl<S: ModelSource> Flux3Pipeline<S> {
         let rgb = measure(&mut phases, "decode", || {
             let vae = self.load_vae()?;
             let z = self.vae_latents(&latents, (h, w))?;
-            crate::pipeline::decode_to_rgb8(&vae, &z, self.tiling.as_ref())
+            crate::pipeline::decode_to_rgb8(&vae, &z, self.core.tiling.as_ref())
         })?;
         let mut generated = Generated::decoded(rgb, req, phases, latents, None);
         if let Some(crop) = references.crop {
@@ -408,7 +381,7 @@ impl<S: ModelSource> Flux3Pipeline<S> {
             let x = models::vae_encoder::image_to_array(&r.rgb, r.width, r.height)?;
             let moments = encoder.moments(&x)?;
             let z = models::vae_encoder::LatentDistribution::from_moments(&moments)?.mode()?;
-            let p = ((patchify(&z)?.astype(self.dtype)? - &mean)? / &std)?;
+            let p = ((patchify(&z)?.astype(self.core.dtype)? - &mean)? / &std)?;
             grids.push((p.dim(1), p.dim(2)));
             tokens.push(pack(&p)?);
         }
@@ -436,19 +409,19 @@ impl<S: ModelSource> Flux3Pipeline<S> {
 /// What the memory plan reads of a FLUX.3 model and sets on it.
 impl<S: ModelSource> Flux3Pipeline<S> {
     pub fn set_residency(&mut self, residency: Residency) {
-        self.residency = residency;
+        self.core.residency = residency;
     }
 
     pub fn set_tiling(&mut self, tiling: Option<Tiling>) {
-        self.tiling = tiling;
+        self.core.tiling = tiling;
     }
 
     pub fn can_stream(&self) -> bool {
-        self.source.maps_weights() && crate::platform::can_stream_weights()
+        self.core.can_stream()
     }
 
     pub fn tensor_sizes(&self) -> Result<[Vec<TensorSize>; 3], Error> {
-        crate::pipeline::component_sizes(&self.source)
+        self.core.tensor_sizes()
     }
 
     pub fn model_sizes<'a>(&'a self, sizes: &'a [Vec<TensorSize>; 3]) -> ModelSizes<'a> {
@@ -480,7 +453,7 @@ impl<S: ModelSource> Flux3Pipeline<S> {
             prompt_tokens: prompt_tokens as u32,
             prompts: 1 + self.guided(req) as u32,
             reference_tokens: refs,
-            compute_bytes: self.dtype.size_bytes() as u64,
+            compute_bytes: self.core.dtype.size_bytes() as u64,
             encodes: (references.pictures.iter().map(|r| (r.width, r.height)))
                 .max_by_key(|&(w, h)| w as u64 * h as u64),
             graph: crate::platform::graph(),
@@ -489,27 +462,8 @@ impl<S: ModelSource> Flux3Pipeline<S> {
     }
 }
 
-/// VAE latents `[C, 2h, 2w]` → token space `[4C, h, w]`, channel `c·4 + 2·dy + dx` holding
-/// `[c, 2i + dy, 2j + dx]`.
-fn patchify(z: &Array) -> mlx::Result<Array> {
-    let s = z.shape();
-    let (c, h, w) = (s[0], s[1] / 2, s[2] / 2);
-    z.reshape(&[c, h, 2, w, 2])?
-        .transpose(&[0, 2, 4, 1, 3])?
-        .reshape(&[4 * c, h, w])
-}
-
-/// `[C, h, w]` → `[h·w, C]`, token `n = i·w + j`.
-pub fn pack(x: &Array) -> mlx::Result<Array> {
-    let s = x.shape();
-    x.reshape(&[s[0], s[1] * s[2]])?.transpose(&[1, 0])
-}
-
-/// `x + dt·v` as the scheduler computes it: `dt·v` in v's dtype, the sum in f32, the result in
-/// v's dtype (the spec §6.5; in f32 simply the Euler step).
-fn euler_step(x: &Array, v: &Array, dt: f32) -> mlx::Result<Array> {
-    (x.astype(Dtype::F32)? + (v * dt)?.astype(Dtype::F32)?)?.astype(v.dtype())
-}
+pub use crate::pipeline::packing::pack;
+use crate::pipeline::packing::{euler_step, patchify};
 
 #[cfg(test)]
 mod tests {

@@ -2,41 +2,11 @@
 //! in f64 rounded once to f32 (the FLUX.3 spec §5.5). Unlike FLUX.2's, positions may be halves
 //! (the image's h and w ids are scaled by 0.5) or negative (references on the l axis).
 
-use crate::mlx::{self, Array};
-
 /// The factor the pipeline scales the image's and the references' h and w ids by: the model
 /// was trained with its image positions at half their index (diffusers' `image_rope_scale`).
 pub const IMAGE_ROPE_SCALE: f64 = 0.5;
 
-/// `(cos, sin)`, each `[S, 1, Σd/2]` f32, for tokens at `ids`: per axis `a` of `dims[a]`
-/// dims, pair `j` turns by `p_a / θ^(2j/dims[a])`.
-pub fn tables(ids: &[[f64; 4]], dims: &[i32], theta: f64) -> mlx::Result<(Array, Array)> {
-    let freqs: Vec<Vec<f64>> = dims
-        .iter()
-        .map(|&d| {
-            (0..d / 2)
-                .map(|j| 1.0 / theta.powf((2 * j) as f64 / d as f64))
-                .collect()
-        })
-        .collect();
-    let half: usize = freqs.iter().map(Vec::len).sum();
-    let mut cos = Vec::with_capacity(ids.len() * half);
-    let mut sin = Vec::with_capacity(ids.len() * half);
-    for id in ids {
-        for (axis, f) in freqs.iter().enumerate() {
-            for w in f {
-                let phi = id[axis] * w;
-                cos.push(phi.cos() as f32);
-                sin.push(phi.sin() as f32);
-            }
-        }
-    }
-    let shape = [ids.len() as i32, 1, half as i32];
-    Ok((
-        Array::from_slice(&cos, &shape)?,
-        Array::from_slice(&sin, &shape)?,
-    ))
-}
+pub use crate::models::rope::axes_tables as tables;
 
 /// Text ids `(0, 0, 0, s)` for a window of `length` rows (padding rows included).
 pub fn text_ids(length: usize) -> Vec<[f64; 4]> {

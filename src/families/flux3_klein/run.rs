@@ -4,44 +4,24 @@
 
 use super::pipeline::{self as flux3, Flux3Pipeline};
 use super::references::Prepared;
-use crate::generation_defaults::GenerationDefaults;
 use crate::jobs::batch::{self, BatchEnds, Image, Outcome, Reporter};
 use crate::jobs::error::Error;
 use crate::jobs::job::Job;
-use crate::jobs::loaded::{BoundLoras, LoadedModel};
+use crate::jobs::loaded::{Held, LoadedModel};
 use crate::jobs::metadata::{self, Provenance};
 use crate::jobs::progress::Cancel;
 use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
-use crate::mlx::Dtype;
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 
 /// A loaded FLUX.3 model: its pipeline, its defaults and its LoRAs.
-pub struct Loaded {
-    pipeline: Flux3Pipeline<Source>,
-    dtype: Dtype,
-    defaults: GenerationDefaults,
-    loras: BoundLoras,
-}
+pub type Loaded = Held<Flux3Pipeline<Source>>;
 
 impl Loaded {
-    /// The model in `source`, its configs and tokenizer read.
-    pub fn new(source: Source, dtype: Dtype) -> Result<Loaded, Error> {
-        let defaults = GenerationDefaults::of(&source)?;
-        let pipeline = Flux3Pipeline::new(source, dtype)?;
-        Ok(Loaded {
-            pipeline,
-            dtype,
-            defaults,
-            loras: BoundLoras::default(),
-        })
-    }
-
-    fn bind_loras(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
-        let pipeline = &mut self.pipeline;
+    fn bind(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
         let (load, set) = (Flux3Pipeline::load_adapters, Flux3Pipeline::set_adapters);
-        (self.loras).bind(pipeline, (specs, lenient), load, set)
+        self.bind_loras((specs, lenient), load, set)
     }
 }
 
@@ -54,22 +34,6 @@ impl LoadedModel for Loaded {
         let load = report.elapsed();
         run(job, self, report, cancel, load)
     }
-}
-
-/// What FLUX.3 refuses of a job, by the option's name: diffusers' FLUX.3 blocks have no
-/// image-to-image or inpainting, so neither a picture to start from nor a mask, nor a hires
-/// pass (an image-to-image of the first picture).
-pub fn refusal(job: &Job) -> Option<String> {
-    let name = super::family().name();
-    let flag = match (&job.input, &job.hires) {
-        (Some(i), _) if i.mask.is_some() => "--mask",
-        (Some(_), _) => "--image",
-        (None, Some(_)) => "--hires",
-        (None, None) => return None,
-    };
-    Some(format!(
-        "{flag} is not available for {name} models (it edits from reference pictures, --ref)"
-    ))
 }
 
 /// The job's request and references: what it says, else the model's recorded defaults, else
@@ -140,10 +104,9 @@ fn run(
     load: std::time::Duration,
 ) -> Result<Outcome, Error> {
     let dtype = flux3.dtype;
-    if let Some(refusal) = refusal(job) {
-        return Err(Error::Request(refusal));
-    }
-    flux3.bind_loras(&job.loras, job.lora_lenient)?;
+    // The runner refuses these first; a caller of this model alone is held to them too.
+    (super::family().refuse(&job.features())).map_err(Error::Request)?;
+    flux3.bind(&job.loras, job.lora_lenient)?;
     let (mut first, references) = request(job, flux3)?;
     flux3.pipeline.validate(&first)?;
     // The file holds what the seed would draw: `[C, h, w]` over the token grid.

@@ -72,16 +72,7 @@ impl Flux3Config {
         check_range(WHAT, "mlp hidden size", self.mlp_dim(), 1..=MAX_WIDTH * 4)?;
         check_finite(WHAT, "rope_theta", self.rope_theta, true)?;
         check_finite(WHAT, "eps", self.eps as f64, true)?;
-        if self.axes_dims_rope.len() != 4
-            || self.axes_dims_rope.iter().any(|d| *d < 2 || d % 2 != 0)
-            || self.axes_dims_rope.iter().sum::<i32>() != self.attention_head_dim
-        {
-            return Err(format!(
-                "transformer `axes_dims_rope` {:?} must be 4 even sizes summing to `attention_head_dim` {}",
-                self.axes_dims_rope, self.attention_head_dim
-            ));
-        }
-        Ok(())
+        crate::models::rope::check_axes(&self.axes_dims_rope, self.attention_head_dim)
     }
 
     pub fn dim(&self) -> i32 {
@@ -120,8 +111,9 @@ impl Block {
             to_q: Linear::new(&a.pp("to_q"), d, d, false)?,
             to_k: Linear::new(&a.pp("to_k"), d, d, false)?,
             to_v: Linear::new(&a.pp("to_v"), d, d, false)?,
-            norm_q: RmsNorm::new(&a.pp("norm_q"), hd, cfg.eps)?,
-            norm_k: RmsNorm::new(&a.pp("norm_k"), hd, cfg.eps)?,
+            // Kept f32 in a bf16 run, as diffusers keeps them (the spec §5.12).
+            norm_q: RmsNorm::new_f32(&a.pp("norm_q"), hd, cfg.eps)?,
+            norm_k: RmsNorm::new_f32(&a.pp("norm_k"), hd, cfg.eps)?,
             to_out: Linear::new(&a.pp("to_out.0"), d, d, false)?,
             ff_in: Linear::new(&w.pp("ff").pp("linear_in"), d, 2 * m, false)?,
             ff_out: Linear::new(&w.pp("ff").pp("linear_out"), m, d, false)?,

@@ -477,7 +477,12 @@ pub(super) fn job_of(
     if let Some(family) = crate::server::family(state, model) {
         refuse_untaken(family, &pictures)?;
         if family.takes(Feature::References) {
-            pictures.references = references(b)?;
+            // A family that edits from references alone reads every picture as one.
+            let all = !family.takes(Feature::ImageInput) && pictures.mask.is_none();
+            if all {
+                pictures.init = None;
+            }
+            pictures.references = references(b, if all { 0 } else { 1 })?;
         }
     }
     Ok((job, pictures))
@@ -503,11 +508,11 @@ fn refuse_untaken(family: Family, pictures: &Pictures) -> Result<(), ApiError> {
     }
 }
 
-/// An img2img's `init_images` after the first, for a model that takes references: the
-/// reference pictures the edit follows, in order (the first is the picture img2img starts
-/// from, as for every model).
-fn references(b: &Body1111) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
-    let extra = b.init_images.iter().flatten().enumerate().skip(1);
+/// An img2img's `init_images` from `from` on, for a model that takes references: the
+/// reference pictures the edit follows, in order. The first is the picture img2img starts
+/// from (`from` 1) unless the model only edits from references (`from` 0).
+fn references(b: &Body1111, from: usize) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
+    let extra = b.init_images.iter().flatten().enumerate().skip(from);
     extra
         .map(|(k, text)| {
             let name = format!("init_images[{k}]");

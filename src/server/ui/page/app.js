@@ -250,12 +250,14 @@ function showFamilyOptions(model) {
   $("control-section").hidden = !takes(model, "controlnet");
   $("cfg-normalization-row").hidden = !takes(model, "cfg_normalization");
   $("cfg-truncation-row").hidden = !takes(model, "cfg_truncation");
+  $("picture-section").hidden = !takes(model, "picture");
+  $("hires-rows").hidden = !takes(model, "hires");
 }
 
 // The picture whose size the output takes when the job names none: the input picture, else
 // (for a model that edits from references) the first reference.
 function givenPicture() {
-  if (page.picture) return page.picture;
+  if (page.picture && takes(currentModel(), "picture")) return page.picture;
   return takes(currentModel(), "references") ? page.references[0] || null : null;
 }
 
@@ -637,11 +639,11 @@ async function buildJob() {
   if (guidance > 1) job.negative_prompt = $("negative").value;
   const model = currentModel();
   addGuidanceOptions(job, model);
-  addHires(job);
+  if (takes(model, "hires")) addHires(job);
   if (!$("random-seed").checked && $("seed").value !== "") job.seed = $("seed").value;
   const loras = chosenLoras();
   if (loras.length) job.loras = loras;
-  if (page.picture) addPicture(job, page.picture);
+  if (page.picture && takes(model, "picture")) addPicture(job, page.picture, takes(model, "mask"));
   if (takes(model, "references") && page.references.length) {
     job.references = page.references.map((r) => r.dataUrl);
   }
@@ -680,10 +682,10 @@ function addHires(job) {
   if ($("hires-steps").value !== "") job.hires_steps = numberOf("hires-steps");
 }
 
-function addPicture(job, picture) {
+function addPicture(job, picture, masks) {
   job.picture = picture.dataUrl;
   job.strength = numberOf("strength");
-  if (!maskIsEmpty(picture.mask)) {
+  if (masks && !maskIsEmpty(picture.mask)) {
     job.mask = maskPng(picture.mask);
     // The area around the mask, made at the full size and pasted back (A1111's "only masked").
     if ($("only-masked").checked) job.only_masked = ONLY_MASKED_PADDING;
