@@ -44,6 +44,8 @@
 #![warn(missing_docs)]
 
 #[doc(hidden)]
+pub mod clip_tokenizer;
+#[doc(hidden)]
 pub mod component;
 pub mod diffusers_dir;
 #[doc(hidden)]
@@ -103,6 +105,8 @@ pub mod server;
 #[doc(hidden)]
 pub mod shown;
 pub mod store;
+#[doc(hidden)]
+pub mod t5_tokenizer;
 mod text;
 #[doc(hidden)]
 pub mod torch_rng;
