@@ -7,6 +7,7 @@
 //! `final_layer_norm`. FLUX's pipeline passes no attention mask, so the causal mask is the only
 //! one and the padding after the text is read as ordinary tokens.
 
+use super::blocks::widen;
 use super::weights::{Checkpoint, LayerNorm, Linear, Table, Weights};
 use super::ModelError;
 use crate::mlx::{self, fast, Array, Dtype};
@@ -150,8 +151,13 @@ impl Attention {
             heads(&self.v_proj)?,
         );
         let scale = 1.0 / (d as f32).sqrt();
+        // In f32 and rounded once, as torch's attention kernel computes a bf16 one.
+        let (q, k, v) = (widen(&q)?, widen(&k)?, widen(&v)?);
         let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::Causal)?;
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, h * d])?;
+        let o = o
+            .transpose(&[0, 2, 1, 3])?
+            .reshape(&[l, h * d])?
+            .astype(x.dtype())?;
         self.out_proj.forward(&o)
     }
 }

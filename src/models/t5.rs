@@ -11,6 +11,7 @@
 //! computed once and added in every block. FLUX's pipeline passes no attention mask: padding
 //! rows are ordinary tokens, attended by and attending to every row.
 
+use super::blocks::widen;
 use super::weights::{Checkpoint, Linear, RmsNorm, Table, Weights};
 use super::ModelError;
 use crate::mlx::{self, fast, ops, Array, Dtype};
@@ -155,8 +156,12 @@ impl Attention {
                 .transpose(&[0, 2, 1, 3])
         };
         let (q, k, v) = (heads(&self.q)?, heads(&self.k)?, heads(&self.v)?);
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, fast::Mask::Array(bias))?;
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, h * d])?;
+        let (q, k, v, bias) = (widen(&q)?, widen(&k)?, widen(&v)?, widen(bias)?);
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, fast::Mask::Array(&bias))?;
+        let o = o
+            .transpose(&[0, 2, 1, 3])?
+            .reshape(&[l, h * d])?
+            .astype(x.dtype())?;
         self.o.forward(&o)
     }
 }
