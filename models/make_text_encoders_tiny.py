@@ -315,15 +315,20 @@ def build_models(clip_vocab, t5_vocab):
     t5.to(torch.bfloat16).save_pretrained(os.path.join(MODEL_DIR, "text_encoder_2"))
 
 
-def pipeline(dtype):
+def pipeline(dtype, **clip_config):
+    """FluxPipeline with only its text components (the others are not needed to encode), CLIP's
+    config keys overridden by `clip_config`."""
     from diffusers import FluxPipeline
     from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
 
+    clip = CLIPTextModel.from_pretrained(os.path.join(MODEL_DIR, "text_encoder"), dtype=dtype,
+                                         **clip_config)
+    t5 = T5EncoderModel.from_pretrained(os.path.join(MODEL_DIR, "text_encoder_2"), dtype=dtype)
     return FluxPipeline(
         scheduler=None, vae=None, transformer=None,
-        text_encoder=CLIPTextModel.from_pretrained(os.path.join(MODEL_DIR, "text_encoder"), dtype=dtype).eval(),
+        text_encoder=clip.eval(),
         tokenizer=CLIPTokenizer.from_pretrained(os.path.join(MODEL_DIR, "tokenizer")),
-        text_encoder_2=T5EncoderModel.from_pretrained(os.path.join(MODEL_DIR, "text_encoder_2"), dtype=dtype).eval(),
+        text_encoder_2=t5.eval(),
         tokenizer_2=T5TokenizerFast.from_pretrained(os.path.join(MODEL_DIR, "tokenizer_2")),
     )
 
@@ -368,12 +373,8 @@ def references():
                 if prefix and k.endswith("_ids"):
                     continue
                 out[f"{prefix}p{i}.{k}"] = v
-    pipe = pipeline(torch.float32)
-    pipe.text_encoder.config.hidden_act = "gelu"
-    for layer in pipe.text_encoder.text_model.encoder.layers if hasattr(pipe.text_encoder, "text_model") \
-            else pipe.text_encoder.encoder.layers:
-        from transformers.activations import ACT2FN
-        layer.mlp.activation_fn = ACT2FN["gelu"]
+    pipe = pipeline(torch.float32, hidden_act="gelu")
+    assert pipe.text_encoder.config.hidden_act == "gelu"
     for k, v in encode(pipe, PROMPTS[0]).items():
         if k.startswith("clip_") and not k.endswith("_ids"):
             out[f"gelu.p0.{k}"] = v
