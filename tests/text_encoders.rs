@@ -317,8 +317,7 @@ fn configs_name_the_file_and_the_key_at_fault() {
     ];
     for (text, key) in cases {
         let err = ClipTextConfig::from_json(text.as_bytes(), file)
-            .err()
-            .expect(key)
+            .expect_err(key)
             .to_string();
         assert!(err.contains(file) && err.contains(key), "{err}");
     }
@@ -340,8 +339,7 @@ fn configs_name_the_file_and_the_key_at_fault() {
     ];
     for (text, key) in cases {
         let err = T5Config::from_json(text.as_bytes(), file)
-            .err()
-            .expect(key)
+            .expect_err(key)
             .to_string();
         assert!(err.contains(file) && err.contains(key), "{err}");
     }
@@ -399,4 +397,15 @@ fn tokenizer_files_missing_are_named() {
         .unwrap()
         .to_string();
     assert!(err.contains("513"), "{err}");
+}
+
+#[test]
+fn ids_the_models_cannot_read_are_refused() {
+    let model = clip(Dtype::F32, None);
+    let err = model.forward(&[0; 41]).err().unwrap().to_string();
+    assert!(err.contains("max_position_embeddings"), "{err}");
+    let err = model.forward(&[0, 625]).err().unwrap().to_string();
+    assert!(err.contains("625") && err.contains("vocab_size"), "{err}");
+    let err = t5(Dtype::F32).encode(&[320]).err().unwrap().to_string();
+    assert!(err.contains("320") && err.contains("vocab_size"), "{err}");
 }
