@@ -146,7 +146,8 @@ impl Attention {
         })
     }
 
-    /// `x`: `[L, d_model]` → `[L, d_model]`, scores offset by `bias` (`[1, H, L, L]`), unscaled.
+    /// `x`: `[L, d_model]` → `[L, d_model]`, scores offset by `bias` (`[1, H, L, L]`, f32),
+    /// unscaled; in f32, rounded once.
     fn forward(&self, x: &Array, bias: &Array) -> mlx::Result<Array> {
         let (l, h, d) = (x.dim(0), self.heads, self.d_kv);
         // [L, H·d] → [1, H, L, d]
@@ -156,8 +157,8 @@ impl Attention {
                 .transpose(&[0, 2, 1, 3])
         };
         let (q, k, v) = (heads(&self.q)?, heads(&self.k)?, heads(&self.v)?);
-        let (q, k, v, bias) = (widen(&q)?, widen(&k)?, widen(&v)?, widen(bias)?);
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, fast::Mask::Array(&bias))?;
+        let (q, k, v) = (widen(&q)?, widen(&k)?, widen(&v)?);
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, fast::Mask::Array(bias))?;
         let o = o
             .transpose(&[0, 2, 1, 3])?
             .reshape(&[l, h * d])?
@@ -296,7 +297,9 @@ impl T5Encoder {
         let tokens: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let tokens = Array::from_slice(&tokens, &[l])?;
         let mut x = self.embed_tokens.rows(&tokens)?.astype(self.dtype)?;
-        let bias = self.position_bias(l)?;
+        // Widened once here for every block's f32 attention (the table's values, as torch's
+        // kernel widens them).
+        let bias = widen(&self.position_bias(l)?)?;
         for block in &self.blocks {
             x = block.forward(&x, &bias)?;
         }
