@@ -45,6 +45,8 @@
 
 pub mod chat_template;
 #[doc(hidden)]
+pub mod clip_tokenizer;
+#[doc(hidden)]
 pub mod component;
 pub mod diffusers_dir;
 #[doc(hidden)]
@@ -104,6 +106,8 @@ pub mod server;
 #[doc(hidden)]
 pub mod shown;
 pub mod store;
+#[doc(hidden)]
+pub mod t5_tokenizer;
 mod text;
 #[doc(hidden)]
 pub mod torch_rng;

@@ -186,7 +186,7 @@ pub fn file_limit(name: &str) -> (u64, &'static str) {
 }
 
 /// `merges.txt`: one `left right` pair a line after an optional `#version` line.
-fn parse_merges(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn parse_merges(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("`merges.txt` is not UTF-8: {e}"))?;
     text.lines()
         .enumerate()

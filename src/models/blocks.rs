@@ -40,6 +40,17 @@ pub(crate) fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> mlx::Result
     ops::concatenate(&outs.iter().collect::<Vec<_>>(), 2)
 }
 
+/// `t` in f32, for attention that runs in f32 whatever the compute dtype and is rounded once at
+/// the end, as torch's CPU attention kernel (transformers' default, `sdpa`) computes a bf16
+/// one: scores, softmax and the product with `v` each rounded to bf16 drift about twice as far
+/// from the f32 result (the text encoders' bf16 tests measure it).
+pub(crate) fn widen(t: &Array) -> mlx::Result<Array> {
+    match t.dtype() {
+        mlx::Dtype::F32 => Ok(t.clone()),
+        _ => t.astype(mlx::Dtype::F32),
+    }
+}
+
 /// Queries per chunk of `attend` where MLX's attention is not fused: `heads` × chunk × `keys`
 /// f32 scores within [`crate::platform::ATTENTION_CHUNK_BYTES`], at least one row.
 pub fn query_chunk(heads: u64, keys: u64) -> u64 {

@@ -2,6 +2,7 @@
 //! folder under `crate::families`.
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
+//! - [`clip_text`] and [`t5`]: CLIP's text model and T5's encoder (FLUX.1's two encoders);
 //! - [`blocks`]: what the transformers share (timestep sinusoids, attention, the RoPE
 //!   rotation, the evaluation point after a block), with [`rope`]'s tables;
 //! - [`vae`]: the AutoencoderKL decoder (latents → pixels);
@@ -12,14 +13,18 @@
 //! `validate()` rejects what the port does not support, up front, with the key at fault.
 
 pub mod blocks;
+pub mod clip_text;
 pub mod qwen3;
 pub mod rope;
+pub mod t5;
 pub mod vae;
 pub mod vae_encoder;
 pub mod vae_tiling;
 pub mod weights;
 
+pub use clip_text::{ClipTextConfig, ClipTextModel};
 pub use qwen3::{Qwen3Config, Qwen3Encoder};
+pub use t5::{T5Config, T5Encoder};
 pub use vae::{VaeConfig, VaeDecoder};
 pub use vae_encoder::{LatentDistribution, VaeEncoder};
 pub use weights::{Checkpoint, LoadError, Residency};
@@ -41,6 +46,22 @@ pub(crate) fn check_range(
         range.start(),
         range.end()
     ))
+}
+
+/// Parses a component's JSON config; an error names `file` and the key at fault.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    file: &str,
+) -> Result<T, ModelError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = e.path().to_string();
+        let at = match at.as_str() {
+            "." | "" => String::new(),
+            key => format!(" at `{key}`"),
+        };
+        ModelError::Config(format!("`{file}`{at}: {}", e.into_inner()))
+    })
 }
 
 /// Checks that a floating-point `key` is finite and, when `positive`, above 0.

@@ -635,3 +635,24 @@ impl RmsNorm {
         (x32 * inv_rms)?.astype(x.dtype())? * &self.weight
     }
 }
+
+/// Layer norm over the last axis with a weight and a bias (`torch.nn.LayerNorm`).
+pub struct LayerNorm {
+    weight: Array,
+    bias: Array,
+    eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(w: &Weights, dim: i32, eps: f32) -> mlx::Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: w.get("weight", &[dim])?,
+            bias: w.get("bias", &[dim])?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> mlx::Result<Array> {
+        fast::layer_norm(x, Some(&self.weight), Some(&self.bias), self.eps)
+    }
+}
