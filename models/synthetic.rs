@@ -1065,7 +1065,7 @@ fn write_parts_from(
             );
         }
     }
-    let config_dirs = (configs.iter()).filter_map(|(rel, _)| Some(Path::new(rel).parent()?));
+    let config_dirs = (configs.iter()).filter_map(|(rel, _)| Path::new(rel).parent());
     let subs: std::collections::BTreeSet<&Path> = (plans.iter())
         .map(|p| Path::new(p.component))
         .chain(config_dirs)
