@@ -1,6 +1,7 @@
-//! Writes a synthetic Z-Image-Turbo, or with `--klein` a FLUX.2 \[klein\] 4B or 9B: a diffusers
-//! directory with the real widths, random weights and the depth you choose (default: the real
-//! one, about 20 GB in bf16; klein 4B 16 GB, 9B 35 GB).
+//! Writes a synthetic Z-Image-Turbo, with `--klein` a FLUX.2 \[klein\] 4B or 9B, or with
+//! `--flux3` a FLUX.3 \[klein\] (step-distilled or base): a diffusers directory with the real
+//! widths, random weights and the depth you choose (default: the real one, about 20 GB in bf16;
+//! klein 4B 16 GB, 9B 35 GB; FLUX.3 19 GB).
 //!
 //! ```sh
 //! cargo run --release --example make_synthetic -- --out /tmp/z-image-synthetic
@@ -9,6 +10,8 @@
 //! cargo run --release --example make_synthetic -- --controlnet /tmp/cn-2.1.safetensors # ControlNet 2.1 only
 //! cargo run --release --example make_synthetic -- --out /tmp/klein-4b --klein 4b
 //! cargo run --release --example make_synthetic -- --out /tmp/k2 --klein 4b --layers 1 --single-layers 1
+//! cargo run --release --example make_synthetic -- --out /tmp/unused --flux3 distilled --dry-run
+//! cargo run --release --example make_synthetic -- --out /tmp/f3 --flux3 base --layers 0 --single-layers 1 --text-layers 32
 //! ```
 
 #[path = "synthetic.rs"]
@@ -16,7 +19,7 @@ mod synthetic;
 
 use clap::Parser;
 use std::path::PathBuf;
-use synthetic::{klein, Spec, WeightDtype};
+use synthetic::{flux3, klein, Spec, WeightDtype};
 
 #[derive(Parser)]
 #[command(about = "Write a Z-Image-Turbo with the real widths and random weights")]
@@ -28,18 +31,24 @@ struct Args {
     /// Write a FLUX.2 [klein] of this size (4b or 9b) instead of a Z-Image-Turbo.
     #[arg(long, value_parser = ["4b", "9b"])]
     klein: Option<String>,
+    /// Write a FLUX.3 [klein] instead of a Z-Image-Turbo: the step-distilled flow map or the
+    /// base model.
+    #[arg(long, value_parser = ["distilled", "base"], conflicts_with = "klein")]
+    flux3: Option<String>,
     /// Transformer main blocks (`n_layers`; real: 30); with `--klein`, double-stream blocks
-    /// (real: 5 for 4B, 8 for 9B).
+    /// (real: 5 for 4B, 8 for 9B); with `--flux3`, the blocks of each of the three modes
+    /// (real: 5).
     #[arg(long)]
     layers: Option<u32>,
-    /// With `--klein`: single-stream blocks (real: 20 for 4B, 24 for 9B).
+    /// With `--klein`: single-stream blocks (real: 20 for 4B, 24 for 9B); with `--flux3`, joint
+    /// blocks (real: 28).
     #[arg(long)]
     single_layers: Option<u32>,
     /// Transformer noise and context refiners, each (`n_refiner_layers`; real: 2).
     #[arg(long, default_value_t = 2)]
     refiner_layers: u32,
     /// Text encoder layers (`num_hidden_layers`; real: 36; klein reads layer 27's output, so it
-    /// needs at least 27).
+    /// needs at least 27; FLUX.3 reads layer 32's, so it needs at least 32).
     #[arg(long, default_value_t = 36)]
     text_layers: u32,
     /// Storage dtype: bf16 or f32.
@@ -64,6 +73,9 @@ fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     if let Some(size) = &a.klein {
         return write_klein(&a, size);
+    }
+    if let Some(variant) = &a.flux3 {
+        return write_flux3(&a, variant);
     }
     let spec = Spec {
         layers: a.layers.unwrap_or(30),
@@ -119,6 +131,33 @@ fn write_klein(a: &Args, size: &str) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("--klein needs --out DIR"))?;
     let opts = synthetic::Options { sync: !a.no_sync };
     report(out, klein::write_with(out, &spec, &opts)?);
+    Ok(())
+}
+
+/// Writes the FLUX.3 model `--flux3` names, at the depth the flags give.
+fn write_flux3(a: &Args, variant: &str) -> anyhow::Result<()> {
+    let real = flux3::FLUX3_KLEIN;
+    let spec = flux3::Flux3Spec {
+        size: flux3::Size {
+            mode_layers: a.layers.unwrap_or(real.mode_layers),
+            single_layers: a.single_layers.unwrap_or(real.single_layers),
+            text_layers: a.text_layers,
+            ..real
+        },
+        flow_map: variant == "distilled",
+        dtype: a.dtype,
+        seed: a.seed,
+    };
+    if a.dry_run {
+        println!("{}", flux3::plan(&spec));
+        return Ok(());
+    }
+    let out = a
+        .out
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("--flux3 needs --out DIR"))?;
+    let opts = synthetic::Options { sync: !a.no_sync };
+    report(out, flux3::write_with(out, &spec, &opts)?);
     Ok(())
 }
 

@@ -36,6 +36,9 @@ use zimage::safetensors::{self, TensorSpec};
 #[path = "synthetic_klein.rs"]
 pub mod klein;
 
+#[path = "synthetic_flux3.rs"]
+pub mod flux3;
+
 // --- Real configuration (zimage-spec §1.3–1.6) -------------------------------------------------
 
 /// Transformer hidden size, heads and head width.
@@ -1026,13 +1029,26 @@ pub fn write_with(dir: &Path, spec: &Spec, opts: &Options) -> Result<(Summary, T
     write_parts(dir, spec, plan_components(spec), config_files(spec), opts)
 }
 
-/// Writes the components `plans` and the JSON files `configs` into `dir` (the tokenizer
-/// copied), the values in `spec`'s dtype from its seed.
+/// Writes the components `plans` and the JSON files `configs` into `dir` (the demo model's
+/// tokenizer copied), the values in `spec`'s dtype from its seed.
 fn write_parts(
     dir: &Path,
     spec: &Spec,
     plans: Vec<ComponentPlan>,
     configs: Vec<(String, String)>,
+    opts: &Options,
+) -> Result<(Summary, Timing)> {
+    write_parts_from(dir, spec, plans, configs, &tokenizer_source(), opts)
+}
+
+/// [`write_parts`] with the files of the folder `tokenizer` as the tokenizer. The folders made
+/// are those the components and configs name, and the tokenizer's.
+fn write_parts_from(
+    dir: &Path,
+    spec: &Spec,
+    plans: Vec<ComponentPlan>,
+    configs: Vec<(String, String)>,
+    tokenizer: &Path,
     opts: &Options,
 ) -> Result<(Summary, Timing)> {
     let started = std::time::Instant::now();
@@ -1049,13 +1065,14 @@ fn write_parts(
             );
         }
     }
-    for sub in [
-        "scheduler",
-        "text_encoder",
-        "tokenizer",
-        "transformer",
-        "vae",
-    ] {
+    let config_dirs = (configs.iter()).filter_map(|(rel, _)| Path::new(rel).parent());
+    let subs: std::collections::BTreeSet<&Path> = (plans.iter())
+        .map(|p| Path::new(p.component))
+        .chain(config_dirs)
+        .chain([Path::new("tokenizer")])
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    for sub in subs {
         let p = dir.join(sub);
         std::fs::create_dir_all(&p).with_context(|| format!("cannot create `{}`", p.display()))?;
     }
@@ -1160,8 +1177,7 @@ fn write_parts(
             )?;
         }
     }
-    let tokenizer = tokenizer_source();
-    let mut tok_files: Vec<PathBuf> = std::fs::read_dir(&tokenizer)
+    let mut tok_files: Vec<PathBuf> = std::fs::read_dir(tokenizer)
         .with_context(|| format!("cannot read `{}`", tokenizer.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file())

@@ -48,8 +48,8 @@ pub const KLEIN_9B: Size = Size {
     text_layers: 36,
 };
 
-/// Token features: 32 latent channels in 2×2 patches.
-const LATENT: u64 = 32;
+/// The VAE's latent channels; tokens are 2×2 patches of them.
+pub const LATENT: u64 = 32;
 const IN_CHANNELS: u64 = 4 * LATENT;
 const SINUSOID: u64 = 256;
 const HEAD_DIM: u64 = 128;
@@ -202,7 +202,19 @@ pub fn config_files(k: &KleinSpec) -> Vec<(String, String)> {
         "rope_theta": 2000,
         "timestep_guidance_channels": SINUSOID,
     });
-    let vae = json!({
+    let text = qwen3_config(&s.text, s.text_layers, k.dtype);
+    vec![
+        ("scheduler/scheduler_config.json".into(), pretty(scheduler)),
+        ("text_encoder/config.json".into(), pretty(text)),
+        ("transformer/config.json".into(), pretty(transformer)),
+        ("vae/config.json".into(), pretty(vae_config(version))),
+        ("model_index.json".into(), pretty(model_index)),
+    ]
+}
+
+/// `vae/config.json` of FLUX.2's VAE (klein-spec §1.5), as diffusers `version` saves it.
+pub fn vae_config(version: &str) -> serde_json::Value {
+    serde_json::json!({
         "_class_name": "AutoencoderKLFlux2",
         "_diffusers_version": version,
         "act_fn": "silu",
@@ -222,15 +234,7 @@ pub fn config_files(k: &KleinSpec) -> Vec<(String, String)> {
         "up_block_types": vec!["UpDecoderBlock2D"; 4],
         "use_post_quant_conv": true,
         "use_quant_conv": true,
-    });
-    let text = qwen3_config(&s.text, s.text_layers, k.dtype);
-    vec![
-        ("scheduler/scheduler_config.json".into(), pretty(scheduler)),
-        ("text_encoder/config.json".into(), pretty(text)),
-        ("transformer/config.json".into(), pretty(transformer)),
-        ("vae/config.json".into(), pretty(vae)),
-        ("model_index.json".into(), pretty(model_index)),
-    ]
+    })
 }
 
 /// The summary of what [`write_with`] would write, without writing anything.

@@ -340,14 +340,17 @@ fn uses_conv_matrices(req: &RequestShape) -> bool {
 }
 
 /// Whether the text encoder path binds `name` (the first `layers` layers; no final norm, no
-/// head).
+/// head, no vision tower), under a causal-LM save's `model.` or a vision-language save's
+/// `model.language_model.`, as the encoder reads them.
 fn text_encoder_uses(name: &str, layers: i32) -> bool {
-    let n = name.strip_prefix("model.").unwrap_or(name);
+    let n = (name.strip_prefix("model.language_model."))
+        .or_else(|| name.strip_prefix("model."))
+        .unwrap_or(name);
     let later = n
         .strip_prefix("layers.")
         .and_then(|rest| rest.split('.').next()?.parse::<i32>().ok())
         .is_some_and(|i| i >= layers);
-    !(later || n.starts_with("norm.") || n.starts_with("lm_head."))
+    !(later || n.starts_with("norm.") || n.starts_with("lm_head.") || n.starts_with("visual."))
 }
 
 fn vae_uses(name: &str) -> bool {

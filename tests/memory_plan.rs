@@ -565,3 +565,155 @@ fn klein_9b_holds_more_than_4b_but_the_same_decode() {
     assert!(b.text > a.text && b.denoise > a.denoise);
     assert_eq!(a.decode, b.decode);
 }
+
+/// A real-size FLUX.3 \[klein\] (bf16, as the synthetic model writes it): its tensors and
+/// configs, sizes only.
+struct Flux3Model {
+    text_encoder: Vec<TensorSize>,
+    transformer: Vec<TensorSize>,
+    vae: Vec<TensorSize>,
+    text_config: Qwen3Config,
+    transformer_config: zimage::families::flux3_klein::Flux3Config,
+    vae_config: zimage::models::VaeConfig,
+}
+
+impl Flux3Model {
+    fn new(flow_map: bool) -> Flux3Model {
+        use synthetic::flux3;
+        let bf16 = |defs: Vec<synthetic::TensorDef>| -> Vec<TensorSize> {
+            defs.into_iter()
+                .map(|t| tensor(t.name, &t.shape, 2))
+                .collect()
+        };
+        let spec = flux3::Flux3Spec {
+            size: flux3::FLUX3_KLEIN,
+            flow_map,
+            dtype: synthetic::WeightDtype::Bf16,
+            seed: 0,
+        };
+        let configs = flux3::config_files(&spec);
+        let config = |path: &str| {
+            let (_, text) = configs.iter().find(|(p, _)| p == path).unwrap();
+            text.clone()
+        };
+        let text: zimage::families::flux3_klein::configs::VisionLanguageConfig =
+            serde_json::from_str(&config("text_encoder/config.json")).unwrap();
+        Flux3Model {
+            text_encoder: bf16(flux3::text_encoder_tensors(&spec.size)),
+            transformer: bf16(flux3::transformer_tensors(&spec.size, flow_map)),
+            vae: bf16(synthetic::klein::vae_tensors()),
+            text_config: text.text_config,
+            transformer_config: serde_json::from_str(&config("transformer/config.json")).unwrap(),
+            vae_config: serde_json::from_str(&config("vae/config.json")).unwrap(),
+        }
+    }
+
+    fn sizes(&self) -> ModelSizes<'_> {
+        ModelSizes {
+            text_encoder: &self.text_encoder,
+            transformer: &self.transformer,
+            vae: &self.vae,
+            text_config: &self.text_config,
+            denoiser: zimage::families::flux3_klein::denoiser(&self.transformer_config, 16),
+            vae_config: &self.vae_config,
+            controlnet: &[],
+        }
+    }
+}
+
+/// FLUX.3's request at 1024² on a GPU, bf16: a text window of `tokens` rows (a multiple of 80,
+/// at most 8192) for each of `prompts` prompts, and `references` 1024² pictures.
+fn flux3_request(tokens: u32, prompts: u32, references: u32) -> RequestShape {
+    RequestShape {
+        prompt_tokens: tokens,
+        prompts,
+        reference_tokens: references * 4096,
+        encodes: (references > 0).then_some((1024, 1024)),
+        compute_bytes: 2,
+        graph: zimage::platform::Graph::Gpu,
+        device: zimage::mlx::Device::Gpu,
+        ..request(1024)
+    }
+}
+
+/// The smallest budget of `req` and the plan made under it, printed phase by phase.
+fn flux3_figures(
+    m: &ModelSizes,
+    what: &str,
+    req: &RequestShape,
+) -> (u64, zimage::memory_plan::MemoryPlan) {
+    let needs = m.smallest_budget(req, BASE, false);
+    let plan = m.plan(req, needs, "", BASE, false).unwrap();
+    let e = plan.estimate;
+    eprintln!(
+        "FLUX.3 [klein] {what}: text {} (weights {}) encode {} denoise {} (weights {}) \
+         decode {} base {} process {} (smallest budget {}, {:?}, tiles {:?})",
+        e.text,
+        m.text_weights(plan.residency, req.compute_bytes),
+        e.encode,
+        e.denoise,
+        m.denoise_weights(plan.residency, req.compute_bytes),
+        e.decode,
+        e.base,
+        e.peak(),
+        needs,
+        plan.residency,
+        plan.tiling.as_ref().map(|t| t.tile_latent)
+    );
+    (needs, plan)
+}
+
+/// FLUX.3 \[klein\] in int4 at 1024² on a GPU, for a short prompt (one 80-row window), fits
+/// 5 GB, distilled and base: its text encoder runs Qwen3-VL-4B's first 32 layers and keeps
+/// eight hidden states per row; the denoiser's joint blocks attend over the text window, the
+/// image's 4096 tokens and the references'. The preflight refuses less, naming the figure. A
+/// long prompt (8192 rows) and two 1024² references are printed for the record.
+#[test]
+fn flux3_klein_in_int4_at_1024_fits_5_gb_on_a_gpu() {
+    for flow_map in [true, false] {
+        let real = Flux3Model::new(flow_map);
+        let m = real.sizes();
+        let kind = if flow_map { "distilled" } else { "base" };
+        // Only the embedding table and the 32 layers FLUX.3 reads are held for the text phase
+        // (the spec's 3,618,742,272 parameters), not layers 32–35 or the final norm.
+        assert_eq!(m.text_weights(Residency::Stored, 2), 2 * 3_618_742_272);
+        let (qt, qr) = m.quantized_variant(4);
+        let int4 = ModelSizes {
+            text_encoder: &qt,
+            transformer: &qr,
+            ..m
+        };
+        // The base model's guidance encodes a negative prompt and keeps both prompts' features.
+        let prompts = if flow_map { 1 } else { 2 };
+        let req = flux3_request(80, prompts, 0);
+        let (needs, plan) =
+            flux3_figures(&int4, &format!("{kind} int4 1024² GPU, 80 tokens"), &req);
+        assert!(
+            plan.estimate.peak() <= needs && needs <= 5 * GB,
+            "{kind}: {needs}"
+        );
+        let err = int4
+            .plan(&req, needs - 20_000_000, "", BASE, false)
+            .unwrap_err();
+        let named = zimage::memory_plan::gb(needs);
+        assert!(
+            err.to_string().contains(&format!("needs at least {named}")),
+            "{err}"
+        );
+        // A long prompt's window widens the text phase and the joint blocks' sequence.
+        let long = flux3_request(8192, prompts, 0);
+        let (long_needs, long_plan) =
+            flux3_figures(&int4, &format!("{kind} int4 1024² GPU, 8192 tokens"), &long);
+        assert!(long_needs > needs);
+        assert!(long_plan.estimate.text > plan.estimate.text);
+        assert!(long_plan.estimate.denoise > plan.estimate.denoise);
+        // Two 1024² references join the joint blocks' sequence and are encoded first.
+        let edit = flux3_request(80, prompts, 2);
+        let (_, edited) = flux3_figures(
+            &int4,
+            &format!("{kind} int4 1024² GPU, 80 tokens, two 1024² references"),
+            &edit,
+        );
+        assert!(edited.estimate.denoise > plan.estimate.denoise && edited.estimate.encode > 0);
+    }
+}

@@ -493,3 +493,253 @@ fn shallow_model_has_the_spec_tensors_and_generates_through_the_store() {
     assert!(hi - lo > 16, "pixel range {lo}..{hi}");
     eprintln!("total {:.1} s", total.elapsed().as_secs_f64());
 }
+
+/// FLUX.3 [klein]'s transformer tensors as flux3-klein-spec §10.1 lists them (D 3072, M 9216,
+/// text features 20480, 128-channel tokens; no biases), for `modes` blocks per mode and
+/// `joint` joint blocks.
+fn spec_flux3_transformer(modes: u32, joint: u32, flow_map: bool) -> Shapes {
+    let (d, m) = (3072, 9216);
+    let mut s = Shapes::new();
+    for (n, shape) in [
+        ("x_embedders.image.weight", vec![d, 128]),
+        ("x_embedders.image_cond.weight", vec![d, 128]),
+        ("context_embedder.weight", vec![d, 20480]),
+        ("timestep_embedder.linear_1.weight", vec![d, 256]),
+        ("timestep_embedder.linear_2.weight", vec![d, d]),
+        ("norm_out.linear.weight", vec![2 * d, d]),
+        ("proj_out.weight", vec![128, d]),
+    ] {
+        s.insert(n.into(), shape);
+    }
+    if flow_map {
+        s.insert(
+            "target_timestep_embedder.linear_1.weight".into(),
+            vec![d, 256],
+        );
+        s.insert(
+            "target_timestep_embedder.linear_2.weight".into(),
+            vec![d, d],
+        );
+    }
+    for stage in ["early_stream_modulations", "single_stream_modulations"] {
+        for mode in ["image", "image_cond", "txt"] {
+            s.insert(format!("{stage}.{mode}.linear.weight"), vec![3 * d, d]);
+        }
+    }
+    let blocks = (0..modes)
+        .flat_map(|b| {
+            [
+                format!("mode_blocks.image.{b}"),
+                format!("mode_blocks.image_cond.{b}"),
+                format!("txt_mode_blocks.{b}"),
+            ]
+        })
+        .chain((0..joint).map(|b| format!("single_transformer_blocks.{b}")));
+    for p in blocks {
+        for (n, shape) in [
+            ("attn.to_q.weight", vec![d, d]),
+            ("attn.to_k.weight", vec![d, d]),
+            ("attn.to_v.weight", vec![d, d]),
+            ("attn.to_out.0.weight", vec![d, d]),
+            ("attn.norm_q.weight", vec![128]),
+            ("attn.norm_k.weight", vec![128]),
+            ("ff.linear_in.weight", vec![2 * m, d]),
+            ("ff.linear_out.weight", vec![d, m]),
+        ] {
+            s.insert(format!("{p}.{n}"), shape);
+        }
+    }
+    s
+}
+
+/// Qwen3-VL-4B's language model as a `Qwen3VLForConditionalGeneration` save names it
+/// (flux3-klein-spec §1.4): the Qwen3-4B tensors under `model.language_model.`.
+fn spec_flux3_text_encoder(layers: u32) -> Shapes {
+    (spec_text_encoder(layers).into_iter())
+        .map(|(n, shape)| {
+            let rest = n.strip_prefix("model.").unwrap();
+            (format!("model.language_model.{rest}"), shape)
+        })
+        .collect()
+}
+
+/// `(path, bytes)` of a FLUX.3 spec's config files, as the import's last check reads them.
+fn flux3_configs(spec: &synthetic::flux3::Flux3Spec) -> Vec<(String, Vec<u8>)> {
+    (synthetic::flux3::config_files(spec).into_iter())
+        .map(|(p, text)| (p, text.into_bytes()))
+        .collect()
+}
+
+/// The synthetic FLUX.3 [klein] at the real depth has flux3-klein-spec §1.3–1.5's counts: the
+/// transformer 359 tensors and 5,548,681,984 parameters as a flow map, 357 and 5,538,458,368
+/// as the base model, every name and shape of §10.1; Qwen3-VL-4B's language model 398 tensors
+/// and 4,022,468,096 parameters, of which the embedding and layers 0–31 (what FLUX.3 runs)
+/// are 3,618,742,272; FLUX.2's VAE 84,046,371. Its configs pass FLUX.3's import check and its
+/// modular index names the family.
+#[test]
+fn real_flux3_sizes_match_the_spec() {
+    use synthetic::flux3;
+    for (flow_map, tensors, params) in [(true, 359, 5_548_681_984u64), (false, 357, 5_538_458_368)]
+    {
+        let spec = flux3::Flux3Spec {
+            size: flux3::FLUX3_KLEIN,
+            flow_map,
+            dtype: WeightDtype::Bf16,
+            seed: 0,
+        };
+        let plan = flux3::plan(&spec);
+        let tr = plan.component("transformer").unwrap();
+        assert_eq!(
+            (tr.tensors, tr.params),
+            (tensors, params),
+            "flow map {flow_map}"
+        );
+        let te = plan.component("text_encoder").unwrap();
+        assert_eq!((te.tensors, te.params), (398, 4_022_468_096));
+        assert_eq!(plan.component("vae").unwrap().params, 84_046_371);
+        let read: u64 = (flux3::text_encoder_tensors(&spec.size).iter())
+            .filter(|t| {
+                let n = t.name.strip_prefix("model.language_model.").unwrap();
+                let layer = n
+                    .strip_prefix("layers.")
+                    .map(|r| r.split('.').next().unwrap().parse::<u32>().unwrap());
+                n.starts_with("embed_tokens.") || layer.is_some_and(|l| l < 32)
+            })
+            .map(|t| t.numel())
+            .sum();
+        assert_eq!(read, 3_618_742_272);
+        for p in flux3::plan_components(&spec) {
+            let got: Shapes = (p.tensors.iter())
+                .map(|t| (t.name.clone(), t.shape.clone()))
+                .collect();
+            assert_eq!(
+                got.len(),
+                p.tensors.len(),
+                "{}: duplicate names",
+                p.component
+            );
+            let want = match p.component {
+                "text_encoder" => spec_flux3_text_encoder(36),
+                "transformer" => spec_flux3_transformer(5, 28, flow_map),
+                _ => continue,
+            };
+            let diff = differences(p.component, &got, &want);
+            assert!(diff.is_empty(), "{}", diff.join("\n"));
+        }
+
+        // The configs: what the import checks of the three together, and each as read.
+        let configs = flux3_configs(&spec);
+        zimage::families::flux3_klein::configs::check_files(&configs).unwrap();
+        let config = |path: &str| -> serde_json::Value {
+            let (_, bytes) = configs.iter().find(|(p, _)| p == path).unwrap();
+            serde_json::from_slice(bytes).unwrap()
+        };
+        let t: zimage::families::flux3_klein::Flux3Config =
+            serde_json::from_value(config("transformer/config.json")).unwrap();
+        t.validate().unwrap();
+        assert_eq!((t.dim(), t.mlp_dim(), t.flow_map), (3072, 9216, flow_map));
+        assert_eq!((t.num_layers, t.num_single_layers), (5, 28));
+        let te = config("text_encoder/config.json");
+        assert_eq!(te["architectures"][0], "Qwen3VLForConditionalGeneration");
+        assert_eq!(te["text_config"]["num_hidden_layers"], 36);
+        let index = zimage::diffusers_dir::classic_index(
+            &serde_json::to_vec(&config("modular_model_index.json")).unwrap(),
+        )
+        .unwrap();
+        let family = zimage::families::Family::from_model_index(&index).unwrap();
+        assert_eq!(family.name(), "FLUX.3 [klein]");
+        let class = config("modular_model_index.json")["_class_name"].clone();
+        let want = match flow_map {
+            true => "Flux3DistilledModularPipeline",
+            false => "Flux3ModularPipeline",
+        };
+        assert_eq!(class, want);
+    }
+}
+
+/// A shallow FLUX.3 at the real widths, written: one joint block, no mode blocks, two text
+/// layers (the fewest a Qwen3 config may state; 2.1 GB, deleted at the end). The directory opens in the modular layout with the
+/// spec's names and shapes, FLUX.3's transformer binds every tensor at the real widths, and the
+/// import's config check asks only for the text encoder's depth (FLUX.3 reads the hidden state
+/// after layer 32, so an importable text encoder alone is 7.2 GB).
+#[test]
+fn shallow_flux3_opens_in_the_modular_layout_and_binds_at_the_real_widths() {
+    use synthetic::flux3;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    let spec = flux3::Flux3Spec {
+        size: flux3::Size {
+            mode_layers: 0,
+            single_layers: 1,
+            text_layers: 2,
+            ..flux3::FLUX3_KLEIN
+        },
+        flow_map: true,
+        dtype: WeightDtype::Bf16,
+        seed: 3,
+    };
+    let t = Instant::now();
+    let (summary, _) =
+        flux3::write_with(&model, &spec, &synthetic::Options { sync: false }).unwrap();
+    eprintln!(
+        "wrote {:.2} GB in {:.1} s\n{summary}",
+        summary.file_bytes() as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(summary, flux3::plan(&spec));
+
+    // The layout: a modular index read as the classic one, no scheduler (the blocks' default),
+    // the tiny FLUX.3's tokenizer with Qwen3-VL's processor files.
+    assert!(model.join("modular_model_index.json").is_file());
+    assert!(!model.join("model_index.json").exists() && !model.join("scheduler").exists());
+    for f in ["vocab.json", "merges.txt", "chat_template.json"] {
+        assert_eq!(
+            std::fs::read(model.join("tokenizer").join(f)).unwrap(),
+            std::fs::read(flux3::tokenizer_source().join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let dir = DiffusersDir::open(&model).unwrap();
+    let family = zimage::families::Family::from_model_index(dir.index.as_ref().unwrap()).unwrap();
+    assert_eq!(family.name(), "FLUX.3 [klein]");
+    let mut diff = Vec::new();
+    for (component, want) in [
+        ("text_encoder", spec_flux3_text_encoder(2)),
+        ("transformer", spec_flux3_transformer(0, 1, true)),
+    ] {
+        let got: Shapes = (dir.tensors[component].iter())
+            .map(|t| (t.name.clone(), t.info.shape.clone()))
+            .collect();
+        diff.extend(differences(component, &got, &want));
+    }
+    assert!(diff.is_empty(), "{}", diff.join("\n"));
+    assert_eq!(
+        dir.tensors["vae"].len(),
+        summary.component("vae").unwrap().tensors
+    );
+
+    // The transformer binds at the real widths, as `generate` builds it.
+    let config = std::fs::read(model.join("transformer/config.json")).unwrap();
+    let cfg: zimage::families::flux3_klein::Flux3Config = serde_json::from_slice(&config).unwrap();
+    use zimage::pipeline::ModelSource;
+    let weights = dir.component("transformer").unwrap();
+    let ckpt =
+        zimage::models::Checkpoint::new("transformer", weights.tensors, zimage::mlx::Dtype::BF16);
+    zimage::families::flux3_klein::Flux3Transformer::new(&cfg, ckpt).unwrap();
+
+    // The import's config check: everything but the text encoder's depth.
+    let err =
+        zimage::families::flux3_klein::configs::check_files(&flux3_configs(&spec)).unwrap_err();
+    assert!(
+        err.contains("`text_config.num_hidden_layers` is 2"),
+        "{err}"
+    );
+    let deep = flux3::Flux3Spec {
+        size: flux3::Size {
+            text_layers: 32,
+            ..spec.size
+        },
+        ..spec.clone()
+    };
+    zimage::families::flux3_klein::configs::check_files(&flux3_configs(&deep)).unwrap();
+}
