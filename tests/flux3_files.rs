@@ -541,3 +541,43 @@ fn a_k_quant_gguf_transformer_imports_exactly() {
     println!("Q4_K FLUX.3 against the same values in f32: {psnr:.1} dB");
     assert!(psnr >= 40.0, "{psnr:.1} dB");
 }
+
+/// ComfyUI's three files as `export --format comfy` writes them (the transformer in BFL's
+/// names, the Qwen3-VL text encoder in transformers' names, the VAE, each carrying its config)
+/// make the same model with no directory beside them.
+#[test]
+fn the_three_comfy_files_alone_make_the_same_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    ok(&zimage_in(
+        &store,
+        &["create", "flux3", "--from", s(&tiny())],
+    ));
+    let out = tmp.path().join("out");
+    ok(&zimage_in(
+        &store,
+        &["export", "--format", "comfy", "flux3", s(&out)],
+    ));
+    let file = |dir: &str| out.join(format!("{dir}/flux3.safetensors"));
+    let said = ok(&zimage_in(
+        &store,
+        &[
+            "create",
+            "composed",
+            "--transformer",
+            s(&file("diffusion_models")),
+            "--text-encoder",
+            s(&file("text_encoders")),
+            "--vae",
+            s(&file("vae")),
+        ],
+    ));
+    assert!(said.contains(" 0 blobs written"), "{said}");
+    let shown = ok(&zimage_in(&store, &["show", "composed"]));
+    assert!(shown.contains("FLUX.3 [klein]"), "{shown}");
+    assert!(shown.contains("16 steps"), "{shown}");
+    assert_eq!(
+        pixels(&store, "composed", tmp.path()),
+        pixels(&store, "flux3", tmp.path())
+    );
+}

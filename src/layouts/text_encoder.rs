@@ -2,13 +2,24 @@
 //! ComfyUI's `qwen_3_4b.safetensors`), or the same names without the prefix.
 //!
 //! The pipeline reads the hidden states, so a language-model head (`lm_head.weight`) is left out.
+//!
+//! A Qwen3-VL checkpoint in transformers' names (`model.language_model.*`, `model.visual.*`) is
+//! kept as it is; its config nests the language model's under `text_config`, read off the
+//! shapes where they tell it and Qwen3-VL-8B's values elsewhere.
 
 use crate::mapping::{sample, ByName, Inferred, Joined, Layout, LayoutError, Mapped};
 use crate::store::SourceTensor;
 
-const EXPECTED: &str = "Qwen3 names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, …), with or without the `model.` prefix";
+const EXPECTED: &str = "Qwen3 names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, …), with or without the `model.` prefix, or Qwen3-VL's (`model.language_model.embed_tokens.weight`, …)";
+
+/// The token table of a Qwen3-VL checkpoint in transformers' names, whose language model sits
+/// under `model.language_model.` beside the vision tower's `model.visual.`.
+const VL_EMBED: &str = "model.language_model.embed_tokens.weight";
 
 pub fn to_diffusers(tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
+    if tensors.iter().any(|t| t.name == VL_EMBED) {
+        return vision_language(tensors, what);
+    }
     let prefixed = tensors
         .iter()
         .any(|t| t.name == "model.embed_tokens.weight");
@@ -117,6 +128,64 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
         config,
         shape_keys: shape_keys.map(|(k, t)| (k, t.to_string())).to_vec(),
     })
+}
+
+/// A Qwen3-VL checkpoint's tensors, named as they are (the head left out), with its config.
+fn vision_language(tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped, LayoutError> {
+    let (dropped, kept): (Vec<SourceTensor>, Vec<SourceTensor>) =
+        (tensors.into_iter()).partition(|t| t.name == "lm_head.weight");
+    // The language model's shapes under the names the Qwen3 reading expects.
+    let language: Vec<SourceTensor> = (kept.iter())
+        .filter_map(|t| {
+            let rest = t.name.strip_prefix("model.language_model.")?;
+            Some(crate::mapping::renamed(t, format!("model.{rest}"), None))
+        })
+        .collect();
+    let text = infer_config(&language, what)?.config;
+    let mut text_config = serde_json::json!({
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_vl_text",
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "mrope_interleaved": true,
+            "mrope_section": [24, 20, 20],
+            "rope_theta": 5000000.0,
+            "rope_type": "default",
+        },
+        "vocab_size": text["vocab_size"],
+    });
+    for key in [
+        "head_dim",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "num_key_value_heads",
+    ] {
+        text_config[key] = text[key].clone();
+    }
+    let config = serde_json::json!({
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "text_config": text_config,
+        "tie_word_embeddings": true,
+    });
+    Ok(Mapped::new(
+        crate::mapping::Component::TextEncoder,
+        Layout::Diffusers,
+        kept,
+        // The shapes tell nested values only, which a file's own config is not checked
+        // against here: building the encoder checks them.
+        Inferred {
+            config,
+            shape_keys: Vec::new(),
+        },
+        dropped.into_iter().map(|t| t.name).collect(),
+    ))
 }
 
 /// ComfyUI keeps transformers' `model.`-prefixed names: the stored names as they are.

@@ -178,4 +178,8 @@ impl ModelFamily for Flux3Klein {
     fn lora_guess(&self, has: &dyn Fn(&str) -> bool) -> Option<&'static str> {
         layout::lora_guess(has)
     }
+
+    fn composed_files(&self, transformer_file: &str) -> Option<Vec<(String, Vec<u8>)>> {
+        Some(configs::composed_files(transformer_file))
+    }
 }
