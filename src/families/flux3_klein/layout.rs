@@ -1,7 +1,8 @@
-//! Black Forest Labs' names for FLUX.3 \[klein\]'s transformer, read into diffusers' (the spec
-//! §10.2): block tensors are renamed one for one (q, k and v are already apart), the output
-//! layer's modulation holds (shift, scale) where diffusers holds (scale, shift), and the
-//! training-only REPA projectors are left out.
+//! Black Forest Labs' names for FLUX.3 \[klein\]'s transformer, read into diffusers' and
+//! written back (the spec §10.2): single files, GGUF files and `export` use them, and LoRA
+//! layers answer to them (§10.3). Tensors are renamed one for one (q, k and v are already
+//! apart), the output layer's modulation holds (shift, scale) where diffusers holds (scale,
+//! shift), and the training-only REPA projectors are left out on import.
 
 use crate::mapping::{ByName, Inferred, Joined, Layout, LayoutError, Mapped, Rows};
 use crate::store::SourceTensor;
