@@ -200,3 +200,67 @@ pub fn to_original(tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Encoding;
+
+    fn tensor(name: &str, shape: &[u64]) -> SourceTensor {
+        SourceTensor {
+            component: "text_encoder".into(),
+            name: name.into(),
+            dtype: crate::safetensors::Dtype::BF16,
+            shape: shape.to_vec(),
+            file: "te.safetensors".into(),
+            offset: 0,
+            nbytes: 2 * shape.iter().product::<u64>(),
+            encoding: Encoding::Plain,
+            roll: 0,
+        }
+    }
+
+    /// A Qwen3-VL checkpoint keeps its names (the vision tower's too), leaves the head out, and
+    /// nests the language model's shapes under `text_config`.
+    #[test]
+    fn a_vision_language_checkpoint_keeps_its_names_and_nests_its_config() {
+        let lm = "model.language_model.";
+        let mut tensors = vec![
+            tensor(&format!("{lm}embed_tokens.weight"), &[1000, 64]),
+            tensor(&format!("{lm}norm.weight"), &[64]),
+            tensor("model.visual.patch_embed.proj.weight", &[16, 3, 2, 16, 16]),
+            tensor("lm_head.weight", &[1000, 64]),
+        ];
+        for layer in 0..3 {
+            let at = |n: &str| format!("{lm}layers.{layer}.{n}.weight");
+            tensors.extend([
+                tensor(&at("self_attn.q_proj"), &[128, 64]),
+                tensor(&at("self_attn.k_proj"), &[32, 64]),
+                tensor(&at("self_attn.q_norm"), &[16]),
+                tensor(&at("self_attn.k_norm"), &[16]),
+                tensor(&at("mlp.gate_proj"), &[96, 64]),
+            ]);
+        }
+        let mapped = to_diffusers(tensors, "te.safetensors").unwrap();
+        assert_eq!(mapped.layout, Layout::Diffusers);
+        assert_eq!(mapped.dropped, ["lm_head.weight"]);
+        assert!(mapped
+            .tensors
+            .iter()
+            .any(|t| t.name.starts_with("model.visual.")));
+        assert!(mapped.tensors.iter().all(|t| t.name.starts_with("model.")));
+        let text = &mapped.config["text_config"];
+        assert_eq!(mapped.config["model_type"], "qwen3_vl");
+        for (key, value) in [
+            ("hidden_size", 64),
+            ("head_dim", 16),
+            ("num_attention_heads", 8),
+            ("num_key_value_heads", 2),
+            ("num_hidden_layers", 3),
+            ("intermediate_size", 96),
+            ("vocab_size", 1000),
+        ] {
+            assert_eq!(text[key], value, "{key}");
+        }
+    }
+}
