@@ -1,5 +1,5 @@
 //! `zimage pull hf.co/OWNER/REPO` against a Hub-like server on 127.0.0.1 serving the demo
-//! model (`tests/common/hub.rs`): a fresh pull, a resumed one, one from a full Hugging Face
+//! model (`tests/common/hub.rs`): a fresh pull, a modular pipeline's, a resumed one, one from a full Hugging Face
 //! cache, a file whose sha256 or git blob id is not the Hub's, a gated model, the one-line
 //! failures; pulls of one repository at once, and a hostile Hub or cache: a config listed at a
 //! terabyte, zeros without end, links and FIFOs in the cache, a Hub that sends two bytes a
@@ -148,6 +148,36 @@ fn a_fresh_pull_takes_the_pipeline_into_the_cache_and_stores_what_create_would()
     let created = ok(&zimage_in(
         &t.store(),
         &["create", "local", "--from", s(&demo)],
+    ));
+    assert!(created.contains(" 0 blobs written"), "{created}");
+}
+
+/// A modular pipeline (FLUX.3 [klein]'s layout) keeps its index in `modular_model_index.json`,
+/// whose components carry a third entry: it pulls, and stores what `create --from` its folder
+/// makes.
+#[test]
+fn a_modular_pipeline_pulls_and_stores_what_its_folder_creates() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/flux3-klein-tiny");
+    assert!(tiny.join("modular_model_index.json").is_file());
+    assert!(!tiny.join("model_index.json").exists());
+    let repo = dir.path().join("repo");
+    common::copy_model(&tiny, &repo);
+    let hub = HubServer::start(&repo, "tiny-org/flux3-klein-tiny", None);
+    let t = Setup { dir, hub };
+    let name = "hf.co/tiny-org/flux3-klein-tiny";
+    let out = ok(&t.run(&t.store(), &["pull", name], &[]));
+    assert!(out.contains(&format!("pulled {name}")), "{out}");
+    let seen = t.hub.seen();
+    let index = seen
+        .iter()
+        .any(|r| r.path.ends_with("/modular_model_index.json"));
+    assert!(index, "{seen:?}");
+    let shown = ok(&zimage_in(&t.store(), &["show", name]));
+    assert!(shown.contains("FLUX.3 [klein]"), "{shown}");
+    let created = ok(&zimage_in(
+        &t.store(),
+        &["create", "local", "--from", s(&tiny)],
     ));
     assert!(created.contains(" 0 blobs written"), "{created}");
 }

@@ -29,8 +29,8 @@ pub struct CreateArgs {
     /// ComfyUI ships it), several shards, or a shard index.
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub transformer: Vec<PathBuf>,
-    /// The Qwen3 text encoder: a safetensors file (with or without the `model.` prefix),
-    /// several shards, or a shard index.
+    /// The text encoder: a safetensors file (Qwen3 with or without the `model.` prefix, or
+    /// Qwen3-VL in transformers' names), several shards, or a shard index.
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub text_encoder: Vec<PathBuf>,
     /// The VAE: a safetensors file in diffusers' or the LDM/Flux layout (`ae.safetensors`).

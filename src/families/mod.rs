@@ -99,6 +99,9 @@ pub trait ModelFamily: Sync {
     }
     /// The transformer's `_class_name` in diffusers' config.
     fn transformer_class(&self) -> &'static str;
+    /// The `general.architecture` of a GGUF file of its transformer: the name ComfyUI-GGUF
+    /// loads the family's original layout under.
+    fn gguf_architecture(&self) -> &'static str;
     /// Whether a single-file transformer checkpoint with these tensors is this family's.
     fn claims_checkpoint(&self, tensors: &[SourceTensor]) -> bool;
     /// A transformer checkpoint's tensors under diffusers' names, with its config inferred.

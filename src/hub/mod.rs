@@ -91,12 +91,17 @@ pub enum HubError {
         expected: String,
     },
     #[error(
-        "`{repo}` at `{revision}` has no model_index.json: zimage pulls diffusers pipelines \
-         (import single files with `zimage create NAME --from FILE`)"
+        "`{repo}` at `{revision}` has no model_index.json (nor modular_model_index.json): \
+         zimage pulls diffusers pipelines (import single files with `zimage create NAME --from \
+         FILE`)"
     )]
     NotAPipeline { repo: String, revision: String },
-    #[error("`model_index.json` of `{repo}` cannot be read: {reason}")]
-    BadIndex { repo: String, reason: String },
+    #[error("`{path}` of `{repo}` cannot be read: {reason}")]
+    BadIndex {
+        repo: String,
+        path: String,
+        reason: String,
+    },
     #[error("{url}: the Hub's file list is not what it should be: {reason}")]
     BadListing { url: String, reason: String },
     #[error(
@@ -223,8 +228,10 @@ pub fn fetch(
         snapshot: cache.snapshot(&listing.commit),
         ..FetchSummary::default()
     };
-    let index = listing
-        .file("model_index.json")
+    // A modular pipeline keeps its index in another file; the snapshot keeps it as it is, and
+    // the import reads it as a directory's.
+    let index = (listing.file("model_index.json"))
+        .or_else(|| listing.file(crate::diffusers_dir::MODULAR_INDEX))
         .ok_or_else(|| HubError::NotAPipeline {
             repo: repo.id(),
             revision: repo.revision.clone(),
@@ -246,10 +253,16 @@ pub fn fetch(
         crate::diffusers_dir::CONFIG_LIMIT,
         "config file",
     )?;
-    let components = api::components(&bytes).map_err(|reason| HubError::BadIndex {
+    let bad_index = |reason: String| HubError::BadIndex {
         repo: repo.id(),
+        path: index.path.clone(),
         reason,
-    })?;
+    };
+    let bytes = match index.path == crate::diffusers_dir::MODULAR_INDEX {
+        true => crate::diffusers_dir::classic_index(&bytes).map_err(bad_index)?,
+        false => bytes,
+    };
+    let components = api::components(&bytes).map_err(bad_index)?;
     let rest: Vec<&HubFile> = api::pipeline_files(&listing, &components)
         .into_iter()
         .filter(|f| f.path != index.path)

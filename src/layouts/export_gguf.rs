@@ -9,8 +9,8 @@
 //! | affine int4, int5 (group 32, 64 or 128) | Q4_1, Q5_1: `d = scale`, `m = bias` per 32 values, in f16 | identical where the scales and biases are f16 values computed in f32 (a Q4_1 or Q5_1 import); else nearest |
 //! | affine int8 | Q8_0, re-quantized from the stored values | nearest |
 //!
-//! nvfp4, mxfp8 and mxfp4 weights have no ggml type and are refused. The file carries
-//! `general.architecture = lumina2` (ComfyUI-GGUF's name for this family) and the transformer's
+//! nvfp4, mxfp8 and mxfp4 weights have no ggml type and are refused. The file carries the
+//! family's `general.architecture` (ComfyUI-GGUF's name for its models) and the transformer's
 //! config under [`super::CONFIG_METADATA_KEY`], so importing it again gives the same model.
 
 use crate::dtype::Dtype;
@@ -455,11 +455,7 @@ pub fn export_gguf(
         .ok_or_else(|| fail("has no `transformer/config.json`".into()))?;
     let config: serde_json::Value = serde_json::from_slice(&config)
         .map_err(|e| fail(format!("`transformer/config.json` is not JSON: {e}")))?;
-    // ComfyUI-GGUF's names for the two families' transformers.
-    let architecture = match joined.iter().any(|j| j.name.starts_with("double_blocks.")) {
-        true => "flux",
-        false => "lumina2",
-    };
+    let architecture = crate::families::Family::of_stored(&shapes).gguf_architecture();
     let mut metadata = vec![
         (
             "general.architecture".to_string(),

@@ -160,6 +160,7 @@ pub fn write_safetensors_with_metadata(
 }
 pub mod browser;
 pub mod controlnet;
+pub mod ggml;
 pub mod hub;
 pub mod klein;
 pub mod registry;

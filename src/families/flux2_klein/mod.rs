@@ -149,6 +149,11 @@ impl ModelFamily for Flux2Klein {
         "Flux2Transformer2DModel"
     }
 
+    fn gguf_architecture(&self) -> &'static str {
+        // The FLUX line shares one name.
+        "flux"
+    }
+
     fn claims_checkpoint(&self, tensors: &[SourceTensor]) -> bool {
         layout::is_flux2(tensors)
     }

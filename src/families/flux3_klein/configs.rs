@@ -165,3 +165,27 @@ pub fn shifted_schedule(steps: usize, shift: f32) -> Schedule {
     sigmas.push(0.0);
     Schedule { sigmas, timesteps }
 }
+
+/// The `model_index.json` of a model composed from single files without a directory, as the
+/// classic index zimage stores a modular pipeline's under. Whether the model is a flow map
+/// comes from its transformer's config; the class names follow the file's name (`…base…` the
+/// guided base model's), as nothing else tells them. No scheduler config: the blocks' constant
+/// shift applies.
+pub fn composed_files(transformer_source: &str) -> Vec<(String, Vec<u8>)> {
+    let base = transformer_source.to_ascii_lowercase().contains("base");
+    let (class, blocks) = match base {
+        true => ("Flux3ModularPipeline", "Flux3AutoBlocks"),
+        false => ("Flux3DistilledModularPipeline", "Flux3DistilledAutoBlocks"),
+    };
+    let index = serde_json::json!({
+        "_class_name": class,
+        "_blocks_class_name": blocks,
+        "_diffusers_version": "0.42.1",
+        "text_encoder": ["transformers", "Qwen3VLForConditionalGeneration"],
+        "tokenizer": ["transformers", "AutoProcessor"],
+        "transformer": ["diffusers", "Flux3Transformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKLFlux2"],
+    });
+    let json = serde_json::to_vec_pretty(&index).expect("JSON values serialize");
+    vec![("model_index.json".into(), json)]
+}

@@ -6,7 +6,8 @@
 //! - [`configs`]: what FLUX.3 reads of its components' configs, checked together;
 //! - [`pipeline`]: text → image and editing as diffusers' modular FLUX.3 blocks compute them
 //!   (the prompt upsampler left out); [`run`]: a job's images on a loaded model;
-//! - [`layout`]: Black Forest Labs' original transformer names, for single files.
+//! - [`layout`]: Black Forest Labs' original transformer names, for single files, GGUF, export
+//!   and LoRAs.
 //!
 //! Mirrors diffusers 0.42.1 (flux3-klein-spec).
 
@@ -24,6 +25,7 @@ pub use transformer::{Flux3Config, Flux3Transformer};
 use super::{Feature, Misfit, ModelFamily, OwnDefaults};
 use crate::jobs::loaded::LoadedModel;
 use crate::jobs::source::Source;
+use crate::lora::OriginalNames;
 use crate::mapping::{Joined, LayoutError, Mapped};
 use crate::memory_plan::{Denoiser, RuntimeMemory};
 use crate::mlx::Dtype;
@@ -158,6 +160,11 @@ impl ModelFamily for Flux3Klein {
         "Flux3Transformer2DModel"
     }
 
+    fn gguf_architecture(&self) -> &'static str {
+        // The FLUX line shares one name; ComfyUI tells the models apart by their tensors.
+        "flux"
+    }
+
     fn claims_checkpoint(&self, tensors: &[SourceTensor]) -> bool {
         layout::is_flux3(tensors)
     }
@@ -175,14 +182,18 @@ impl ModelFamily for Flux3Klein {
     }
 
     fn transformer_to_original(&self, tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
-        // Exported under diffusers' names.
-        (tensors.iter())
-            .map(|(name, shape)| Joined {
-                name: name.clone(),
-                shape: shape.clone(),
-                parts: vec![name.clone()],
-                roll_rows: 0,
-            })
-            .collect()
+        layout::to_original(tensors)
+    }
+
+    fn original_names(&self) -> Option<OriginalNames> {
+        Some(layout::original_linear)
+    }
+
+    fn lora_guess(&self, has: &dyn Fn(&str) -> bool) -> Option<&'static str> {
+        layout::lora_guess(has)
+    }
+
+    fn composed_files(&self, transformer_file: &str) -> Option<Vec<(String, Vec<u8>)>> {
+        Some(configs::composed_files(transformer_file))
     }
 }

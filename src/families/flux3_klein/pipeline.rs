@@ -93,13 +93,15 @@ impl<S: ModelSource> Flux3Pipeline<S> {
         &self.core.source
     }
 
-    /// The files `specs` names, bound to the transformer's layers in the compute dtype.
+    /// The model's own LoRAs (a derived model's), then the files `specs` names, bound to its
+    /// layers in the compute dtype; the transformer's layers also answer to BFL's names.
     pub fn load_adapters(
         &self,
         specs: &[crate::lora::LoraSpec],
         lenient: bool,
     ) -> Result<crate::lora::Adapters, Error> {
-        self.core.load_adapters(None, specs, lenient)
+        let originals = Some(super::layout::original_linear as crate::lora::OriginalNames);
+        self.core.load_adapters(originals, specs, lenient)
     }
 
     pub fn set_adapters(&mut self, adapters: crate::lora::Adapters) {

@@ -116,6 +116,11 @@ impl ModelFamily for ZImage {
         "ZImageTransformer2DModel"
     }
 
+    fn gguf_architecture(&self) -> &'static str {
+        // Z-Image is a Lumina 2 (NextDiT) model to ComfyUI.
+        "lumina2"
+    }
+
     fn claims_checkpoint(&self, _tensors: &[SourceTensor]) -> bool {
         true
     }
