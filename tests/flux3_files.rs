@@ -424,7 +424,7 @@ fn wide_weights(dim: u64, mlp: u64) -> Vec<(String, Vec<u64>, Vec<f32>)> {
 /// the same values in f32 draw.
 #[test]
 fn a_k_quant_gguf_transformer_imports_exactly() {
-    use zimage::formats::gguf::{self, GgmlType, WriteTensor};
+    use zimage::formats::gguf::{self, GgmlType};
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
     let model = tmp.path().join("wide");
@@ -465,26 +465,7 @@ fn a_k_quant_gguf_transformer_imports_exactly() {
 
     // Every matrix whose rows fill whole 256-value blocks as Q4_K; the rest as exported. The
     // other file holds what the blocks hold, in f32.
-    let mut quantized: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = Vec::new();
-    let mut widened = quantized.clone();
-    for t in &file.tensors {
-        let bytes = &exported[t.offset as usize..(t.offset + t.nbytes) as usize];
-        let entry = |ty, data| (t.name.clone(), ty, t.shape.clone(), data);
-        if t.ggml_type == GgmlType::F32 && t.shape.len() == 2 && t.shape[1] % 256 == 0 {
-            let v: Vec<f32> = (bytes.chunks_exact(4))
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            let (blocks, held) = common::ggml::q4_k(&v);
-            quantized.push(entry(GgmlType::Q4_K, blocks));
-            widened.push(entry(
-                GgmlType::F32,
-                held.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            ));
-        } else {
-            quantized.push(entry(t.ggml_type, bytes.to_vec()));
-            widened.push(entry(t.ggml_type, bytes.to_vec()));
-        }
-    }
+    let (quantized, widened) = common::ggml::q4_k_and_widened(&exported, &file);
     let names: Vec<&str> = (quantized.iter())
         .filter(|t| t.1 == GgmlType::Q4_K)
         .map(|t| t.0.as_str())
@@ -496,18 +477,9 @@ fn a_k_quant_gguf_transformer_imports_exactly() {
     ] {
         assert!(names.contains(&name), "{names:?}");
     }
-    let write = |name: &str, tensors: &[(String, GgmlType, Vec<u64>, Vec<u8>)]| {
+    let write = |name: &str, tensors: &[common::ggml::Written]| {
         let path = tmp.path().join(name);
-        let tensors: Vec<WriteTensor> = (tensors.iter())
-            .map(|(name, ty, shape, data)| WriteTensor {
-                name: name.clone(),
-                ggml_type: *ty,
-                shape: shape.clone(),
-                data,
-            })
-            .collect();
-        let mut f = std::fs::File::create(&path).unwrap();
-        gguf::write(&mut f, &file.metadata, &tensors).unwrap();
+        common::ggml::write_like(&file, &path, tensors);
         path
     };
     let from = |name: &str, transformer: &Path| {

@@ -43,21 +43,6 @@ impl<P> Held<P> {
             loras: BoundLoras::default(),
         })
     }
-
-    /// Binds the model's own LoRAs and `specs` with the pipeline's `load` and `set`, unless
-    /// those are bound already.
-    pub fn bind_loras(
-        &mut self,
-        specs: (&[crate::lora::LoraSpec], bool),
-        load: impl FnOnce(
-            &P,
-            &[crate::lora::LoraSpec],
-            bool,
-        ) -> Result<crate::lora::Adapters, crate::pipeline::Error>,
-        set: impl FnOnce(&mut P, crate::lora::Adapters),
-    ) -> Result<(), Error> {
-        self.loras.bind(&mut self.pipeline, specs, load, set)
-    }
 }
 
 /// A request LoRA as bound: its file's size and time of change tell an edited file from the

@@ -53,3 +53,48 @@ pub fn q4_k(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
     }
     (bytes, held)
 }
+
+/// A tensor as a test writes it into a GGUF file: name, type, shape, data.
+pub type Written = (String, GgmlType, Vec<u64>, Vec<u8>);
+
+use zimage::formats::gguf::{self, GgmlType, WriteTensor};
+
+/// An exported GGUF file's tensors twice: every f32 matrix whose rows fill whole 256-value
+/// blocks as Q4_K, then the same with the values those blocks hold in f32; the rest as
+/// exported in both.
+pub fn q4_k_and_widened(exported: &[u8], file: &gguf::Gguf) -> (Vec<Written>, Vec<Written>) {
+    let (mut quantized, mut widened) = (Vec::new(), Vec::new());
+    for t in &file.tensors {
+        let bytes = &exported[t.offset as usize..(t.offset + t.nbytes) as usize];
+        let entry = |ty, data| (t.name.clone(), ty, t.shape.clone(), data);
+        if t.ggml_type == GgmlType::F32 && t.shape.len() == 2 && t.shape[1] % 256 == 0 {
+            let v: Vec<f32> = (bytes.chunks_exact(4))
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let (blocks, held) = q4_k(&v);
+            quantized.push(entry(GgmlType::Q4_K, blocks));
+            widened.push(entry(
+                GgmlType::F32,
+                held.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ));
+        } else {
+            quantized.push(entry(t.ggml_type, bytes.to_vec()));
+            widened.push(entry(t.ggml_type, bytes.to_vec()));
+        }
+    }
+    (quantized, widened)
+}
+
+/// `tensors` written with `file`'s metadata as a GGUF file at `path`.
+pub fn write_like(file: &gguf::Gguf, path: &std::path::Path, tensors: &[Written]) {
+    let tensors: Vec<WriteTensor> = (tensors.iter())
+        .map(|(name, ty, shape, data)| WriteTensor {
+            name: name.clone(),
+            ggml_type: *ty,
+            shape: shape.clone(),
+            data,
+        })
+        .collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf::write(&mut f, &file.metadata, &tensors).unwrap();
+}

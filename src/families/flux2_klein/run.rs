@@ -23,7 +23,7 @@ pub type Loaded = Held<KleinPipeline<Source>>;
 impl Loaded {
     fn bind(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
         let (load, set) = (KleinPipeline::load_adapters, KleinPipeline::set_adapters);
-        self.bind_loras((specs, lenient), load, set)
+        (self.loras).bind(&mut self.pipeline, (specs, lenient), load, set)
     }
 }
 

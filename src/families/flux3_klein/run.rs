@@ -21,7 +21,7 @@ pub type Loaded = Held<Flux3Pipeline<Source>>;
 impl Loaded {
     fn bind(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
         let (load, set) = (Flux3Pipeline::load_adapters, Flux3Pipeline::set_adapters);
-        self.bind_loras((specs, lenient), load, set)
+        (self.loras).bind(&mut self.pipeline, (specs, lenient), load, set)
     }
 }
 
