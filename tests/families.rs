@@ -103,10 +103,14 @@ fn the_registry_lists_every_family_folder_once() {
     assert_eq!(listed.len(), Family::all().count(), "{listed:?}");
     for folder in folders() {
         let entry = format!("&{folder}::");
+        // A folder whose family is still being written (its networks, not yet its pipeline)
+        // has no `ModelFamily` and is not listed until it runs end to end.
+        let module = std::fs::read_to_string(src().join("families").join(&folder).join("mod.rs"));
+        let is_family = module.unwrap().contains("impl ModelFamily for");
         assert_eq!(
             listed.iter().filter(|l| l.starts_with(&entry)).count(),
-            1,
-            "the registry lists `{folder}` once: {listed:?}"
+            usize::from(is_family),
+            "the registry lists `{folder}` once, when it is a family: {listed:?}"
         );
         assert!(
             registry.contains(&format!("pub mod {folder};")),

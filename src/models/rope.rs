@@ -1,5 +1,5 @@
-//! Rotary tables: the S3-DiT's three axes (zimage-spec §3.7) and FLUX's four
-//! ([`axes_tables`], every FLUX transformer's).
+//! Rotary tables: the S3-DiT's three axes (zimage-spec §3.7) and FLUX's per-token tables of any
+//! number of axes ([`axes_tables`], every FLUX transformer's).
 //!
 //! For the S3-DiT, axis `a` with `d_a` dims has `d_a/2` frequencies `1/θ^(2j/d_a)` (f64); the angle of position
 //! `p` is `f32(p·f)` and cos/sin are taken in f32, as the reference builds `freqs_cis`. A token
@@ -66,11 +66,21 @@ impl RopeTables {
     }
 }
 
-/// FLUX's four-axis tables: `(cos, sin)`, each `[S, 1, Σd/2]` f32, for tokens at `ids`; per
+/// FLUX's tables: `(cos, sin)`, each `[S, 1, Σd/2]` f32, for tokens at `ids` of `A` axes; per
 /// axis `a` of `dims[a]` dims, pair `j` turns by `p_a / θ^(2j/dims[a])`, the angle and its
 /// cos/sin in f64 rounded once to f32, as diffusers' `get_1d_rotary_pos_embed` builds them.
-/// Positions may be halves or negative.
-pub fn axes_tables(ids: &[[f64; 4]], dims: &[i32], theta: f64) -> mlx::Result<(Array, Array)> {
+/// Positions may be halves or negative. `dims` has one size per axis ([`check_axes`]).
+pub fn axes_tables<const A: usize>(
+    ids: &[[f64; A]],
+    dims: &[i32],
+    theta: f64,
+) -> mlx::Result<(Array, Array)> {
+    if dims.len() != A {
+        return Err(mlx::Error::new(
+            "rope",
+            format!("{} axis sizes for ids of {A} axes", dims.len()),
+        ));
+    }
     let freqs: Vec<Vec<f64>> = dims
         .iter()
         .map(|&d| {
@@ -98,14 +108,14 @@ pub fn axes_tables(ids: &[[f64; 4]], dims: &[i32], theta: f64) -> mlx::Result<(A
     ))
 }
 
-/// Checks a FLUX transformer config's `axes_dims_rope`: four even sizes that fill the head.
-pub fn check_axes(dims: &[i32], head_dim: i32) -> Result<(), String> {
-    if dims.len() != 4
+/// Checks a FLUX transformer config's `axes_dims_rope`: `axes` even sizes that fill the head.
+pub fn check_axes(dims: &[i32], head_dim: i32, axes: usize) -> Result<(), String> {
+    if dims.len() != axes
         || dims.iter().any(|d| *d < 2 || d % 2 != 0)
         || dims.iter().sum::<i32>() != head_dim
     {
         return Err(format!(
-            "transformer `axes_dims_rope` {dims:?} must be 4 even sizes summing to `attention_head_dim` {head_dim}"
+            "transformer `axes_dims_rope` {dims:?} must be {axes} even sizes summing to `attention_head_dim` {head_dim}"
         ));
     }
     Ok(())

@@ -72,7 +72,7 @@ impl Flux3Config {
         check_range(WHAT, "mlp hidden size", self.mlp_dim(), 1..=MAX_WIDTH * 4)?;
         check_finite(WHAT, "rope_theta", self.rope_theta, true)?;
         check_finite(WHAT, "eps", self.eps as f64, true)?;
-        crate::models::rope::check_axes(&self.axes_dims_rope, self.attention_head_dim)
+        crate::models::rope::check_axes(&self.axes_dims_rope, self.attention_head_dim, 4)
     }
 
     pub fn dim(&self) -> i32 {
