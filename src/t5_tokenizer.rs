@@ -8,7 +8,7 @@
 //! (`Precompiled`), and splits on whitespace before the `▁` word marking. So leading, trailing
 //! and repeated whitespace give no pieces of their own; this module builds the same pipeline.
 //! Prompts are cut to the first `length − 1` pieces plus `</s>` and right-padded with `<pad>`
-//! to exactly `length` (`max_sequence_length`: 512 for [dev], 256 for [schnell]).
+//! to exactly `length` (`max_sequence_length`: 512 for \[dev\], 256 for \[schnell\]).
 
 use crate::text::Error;
 use std::path::PathBuf;

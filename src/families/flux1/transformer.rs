@@ -35,7 +35,7 @@ pub struct Flux1Config {
     pub num_attention_heads: i32,
     pub joint_attention_dim: i32,
     pub pooled_projection_dim: i32,
-    /// A guidance-distilled model ([dev], Kontext): the guidance scale is an input.
+    /// A guidance-distilled model (\[dev\], Kontext): the guidance scale is an input.
     #[serde(default)]
     pub guidance_embeds: bool,
     pub axes_dims_rope: Vec<i32>,
