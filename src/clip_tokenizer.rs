@@ -1,7 +1,7 @@
 //! Prompt → token ids for CLIP's text model, as transformers 5.23.0's `CLIPTokenizer` gives
-//! them and FLUX.1's pipeline asks for them (flux1-spec §2.1).
+//! them and FLUX's first pipelines ask for them (flux1-spec §2.1).
 //!
-//! The FLUX.1 repositories ship CLIP's tokenizer as `vocab.json` + `merges.txt` (no
+//! Black Forest Labs' repositories ship CLIP's tokenizer as `vocab.json` + `merges.txt` (no
 //! `tokenizer.json`), with `tokenizer_config.json` naming the special tokens and the window
 //! (`model_max_length`, 77). transformers builds the same byte-level BPE from those files every
 //! time, and so does this module:

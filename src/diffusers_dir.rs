@@ -14,14 +14,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// Components whose weights a pipeline stores, in the order Ollama writes them.
-pub(crate) const WEIGHT_COMPONENTS: [&str; 3] = ["text_encoder", "transformer", "vae"];
+pub(crate) const WEIGHT_COMPONENTS: [&str; 4] =
+    ["text_encoder", "text_encoder_2", "transformer", "vae"];
+
+/// Components only some pipelines have (a second text encoder).
+pub(crate) const OPTIONAL_COMPONENTS: [&str; 1] = ["text_encoder_2"];
 
 /// zimage's record of the settings a model is meant to run with (see
 /// `generation_defaults`), at the model's root.
 pub(crate) const DEFAULTS_FILE: &str = "generation_defaults.json";
 
 /// Files other than weights that a pipeline needs, relative to the model directory.
-pub(crate) const CONFIG_FILES: [&str; 13] = [
+pub(crate) const CONFIG_FILES: [&str; 17] = [
     "model_index.json",
     DEFAULTS_FILE,
     "scheduler/scheduler_config.json",
@@ -35,6 +39,10 @@ pub(crate) const CONFIG_FILES: [&str; 13] = [
     "tokenizer/special_tokens_map.json",
     "tokenizer/chat_template.json",
     "tokenizer/chat_template.jinja",
+    "text_encoder_2/config.json",
+    "tokenizer_2/tokenizer.json",
+    "tokenizer_2/tokenizer_config.json",
+    "tokenizer_2/special_tokens_map.json",
 ];
 
 /// The most bytes a model's JSON config (`model_index.json`, `*/config.json`, a shard index)
@@ -44,7 +52,8 @@ pub(crate) const CONFIG_LIMIT: u64 = 16 << 20;
 /// The most bytes the config or tokenizer file at `path` (diffusers layout) may hold, and
 /// what to call it in errors.
 pub(crate) fn config_limit(path: &str) -> (u64, &'static str) {
-    match path.strip_prefix("tokenizer/") {
+    let tokenizer = (path.strip_prefix("tokenizer/")).or_else(|| path.strip_prefix("tokenizer_2/"));
+    match tokenizer {
         Some(name) => crate::text::file_limit(name),
         None => (CONFIG_LIMIT, "config file"),
     }
@@ -188,6 +197,9 @@ impl DiffusersDir {
         let mut tensors = BTreeMap::new();
         for component in WEIGHT_COMPONENTS {
             let dir = root.join(component);
+            if !dir.is_dir() && OPTIONAL_COMPONENTS.contains(&component) {
+                continue;
+            }
             if !dir.is_dir() {
                 return Err(not_a_model(format!("no `{component}/` directory")));
             }

@@ -24,6 +24,28 @@
 use crate::mlx::Device;
 use crate::models::vae_tiling::{self as tiling, Tiling};
 use crate::models::{Qwen3Config, Residency, VaeConfig};
+
+/// The text encoder's widths, as its activations are counted: plain figures its family reads
+/// from the encoder's config.
+#[derive(Debug, Clone, Copy)]
+pub struct TextShape {
+    pub hidden: u64,
+    /// The MLP's inner width (its gate and up projections each this wide).
+    pub intermediate: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+}
+
+impl From<&Qwen3Config> for TextShape {
+    fn from(c: &Qwen3Config) -> TextShape {
+        TextShape {
+            hidden: c.hidden_size as u64,
+            intermediate: c.intermediate_size as u64,
+            heads: c.num_attention_heads as u64,
+            head_dim: c.head_dim as u64,
+        }
+    }
+}
 use crate::platform::Graph;
 use std::collections::{HashMap, HashSet};
 
@@ -95,7 +117,7 @@ pub struct ModelSizes<'a> {
     pub vae: &'a [TensorSize],
     /// A ControlNet loaded beside the transformer (empty: none).
     pub controlnet: &'a [TensorSize],
-    pub text_config: &'a Qwen3Config,
+    pub text_config: TextShape,
     pub denoiser: Denoiser,
     pub vae_config: &'a VaeConfig,
 }
@@ -472,11 +494,11 @@ impl ModelSizes<'_> {
     fn text_activations(&self, req: &RequestShape) -> u64 {
         let c = self.text_config;
         let l = req.prompt_tokens as u64;
-        let (h, i) = (c.hidden_size as u64, c.intermediate_size as u64);
-        let q = (c.num_attention_heads * c.head_dim) as u64;
+        let (h, i) = (c.hidden, c.intermediate);
+        let q = c.heads * c.head_dim;
         // The residual stream and its norms, q/k/v/o, gate/up/product, and the scores; then
         // the hidden states kept for each prompt.
-        let values = l * (6 * h + 3 * q + 3 * i) + 2 * c.num_attention_heads as u64 * l * l;
+        let values = l * (6 * h + 3 * q + 3 * i) + 2 * c.heads * l * l;
         let kept = req.prompts as u64 * self.denoiser.text_outputs * l * h * req.compute_bytes;
         values * 4 + kept
     }

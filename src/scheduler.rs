@@ -17,6 +17,16 @@ pub struct SchedulerConfig {
     /// How a dynamic shift bends the sigmas (`exponential`, the class default, or `linear`).
     #[serde(default)]
     pub time_shift_type: Option<String>,
+    /// The dynamic shift's μ as a line in the image's token count, through
+    /// `(base_image_seq_len, base_shift)` and `(max_image_seq_len, max_shift)`.
+    #[serde(default = "default_base_shift")]
+    pub base_shift: f64,
+    #[serde(default = "default_max_shift")]
+    pub max_shift: f64,
+    #[serde(default = "default_base_seq_len")]
+    pub base_image_seq_len: u64,
+    #[serde(default = "default_max_seq_len")]
+    pub max_image_seq_len: u64,
 }
 
 /// The most denoising steps a request may ask for: the scheduler was trained on 1000
@@ -63,6 +73,53 @@ impl SchedulerConfig {
     }
 }
 
+impl SchedulerConfig {
+    /// Checks a schedule that shifts either statically or by the line μ of the config's
+    /// sequence lengths (`calculate_shift`), exponentially.
+    pub fn validate_shift_line(&self) -> Result<(), String> {
+        if !self.shift.is_finite() || self.shift <= 0.0 {
+            return Err(format!(
+                "scheduler `shift` is {}; it must be a finite number above 0",
+                self.shift
+            ));
+        }
+        if !self.use_dynamic_shifting {
+            return Ok(());
+        }
+        if self.base_image_seq_len == self.max_image_seq_len {
+            return Err(format!(
+                "scheduler `base_image_seq_len` and `max_image_seq_len` are both {}; μ is a line through two lengths",
+                self.base_image_seq_len
+            ));
+        }
+        if !(self.base_shift.is_finite() && self.max_shift.is_finite()) {
+            return Err("scheduler `base_shift` and `max_shift` must be finite numbers".into());
+        }
+        self.validate_dynamic()
+    }
+
+    /// μ for `image_tokens` output tokens on the config's line, in f64 as diffusers'
+    /// `calculate_shift` computes it (no clamping beyond the two lengths).
+    pub fn line_mu(&self, image_tokens: usize) -> f64 {
+        let (x0, x1) = (
+            self.base_image_seq_len as f64,
+            self.max_image_seq_len as f64,
+        );
+        let m = (self.max_shift - self.base_shift) / (x1 - x0);
+        let b = self.base_shift - m * x0;
+        image_tokens as f64 * m + b
+    }
+
+    /// The schedule for `steps` over `image_tokens`: the exponential shift by the line's μ
+    /// when the config shifts dynamically, else its static shift applied to the same sigmas.
+    pub fn line_schedule(&self, steps: usize, image_tokens: usize) -> Schedule {
+        match self.use_dynamic_shifting {
+            true => Schedule::exponential(steps, self.line_mu(image_tokens)),
+            false => Schedule::shifted(steps, self.shift),
+        }
+    }
+}
+
 /// FLUX.2's μ for `image_tokens` output tokens and `steps` steps: a line in the step count
 /// through the 10-step and the 200-step fits, or the 200-step value above 4300 tokens
 /// (the FLUX.2 spec §6.2, evaluated in f64 in this order).
@@ -79,6 +136,18 @@ pub fn empirical_mu(image_tokens: usize, steps: usize) -> f64 {
     a * steps as f64 + b
 }
 
+fn default_base_shift() -> f64 {
+    0.5
+}
+fn default_max_shift() -> f64 {
+    1.15
+}
+fn default_base_seq_len() -> u64 {
+    256
+}
+fn default_max_seq_len() -> u64 {
+    4096
+}
 fn default_train_steps() -> u32 {
     1000
 }
@@ -112,16 +181,20 @@ impl Schedule {
     /// `linspace(1, 1/n, n)` rounded once to f32, then `e^μ / (e^μ + (1/σ − 1))` in f32 with
     /// `e^μ` rounded to f32 (the FLUX.2 spec §6.3).
     pub fn exponential(steps: usize, mu: f64) -> Schedule {
-        assert!(steps >= 1, "at least one step");
-        let n = steps;
-        let raw: Vec<f32> = (0..n)
-            .map(|i| match i + 1 == n {
-                true => (1.0 / n as f64) as f32,
-                false => (1.0 + i as f64 * ((1.0 / n as f64 - 1.0) / (n as f64 - 1.0))) as f32,
-            })
-            .collect();
         let e = mu.exp() as f32;
-        let mut sigmas: Vec<f32> = raw.iter().map(|&t| e / (e + (1.0 / t - 1.0))).collect();
+        Schedule::from_sigmas(numpy_linspace(steps), |t| e / (e + (1.0 / t - 1.0)))
+    }
+
+    /// The schedule for `steps` with a static `shift` applied in f32 to numpy's
+    /// `linspace(1, 1/n, n)` rounded to f32, as the scheduler treats sigmas a pipeline hands it.
+    pub fn shifted(steps: usize, shift: f32) -> Schedule {
+        Schedule::from_sigmas(numpy_linspace(steps), |s| {
+            shift * s / (1.0 + (shift - 1.0) * s)
+        })
+    }
+
+    fn from_sigmas(raw: Vec<f32>, shift: impl Fn(f32) -> f32) -> Schedule {
+        let mut sigmas: Vec<f32> = raw.into_iter().map(shift).collect();
         let timesteps = sigmas.iter().map(|&s| s * 1000.0).collect();
         sigmas.push(0.0);
         Schedule { sigmas, timesteps }
@@ -141,6 +214,17 @@ impl Schedule {
     pub fn dt(&self, i: usize) -> f32 {
         self.sigmas[i + 1] - self.sigmas[i]
     }
+}
+
+/// numpy's f64 `linspace(1, 1/n, n)`, each value rounded once to f32.
+fn numpy_linspace(n: usize) -> Vec<f32> {
+    assert!(n >= 1, "at least one step");
+    (0..n)
+        .map(|i| match i + 1 == n {
+            true => (1.0 / n as f64) as f32,
+            false => (1.0 + i as f64 * ((1.0 / n as f64 - 1.0) / (n as f64 - 1.0))) as f32,
+        })
+        .collect()
 }
 
 /// torch's CPU `linspace` for f32: the step is computed in f32, each half of the range is

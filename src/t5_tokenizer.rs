@@ -1,5 +1,5 @@
 //! Prompt → token ids for T5's encoder, as transformers 5.23.0's `T5TokenizerFast` gives them
-//! and FLUX.1's pipeline asks for them (flux1-spec §3.1).
+//! and FLUX's pipeline asks for them (flux1-spec §3.1).
 //!
 //! The model's `tokenizer_2/tokenizer.json` holds the sentencepiece unigram vocabulary and
 //! normalisation table (`spiece.model` holds the same and is not needed). transformers 5 does
@@ -20,7 +20,7 @@ use tokenizers::utils::padding::{PaddingDirection, PaddingParams, PaddingStrateg
 use tokenizers::utils::truncation::{TruncationDirection, TruncationParams, TruncationStrategy};
 use tokenizers::{PreTokenizerWrapper, Tokenizer};
 
-/// The longest window transformers' T5 runs in FLUX.1 (`max_sequence_length` ≤ 512).
+/// The longest window transformers' T5 runs in FLUX (`max_sequence_length` ≤ 512).
 pub const MAX_LENGTH: usize = 512;
 
 /// T5's tokenizer, cutting and padding to one window.

@@ -54,6 +54,10 @@ pub struct GenerateArgs {
     /// F, within [0, 1] (diffusers' `cfg_truncation`; default 1: guided throughout).
     #[arg(long, value_name = "F", allow_negative_numbers = true)]
     pub cfg_truncation: Option<f64>,
+    /// True classifier-free guidance for a guidance-distilled model: a second prediction from
+    /// --negative each step, mixed at this scale (> 1; 1 is off).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    pub true_cfg: Option<f32>,
     /// Output PNG; with --count N the images are numbered (`zimage-1.png` … `zimage-N.png`).
     #[arg(long, short, default_value = "zimage.png")]
     pub output: PathBuf,
@@ -368,6 +372,7 @@ fn settings(a: &GenerateArgs, model: ModelChoice) -> Job {
         // The flag turns it on; left out, the model's default holds.
         cfg_normalization: a.cfg_normalization.then_some(true),
         cfg_truncation: a.cfg_truncation,
+        true_cfg: a.true_cfg,
         seed: a.seed,
         count: a.count,
         noise: a.noise.clone(),

@@ -37,6 +37,7 @@ use std::path::Path;
 pub static FAMILIES: &[&dyn ModelFamily] = &[
     &zimage::ZImage,
     &flux3_klein::Flux3Klein,
+    &flux1::Flux1,
     &flux2_klein::Flux2Klein,
 ];
 
@@ -60,6 +61,11 @@ pub trait ModelFamily: Sync {
     fn class_names(&self) -> &'static [&'static str];
     /// Whether requests to this family may use `feature`.
     fn takes(&self, feature: Feature) -> bool;
+    /// Whether requests to the model in `source` may use `feature`: what the family takes,
+    /// unless only some of its models do (a family's editing models alone take references).
+    fn model_takes(&self, _source: &dyn ModelSource, feature: Feature) -> bool {
+        self.takes(feature)
+    }
     /// What to use instead of a `feature` the family does not take, for the refusal.
     fn instead(&self, _feature: Feature) -> Option<&'static str> {
         None

@@ -9,6 +9,8 @@ pub enum Feature {
     CfgTruncation,
     /// Each guided prediction capped at the norm of the prompt's own (`--cfg-normalization`).
     CfgNormalization,
+    /// A second prediction from the negative prompt each step (`--true-cfg`).
+    TrueCfg,
     /// A prompt to steer away from.
     NegativePrompt,
     /// Reference images the model sees while it draws.
@@ -28,6 +30,7 @@ impl Feature {
             Feature::ControlNet => "--controlnet/--control",
             Feature::CfgTruncation => "--cfg-truncation",
             Feature::CfgNormalization => "--cfg-normalization",
+            Feature::TrueCfg => "--true-cfg",
             Feature::NegativePrompt => "--negative-prompt",
             Feature::References => "--ref",
             Feature::ImageInput => "--image",

@@ -49,6 +49,9 @@ pub struct Job {
     /// With guidance, run unguided once the model time passes this, within [0, 1] (diffusers'
     /// `cfg_truncation`); `None`: the model's default (1, guided throughout).
     pub cfg_truncation: Option<f64>,
+    /// True classifier-free guidance's scale: a second prediction from the negative prompt
+    /// each step, beside a guidance-distilled model's embedded guidance; `None` (or 1): off.
+    pub true_cfg: Option<f32>,
     /// Image k of the job is drawn from `seed + k`.
     pub seed: u64,
     /// How many images, each from the next seed.
@@ -157,6 +160,7 @@ impl Job {
                 Feature::CfgNormalization,
                 self.cfg_normalization == Some(true),
             ),
+            (Feature::TrueCfg, self.true_cfg.is_some_and(|s| s != 1.0)),
             (Feature::References, !self.references.is_empty()),
             // A mask comes with a picture: the mask is the option to name first.
             (
@@ -199,6 +203,7 @@ impl Job {
             guidance: None,
             cfg_normalization: None,
             cfg_truncation: None,
+            true_cfg: None,
             seed: 42,
             count: 1,
             noise: None,

@@ -1,4 +1,4 @@
-//! CLIP's text model (FLUX.1's `text_encoder`, the text tower of CLIP ViT-L/14): token ids → the
+//! CLIP's text model (FLUX's `text_encoder`, the text tower of CLIP ViT-L/14): token ids → the
 //! final-normed hidden states and the pooled vector, the row at the end-of-text token.
 //!
 //! Mirrors transformers 5.23.0 `models/clip/modeling_clip.py` `CLIPTextModel` (flux1-spec §2.2):
@@ -101,7 +101,7 @@ impl ClipTextConfig {
 }
 
 /// The row the pooled output is read from, as transformers picks it: with the old configs'
-/// `eos_token_id` 2 (FLUX.1's), the first occurrence of the largest id, which with CLIP's
+/// `eos_token_id` 2 (FLUX's), the first occurrence of the largest id, which with CLIP's
 /// vocabulary (end-of-text last) is the first end-of-text token; otherwise the first
 /// occurrence of `eos_token_id`, or row 0 when there is none.
 pub fn pooled_position(ids: &[u32], eos_token_id: i64) -> usize {
@@ -233,7 +233,7 @@ pub struct ClipTextModel {
 
 impl ClipTextModel {
     /// Binds the checkpoint, its names with or without the `text_model.` prefix that
-    /// `CLIPTextModel` checkpoints (FLUX.1's) carry. A `text_projection` (a
+    /// `CLIPTextModel` checkpoints (FLUX's) carry. A `text_projection` (a
     /// `CLIPTextModelWithProjection` save) and the `position_ids` buffer of older saves are not
     /// used and may be present.
     pub fn new(cfg: &ClipTextConfig, ckpt: Checkpoint) -> Result<ClipTextModel, ModelError> {

@@ -2,7 +2,7 @@
 //! folder under `crate::families`.
 //!
 //! - [`qwen3`]: the Qwen3 text encoder (prompt → caption features);
-//! - [`clip_text`] and [`t5`]: CLIP's text model and T5's encoder (FLUX.1's two encoders);
+//! - [`clip_text`] and [`t5`]: CLIP's text model and T5's encoder (the first FLUX models' two encoders);
 //! - [`blocks`]: what the transformers share (timestep sinusoids, attention, the RoPE
 //!   rotation, the evaluation point after a block), with [`rope`]'s tables;
 //! - [`vae`]: the AutoencoderKL decoder (latents → pixels);

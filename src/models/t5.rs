@@ -1,4 +1,4 @@
-//! T5's encoder (FLUX.1's `text_encoder_2`, T5 v1.1 XXL): token ids → the final-normed hidden
+//! T5's encoder (FLUX's `text_encoder_2`, T5 v1.1 XXL): token ids → the final-normed hidden
 //! states, every row of them (FLUX's `prompt_embeds`).
 //!
 //! Mirrors transformers 5.23.0 `models/t5/modeling_t5.py` `T5EncoderModel` (flux1-spec §3):

@@ -1,4 +1,4 @@
-//! The `AutoencoderKL` decoder (the FLUX.1 VAE architecture), channels-last.
+//! The `AutoencoderKL` decoder (the 16-channel FLUX VAE's architecture), channels-last.
 //!
 //! Mirrors diffusers 0.42.1 `models/autoencoders/vae.py` `Decoder` with `UNetMidBlock2D`,
 //! `UpDecoderBlock2D`, `ResnetBlock2D` and `Upsample2D` (zimage-spec §5). Convolution weights are
@@ -25,7 +25,7 @@ pub struct VaeConfig {
     pub mid_block_add_attention: bool,
     #[serde(default)]
     pub use_post_quant_conv: bool,
-    /// A 1×1 convolution after the encoder (none in FLUX.1's VAE).
+    /// A 1×1 convolution after the encoder (none in the 16-channel FLUX VAE).
     #[serde(default)]
     pub use_quant_conv: bool,
     /// Image channels the encoder takes.
@@ -420,7 +420,7 @@ fn upsample_nearest_2x(x: &Array) -> mlx::Result<Array> {
 
 /// The decoder: scaled latents → image in [-1, 1], NHWC.
 pub struct VaeDecoder {
-    /// A 1×1 convolution before the decoder (FLUX.2's VAE; none in FLUX.1's).
+    /// A 1×1 convolution before the decoder (FLUX.2's VAE; none in the 16-channel one).
     post_quant_conv: Option<Conv2d>,
     conv_in: Conv2d,
     mid: MidBlock,

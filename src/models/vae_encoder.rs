@@ -1,4 +1,4 @@
-//! The `AutoencoderKL` encoder (the FLUX.1 VAE architecture), channels-last: an image in
+//! The `AutoencoderKL` encoder (the 16-channel FLUX VAE's architecture), channels-last: an image in
 //! [-1, 1] to the moments (mean and log-variance) of its latent distribution.
 //!
 //! Mirrors diffusers 0.42.1 `models/autoencoders/vae.py` `Encoder` with `DownEncoderBlock2D`,

@@ -562,7 +562,7 @@ pub fn random_decoder_weights(cfg: &VaeConfig, seed: u64) -> mlx::Result<HashMap
     Ok(out)
 }
 
-/// The FLUX.1 VAE's configuration (the real models' own): channels [128, 256, 512, 512], two
+/// The 16-channel FLUX VAE's configuration (the real models' own): channels [128, 256, 512, 512], two
 /// resnets per block, 32 groups, 16 latent channels.
 pub fn flux_vae_config() -> VaeConfig {
     VaeConfig {

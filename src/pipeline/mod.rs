@@ -504,7 +504,7 @@ pub(crate) fn held_checkpoint(
     residency: Residency,
     adapters: &crate::lora::Adapters,
 ) -> Result<Checkpoint, Error> {
-    let streams = matches!(component, "transformer" | "text_encoder");
+    let streams = matches!(component, "transformer" | "text_encoder" | "text_encoder_2");
     let weights = match residency == Residency::Streamed && streams {
         true => source.mapped_component(component),
         false => source.component(component),

@@ -693,6 +693,25 @@ pub fn family(state: &AppState, name: &crate::store::ModelName) -> Option<crate:
     crate::families::Family::from_model_index(&index).ok()
 }
 
+/// Whether requests to the stored model `name` may use `feature` (false when it cannot be
+/// read: the job then fails where it is run, naming why).
+pub fn model_takes(
+    state: &AppState,
+    name: &crate::store::ModelName,
+    feature: crate::families::Feature,
+) -> bool {
+    let Some(f) = family(state, name) else {
+        return false;
+    };
+    let Ok(model) = state.store.open(&name.to_string()) else {
+        return false;
+    };
+    f.model_takes(
+        &crate::loader::StoreSource::new(&state.store, &model),
+        feature,
+    )
+}
+
 /// Refuses, before it is queued, a job that uses an option the family of `name` does not
 /// take, naming it, or names a side that is not a multiple of the model's own token cell.
 pub fn check_family(

@@ -375,8 +375,7 @@ pub async fn generate(
     let (image, control_image) = request_pictures(&body)?;
     // A model of a family that takes references edits from its `images`, every one a
     // reference; for the others the first is the picture image-to-image starts from.
-    let takes_references =
-        super::family(&state, &name).is_some_and(|f| f.takes(crate::families::Feature::References));
+    let takes_references = super::model_takes(&state, &name, crate::families::Feature::References);
     let references: Vec<Vec<u8>> = match takes_references {
         true => (body.images.iter().flatten().enumerate())
             .map(|(k, t)| super::base64_field(API, &format!("images[{k}]"), t))

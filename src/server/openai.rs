@@ -312,9 +312,8 @@ pub async fn edit(State(state): State<Arc<AppState>>, req: Request) -> Result<Re
     super::check_strength(API, body.strength, true)?;
     // Without a mask, a model of a family that takes references edits from every picture
     // given, as references.
-    let as_references = mask.is_none()
-        && super::family(&state, &name)
-            .is_some_and(|f| f.takes(crate::families::Feature::References));
+    let as_references =
+        mask.is_none() && super::model_takes(&state, &name, crate::families::Feature::References);
     let names: Vec<String> = (1..=extra_images.len())
         .map(|k| format!("image[{k}]"))
         .collect();

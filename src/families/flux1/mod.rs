@@ -6,13 +6,198 @@
 //! - [`transformer`]: `FluxTransformer2DModel` as diffusers computes it, from the config and the
 //!   checkpoint in diffusers' names; \[dev\] and Kontext embed the guidance scale, \[schnell\] does
 //!   not;
-//! - [`rope`]: the position ids (text all zero, the image `(0, i, j)`, a Kontext reference
-//!   `(1, i, j)`) and their rotary tables.
+//! - [`rope`]: the position ids (text all zero, the image `(0, i, j)`, a Kontext picture
+//!   `(1, i, j)`) and their rotary tables;
+//! - [`configs`]: what the five components' configs must say of each other;
+//! - [`pipeline`]: text → image, Kontext editing, image-to-image and inpainting as diffusers'
+//!   Flux pipelines compute them; [`kontext`]: the picture Kontext edits, sized as diffusers
+//!   sizes it; [`run`]: a job's images on a loaded model.
 //!
-//! The pipeline, the runner and the registry's entry come once a prompt runs end to end; until
-//! then the family is not in `FAMILIES`. Mirrors diffusers 0.42.1 (flux1-spec).
+//! Mirrors diffusers 0.42.1 (flux1-spec).
 
+pub mod configs;
+pub mod kontext;
+pub mod pipeline;
 pub mod rope;
+pub mod run;
 pub mod transformer;
 
+pub use pipeline::Flux1Pipeline;
 pub use transformer::{Flux1Config, Flux1Transformer};
+
+use super::{Feature, Misfit, ModelFamily, OwnDefaults};
+use crate::jobs::loaded::LoadedModel;
+use crate::jobs::source::Source;
+use crate::lora::OriginalNames;
+use crate::mapping::{Joined, LayoutError, Mapped};
+use crate::memory_plan::RuntimeMemory;
+use crate::mlx::Dtype;
+use crate::models::Checkpoint;
+use crate::pipeline::{Error, ModelSource};
+use crate::store::SourceTensor;
+
+/// The FLUX.1 family.
+pub struct Flux1;
+
+/// The family, as the registry hands it out.
+pub(crate) fn family() -> super::Family {
+    super::Family::of_name(Flux1.name())
+}
+
+/// The original names FLUX.1's checkpoints and LoRAs give its transformer's layers.
+pub(crate) fn original_names() -> Option<OriginalNames> {
+    None
+}
+
+/// The transformer config of the model in `source`.
+fn transformer_config(source: &dyn ModelSource) -> Option<Flux1Config> {
+    let bytes = crate::pipeline::read_config(source, "transformer/config.json").ok()??;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Whether the model in `source` edits a picture (Kontext).
+pub fn is_kontext(source: &dyn ModelSource) -> bool {
+    let index = crate::pipeline::read_config(source, "model_index.json")
+        .ok()
+        .flatten();
+    let class = index
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["_class_name"].as_str().map(str::to_string));
+    class.is_some_and(|c| configs::KONTEXT_CLASSES.contains(&c.as_str()))
+}
+
+impl ModelFamily for Flux1 {
+    fn name(&self) -> &'static str {
+        "FLUX.1"
+    }
+
+    fn class_names(&self) -> &'static [&'static str] {
+        &[
+            "FluxPipeline",
+            "FluxKontextPipeline",
+            "FluxImg2ImgPipeline",
+            "FluxInpaintPipeline",
+            "FluxKontextInpaintPipeline",
+        ]
+    }
+
+    fn takes(&self, feature: Feature) -> bool {
+        use Feature::*;
+        matches!(
+            feature,
+            TrueCfg | NegativePrompt | References | ImageInput | Mask | Hires
+        )
+    }
+
+    /// Only Kontext edits a picture given as a reference; \[dev\] and \[schnell\] start from one
+    /// (`--image`) instead.
+    fn model_takes(&self, source: &dyn ModelSource, feature: Feature) -> bool {
+        match feature {
+            Feature::References => is_kontext(source),
+            other => self.takes(other),
+        }
+    }
+
+    fn own_defaults(&self, source: &dyn ModelSource) -> Option<OwnDefaults> {
+        let t = transformer_config(source)?;
+        let (steps, guidance) = pipeline::default_steps_and_guidance(&t);
+        let kind = match (t.guidance_embeds, is_kontext(source)) {
+            (_, true) => "Kontext [dev]",
+            (true, false) => "[dev]",
+            (false, false) => "[schnell]",
+        };
+        Some(OwnDefaults {
+            steps,
+            guidance,
+            kind,
+        })
+    }
+
+    fn load(
+        &self,
+        source: Source,
+        dtype: Dtype,
+        _keep_models: bool,
+    ) -> Result<Box<dyn LoadedModel>, crate::jobs::error::Error> {
+        Ok(Box::new(run::Loaded::new(
+            source,
+            dtype,
+            Flux1Pipeline::new,
+        )?))
+    }
+
+    fn check_configs(&self, configs: &[(String, Vec<u8>)]) -> Result<(), String> {
+        configs::check_files(configs)
+    }
+
+    fn check_model(&self, source: &dyn ModelSource) -> Result<(), Error> {
+        let p = Flux1Pipeline::new(source, Dtype::F32)?;
+        drop(p.load_clip()?);
+        drop(p.load_t5()?);
+        drop(p.load_transformer()?);
+        drop(p.load_vae()?);
+        drop(p.load_vae_encoder()?);
+        Ok(())
+    }
+
+    fn check_transformer(&self, config: &[u8], checkpoint: Checkpoint) -> Result<(), Misfit> {
+        let cfg: Flux1Config = super::parse_config(config, Flux1Config::validate)?;
+        Flux1Transformer::new(&cfg, checkpoint).map_err(Misfit::Model)?;
+        Ok(())
+    }
+
+    fn runtime_memory(&self, source: &dyn ModelSource, dtype: Dtype) -> Option<RuntimeMemory> {
+        let p = Flux1Pipeline::new(source, dtype).ok()?;
+        let side = p.configs.vae.sample_size.unwrap_or(1024);
+        let tokens = pipeline::text_length(&p.configs.transformer) as u32;
+        let sizes = p.tensor_sizes().ok()?;
+        let model = p.model_sizes(&sizes);
+        Some(RuntimeMemory::of(
+            &model,
+            side,
+            tokens,
+            1,
+            dtype,
+            p.can_stream(),
+        ))
+    }
+
+    fn original_names(&self) -> Option<OriginalNames> {
+        original_names()
+    }
+
+    fn transformer_class(&self) -> &'static str {
+        "FluxTransformer2DModel"
+    }
+
+    fn gguf_architecture(&self) -> &'static str {
+        "flux"
+    }
+
+    fn claims_checkpoint(&self, _tensors: &[SourceTensor]) -> bool {
+        false
+    }
+
+    fn transformer_to_diffusers(
+        &self,
+        _tensors: Vec<SourceTensor>,
+        what: &str,
+    ) -> Result<Mapped, LayoutError> {
+        Err(LayoutError::Unknown {
+            what: what.to_string(),
+            component: "transformer",
+            expected: "diffusers' names",
+            found: String::new(),
+        })
+    }
+
+    /// diffusers' FLUX.1 transformer embeds CLIP's pooled vector (`time_text_embed`); FLUX.2's
+    /// and FLUX.3's have no such embedder.
+    fn claims_stored(&self, tensors: &[(String, Vec<u64>)]) -> bool {
+        (tensors.iter()).any(|(n, _)| n.starts_with("time_text_embed.text_embedder."))
+    }
+
+    fn transformer_to_original(&self, _tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
+        Vec::new()
+    }
+}

@@ -564,7 +564,7 @@ impl<S: ModelSource> KleinPipeline<S> {
             transformer: &sizes[1],
             vae: &sizes[2],
             controlnet: &[],
-            text_config: &self.configs.text_encoder,
+            text_config: (&self.configs.text_encoder).into(),
             denoiser: super::denoiser(&self.configs.transformer, self.cell()),
             vae_config: &self.configs.vae,
         }

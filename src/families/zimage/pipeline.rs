@@ -228,7 +228,7 @@ impl<S: ModelSource> Pipeline<S> {
             text_encoder: &sizes[0],
             transformer: &sizes[1],
             vae: &sizes[2],
-            text_config: &self.configs.text_encoder,
+            text_config: (&self.configs.text_encoder).into(),
             denoiser: super::denoiser(&c.transformer, &c.text_encoder, &c.vae),
             vae_config: &self.configs.vae,
             controlnet: &self.controlnet_sizes,

@@ -476,7 +476,7 @@ pub(super) fn job_of(
     pictures.control = super::controlnet::unit(b.alwayson_scripts.as_ref())?;
     if let Some(family) = crate::server::family(state, model) {
         refuse_untaken(family, &pictures)?;
-        if family.takes(Feature::References) {
+        if crate::server::model_takes(state, model, Feature::References) {
             // A family that edits from references alone reads every picture as one.
             let all = !family.takes(Feature::ImageInput) && pictures.mask.is_none();
             if all {

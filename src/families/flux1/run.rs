@@ -1,0 +1,314 @@
+//! FLUX.1's runner: the model's defaults for what the job leaves unsaid, Kontext's picture
+//! prepared as diffusers prepares it, true guidance's scale, one image per seed, and the same
+//! PNG metadata as every other image. Options FLUX.1 lacks were refused by name before any
+//! weights loaded.
+
+use super::pipeline::{self as flux1, Flux1Pipeline};
+use crate::jobs::batch::{self, BatchEnds, Image, Outcome, Reporter};
+use crate::jobs::error::Error;
+use crate::jobs::job::Job;
+use crate::jobs::job::Picture;
+use crate::jobs::loaded::{Held, LoadedModel};
+use crate::jobs::masked_area::MaskedArea;
+use crate::jobs::metadata::{self, Provenance};
+use crate::jobs::progress::Cancel;
+use crate::jobs::source::Source;
+use crate::memory_plan::MemoryPlan;
+use crate::pipeline::reference::{capped_size, Reference};
+use crate::pipeline::{self, ModelSource, Request};
+use std::ops::ControlFlow;
+
+/// A loaded FLUX.1 model: its pipeline, its defaults and its LoRAs.
+pub type Loaded = Held<Flux1Pipeline<Source>>;
+
+impl Loaded {
+    fn bind(&mut self, specs: &[crate::lora::LoraSpec], lenient: bool) -> Result<(), Error> {
+        let (load, set) = (Flux1Pipeline::load_adapters, Flux1Pipeline::set_adapters);
+        (self.loras).bind(&mut self.pipeline, (specs, lenient), load, set)
+    }
+}
+
+impl LoadedModel for Loaded {
+    fn source(&self) -> &Source {
+        self.pipeline.source()
+    }
+
+    fn run(&mut self, job: &Job, report: &mut Reporter, cancel: &Cancel) -> Result<Outcome, Error> {
+        let load = report.elapsed();
+        run(job, self, report, cancel, load)
+    }
+}
+
+/// Kontext's picture to edit (the job's one reference), prepared as diffusers prepares it; a
+/// model that is not Kontext takes none.
+fn reference(job: &Job, flux1: &Loaded) -> Result<Option<Reference>, Error> {
+    let p = &flux1.pipeline;
+    match (job.references.as_slice(), p.configs.kontext) {
+        ([], _) => Ok(None),
+        ([picture], true) => {
+            let side = p.configs.vae.sample_size.unwrap_or(1024);
+            super::kontext::prepare(&picture.image, p.cell(), side, &picture.label)
+                .map(Some)
+                .map_err(Error::Request)
+        }
+        (pictures, true) => Err(Error::Request(format!(
+            "{} pictures given; a Kontext model edits one (--ref once)",
+            pictures.len()
+        ))),
+        (_, false) => Err(Error::Request(
+            "--ref is for FLUX.1 Kontext models, which edit the picture given; this model draws from text (use --image to start from a picture)"
+                .into(),
+        )),
+    }
+}
+
+/// The strength an image task runs at when the job names none (diffusers' FLUX.1
+/// image-to-image default).
+const DEFAULT_STRENGTH: f64 = pipeline::condition::DEFAULT_STRENGTH;
+
+/// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
+/// floored to whole tokens.
+fn picture_size(picture: &Picture, cell: u32) -> Result<(u32, u32), Error> {
+    let (w, h) = capped_size(picture.image.width(), picture.image.height());
+    crate::image_in::default_size(w, h, cell).ok_or_else(|| {
+        Error::Request(format!(
+            "{} is {w}×{h}; a picture needs at least {cell} pixels each way",
+            picture.label
+        ))
+    })
+}
+
+/// The job's request: what it says, else the model's recorded defaults, else FLUX.1's own
+/// (\[dev\] and Kontext: 28 steps, guidance 3.5; \[schnell\]: 4 steps); the size, else the
+/// input picture's, else the VAE's sample size (a Kontext edit's too, as diffusers sizes it).
+fn request(job: &Job, flux1: &Loaded) -> Result<(Request, Option<MaskedArea>), Error> {
+    let p = &flux1.pipeline;
+    let (steps, guidance) = flux1::default_steps_and_guidance(&p.configs.transformer);
+    let d = &flux1.defaults;
+    let side = p.configs.vae.sample_size.unwrap_or(1024);
+    let (width, height) = match &job.input {
+        Some(i) => picture_size(&i.picture, p.cell())?,
+        None => (side, side),
+    };
+    let mut req = Request {
+        prompt: job.prompt.clone(),
+        negative_prompt: job
+            .negative_prompt
+            .clone()
+            .or_else(|| d.negative_prompt.clone()),
+        width: job.width.unwrap_or(width),
+        height: job.height.unwrap_or(height),
+        steps: job.steps.or(d.steps).unwrap_or(steps),
+        guidance: job.guidance.or(d.guidance).unwrap_or(guidance),
+        cfg_normalization: false,
+        cfg_truncation: pipeline::NO_TRUNCATION,
+        seed: job.seed,
+        noise: None,
+        input: None,
+    };
+    let mut area = None;
+    if let Some(i) = &job.input {
+        let (input, cut) = batch::picture_input(i, (req.width, req.height), DEFAULT_STRENGTH)?;
+        req.input = Some(input);
+        area = cut;
+    }
+    Ok((req, area))
+}
+
+/// The job's memory plan, before any weights load: `--memory-limit` (else
+/// `ZIMAGE_MEMORY_LIMIT`, else the device's or the machine's memory) honoured, or the job
+/// refused naming the smallest budget that runs it.
+fn plan(
+    job: &Job,
+    flux1: &Loaded,
+    req: &Request,
+    reference: Option<&Reference>,
+) -> Result<MemoryPlan, Error> {
+    let p = &flux1.pipeline;
+    let sizes = p.tensor_sizes()?;
+    let shape = p.request_shape(req, reference);
+    batch::plan_for(
+        &p.model_sizes(&sizes),
+        &shape,
+        p.can_stream(),
+        job.memory_limit.as_deref(),
+        job.residency,
+    )
+}
+
+/// One pass of image `image` of the batch: `req` run under `plan`, editing `reference`.
+fn pass<S: ModelSource>(
+    p: &mut Flux1Pipeline<S>,
+    req: &Request,
+    reference: Option<&Reference>,
+    plan: &MemoryPlan,
+    image: usize,
+    reporter: &mut Reporter,
+    cancel: &Cancel,
+) -> Result<pipeline::Generated, Error> {
+    p.set_residency(plan.residency);
+    p.set_tiling(plan.tiling);
+    if let Some(limit) = plan.cache_limit {
+        crate::mlx::memory::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    p.generate_from(req, reference, &mut |progress| {
+        reporter.pipeline(progress);
+        match cancel.stops_image() {
+            true => ControlFlow::Break(()),
+            false => ControlFlow::Continue(()),
+        }
+    })
+    .map_err(|e| match e {
+        pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
+        other => other.into(),
+    })
+}
+
+/// Makes a FLUX.1 job's images; the model is loaded.
+fn run(
+    job: &Job,
+    flux1: &mut Loaded,
+    reporter: &mut Reporter,
+    cancel: &Cancel,
+    load: std::time::Duration,
+) -> Result<Outcome, Error> {
+    let dtype = flux1.dtype;
+    // The runner refuses these first; a caller of this model alone is held to them too.
+    (super::family().refuse(&job.features())).map_err(Error::Request)?;
+    flux1.bind(&job.loras, job.lora_lenient)?;
+    let reference = reference(job, flux1)?;
+    let (mut first, area) = request(job, flux1)?;
+    flux1.pipeline.set_true_cfg(job.true_cfg.unwrap_or(1.0));
+    flux1.pipeline.validate(&first)?;
+    // The file holds what the seed would draw: `[1, C, 2h, 2w]` over the VAE's latent grid,
+    // before the tokens are packed (diffusers' `prepare_latents`).
+    if let Some(path) = &job.noise {
+        let (h, w) = flux1.pipeline.grid(&first);
+        let c = flux1.pipeline.configs.vae.latent_channels;
+        first.noise = Some(crate::jobs::noise::read(path, [c, 2 * h, 2 * w])?);
+    }
+    let plan = plan(job, flux1, &first, reference.as_ref())?;
+    // The hires pass: image-to-image of each first picture at the larger size, the same
+    // references beside it.
+    let hires = match &job.hires {
+        Some(h) => {
+            let p = &flux1.pipeline;
+            let second = batch::hires_request(job, h, p.cell(), |r| p.validate(r), &first)?;
+            let second_plan = self::plan(job, flux1, &second, reference.as_ref())?;
+            Some((h, second, second_plan))
+        }
+        None => None,
+    };
+    let p = &mut flux1.pipeline;
+    p.set_previews(job.preview)?;
+    let prompt_tokens = p.prompt_tokens(&job.prompt)?;
+    let model_name = p.source().name();
+    let identity = p.source().identity();
+    let scheduler = &p.configs.scheduler;
+    // The exponential time shift by μ is the static shift e^μ.
+    let shift = match scheduler.use_dynamic_shifting {
+        true => {
+            let (h, w) = p.grid(&first);
+            scheduler.line_mu((h * w) as usize).exp() as f32
+        }
+        false => scheduler.shift,
+    };
+    let reference_pictures: Vec<metadata::ReferenceProvenance> = (job.references.iter())
+        .map(|p| metadata::ReferenceProvenance::of(&p.image))
+        .collect();
+    let mut out = Vec::with_capacity(job.count as usize);
+    let mut ends = BatchEnds::default();
+    for (image, seed) in job.images() {
+        reporter.start_image(image);
+        let req = Request {
+            seed,
+            ..first.clone()
+        };
+        let generated = pass(p, &req, reference.as_ref(), &plan, image, reporter, cancel);
+        let Some(mut generated) = ends.pass(generated, cancel, seed, out.len())? else {
+            if ends.stopped {
+                break;
+            }
+            continue;
+        };
+        let mut steps_run = batch::steps_run_of(&req);
+        let mut last_req = req.clone();
+        let mut hires_from = None;
+        if let Some((h, second, second_plan)) = &hires {
+            reporter.phase("hires");
+            let picture = (generated.rgb, generated.width, generated.height);
+            let second = batch::hires_input(picture, second, seed)?;
+            let refined = pass(
+                p,
+                &second,
+                reference.as_ref(),
+                second_plan,
+                image,
+                reporter,
+                cancel,
+            );
+            let Some(refined) = ends.pass(refined, cancel, seed, out.len())? else {
+                if ends.stopped {
+                    break;
+                }
+                continue;
+            };
+            let mut phases = generated.phases;
+            phases.extend(refined.phases);
+            generated = pipeline::Generated { phases, ..refined };
+            steps_run += batch::steps_run_of(&second);
+            hires_from = Some(metadata::HiresProvenance::of(h, &req));
+            last_req = second;
+        }
+        if let Some(area) = &area {
+            let (w, h) = (generated.width, generated.height);
+            generated.rgb = (area.paste(generated.rgb, w, h))
+                .ok_or_else(|| Error::Png("the inpainted area has the wrong size".into()))?;
+        }
+        let from = Provenance {
+            model_name: &model_name,
+            identity: &identity,
+            dtype,
+            noise_file: job.noise.as_deref(),
+            loras: &p.adapters().applied,
+            shift,
+            only_masked: area
+                .as_ref()
+                .and(job.input.as_ref().and_then(|i| i.only_masked)),
+            references: &reference_pictures,
+        };
+        // The metadata speaks of the request as asked: the first pass's size and schedule,
+        // with the hires pass's settings beside them.
+        let (infotext, json) = metadata::png_text_full(&req, &from, None, hires_from.as_ref());
+        let png = crate::image_out::encode_png(
+            &generated.rgb,
+            generated.width,
+            generated.height,
+            &[
+                (crate::image_out::PARAMETERS_KEY, &infotext),
+                (crate::image_out::ZIMAGE_KEY, &json),
+            ],
+        )
+        .map_err(Error::Png)?;
+        out.push(Image {
+            png,
+            width: generated.width,
+            height: generated.height,
+            seed,
+            steps: last_req.steps,
+            steps_run,
+            prompt_tokens,
+            phases: generated.phases,
+            control_seconds: None,
+            infotext,
+        });
+    }
+    let larger = match hires {
+        Some((_, _, second)) if second.estimate.peak() > plan.estimate.peak() => second,
+        _ => plan,
+    };
+    Ok(Outcome {
+        loras: p.adapters().applied.clone(),
+        ..ends.outcome(out, larger, load, model_name)
+    })
+}
