@@ -1320,3 +1320,298 @@ fn the_same_flux3_request_gives_the_same_png_from_every_front_end() {
         );
     }
 }
+
+/// FLUX.1 requests as each front end takes them: text to image and image-to-image on \[dev\]
+/// (its guidance embedded), and a Kontext edit of one picture.
+fn flux1_cases() -> Vec<KleinCase> {
+    let picture = inputs().join("picture-96x80.png");
+    let pic = encoded(&picture);
+    let ollama = |model: &str, extra| {
+        let base = serde_json::json!({
+            "model": model, "prompt": PROMPT, "steps": 2, "seed": 7, "stream": false,
+            "options": {"seed": 7},
+        });
+        merged(base, extra)
+    };
+    let a1111 = |model: &str, extra| {
+        let base = serde_json::json!({
+            "prompt": PROMPT, "steps": 2, "seed": 7, "sampler_name": "Euler",
+            "scheduler": "Automatic", "override_settings": {"sd_model_checkpoint": model},
+        });
+        merged(base, extra)
+    };
+    let page = |model: &str, extra| {
+        merged(
+            serde_json::json!({"model": model, "prompt": PROMPT, "steps": 2, "seed": 7}),
+            extra,
+        )
+    };
+    let with = |model: &str, extra: &[&str]| {
+        let mut f = flags(&["--model", model, "--steps", "2", "--seed", "7"]);
+        f.extend(flags(extra));
+        f
+    };
+    let form = |model: &'static str, extra: Vec<FormPart>| {
+        let mut parts = vec![
+            text("model", model),
+            text("prompt", PROMPT),
+            text("steps", "2"),
+            text("seed", "7"),
+        ];
+        parts.extend(extra);
+        OpenAi::Edit(parts)
+    };
+    vec![
+        KleinCase {
+            name: "text to image on [dev]",
+            cli: with(
+                "flux1",
+                &["--width", "88", "--height", "56", "--guidance", "4"],
+            ),
+            ollama: Some(ollama(
+                "flux1",
+                serde_json::json!({"width": 88, "height": 56, "guidance": 4}),
+            )),
+            openai: None,
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111(
+                    "flux1",
+                    serde_json::json!({"width": 88, "height": 56, "cfg_scale": 4}),
+                ),
+            )),
+            page: Some(page(
+                "flux1",
+                serde_json::json!({"width": 88, "height": 56, "guidance": 4}),
+            )),
+        },
+        KleinCase {
+            name: "text to image at [dev]'s own guidance",
+            cli: with("flux1", &["--width", "64", "--height", "48"]),
+            ollama: Some(ollama(
+                "flux1",
+                serde_json::json!({"width": 64, "height": 48}),
+            )),
+            openai: Some(OpenAi::Json(ollama(
+                "flux1",
+                serde_json::json!({"size": "64x48"}),
+            ))),
+            a1111: None,
+            page: None,
+        },
+        KleinCase {
+            name: "image to image on [dev]",
+            cli: with("flux1", &["--image", s(&picture), "--strength", "0.75"]),
+            ollama: Some(ollama(
+                "flux1",
+                serde_json::json!({"images": [pic], "strength": 0.75}),
+            )),
+            openai: Some(form(
+                "flux1",
+                vec![file("image", &picture), text("strength", "0.75")],
+            )),
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111(
+                    "flux1",
+                    serde_json::json!({"init_images": [pic], "denoising_strength": 0.75}),
+                ),
+            )),
+            page: Some(page(
+                "flux1",
+                serde_json::json!({"picture": data_url(&picture), "strength": 0.75}),
+            )),
+        },
+        KleinCase {
+            name: "a Kontext edit",
+            cli: with("flux1k", &["--ref", s(&picture)]),
+            ollama: Some(ollama("flux1k", serde_json::json!({"images": [pic]}))),
+            // One picture and no mask: Kontext's edit.
+            openai: Some(form("flux1k", vec![file("image", &picture)])),
+            // A model that only edits reads `init_images` as the picture to edit.
+            a1111: Some((
+                "/sdapi/v1/img2img",
+                a1111("flux1k", serde_json::json!({"init_images": [pic]})),
+            )),
+            page: Some(page(
+                "flux1k",
+                serde_json::json!({"references": [data_url(&picture)]}),
+            )),
+        },
+    ]
+}
+
+/// What a FLUX.1 model has no way to do, asked of every front end that can ask it.
+fn flux1_bad_cases(dir: &Path) -> Vec<(KleinCase, &'static str)> {
+    let picture = inputs().join("picture-96x80.png");
+    let mask = inputs().join("mask-96x80.png");
+    let rgba_mask = dir.join("flux1-mask-rgba.png");
+    alpha_mask(&mask, &rgba_mask);
+    let page =
+        |model: &str, extra| merged(serde_json::json!({"model": model, "prompt": PROMPT}), extra);
+    let with = |model: &str, extra: &[&str]| {
+        let mut f = flags(&["--model", model]);
+        f.extend(flags(extra));
+        f
+    };
+    let none = |name, cli| KleinCase {
+        name,
+        cli,
+        ollama: None,
+        openai: None,
+        a1111: None,
+        page: None,
+    };
+    vec![
+        (
+            none(
+                "true CFG without a negative prompt",
+                with("flux1", &["--true-cfg", "2"]),
+            ),
+            "--true-cfg runs a second prediction from the negative prompt",
+        ),
+        (
+            none(
+                "true CFG on a family without it",
+                with("flux3", &["--true-cfg", "2", "--negative", "dark"]),
+            ),
+            "--true-cfg is not available for FLUX.3 [klein] models",
+        ),
+        (
+            KleinCase {
+                page: Some(page(
+                    "flux1",
+                    serde_json::json!({"references": [data_url(&picture)]}),
+                )),
+                ..none(
+                    "a reference on [dev]",
+                    with("flux1", &["--ref", s(&picture)]),
+                )
+            },
+            "--ref is not available for FLUX.1 [dev] models",
+        ),
+        (
+            KleinCase {
+                page: Some(page(
+                    "flux1k",
+                    serde_json::json!({"picture": data_url(&picture), "strength": 0.7}),
+                )),
+                ..none(
+                    "image to image on Kontext",
+                    with("flux1k", &["--image", s(&picture)]),
+                )
+            },
+            "--image is not available for FLUX.1 Kontext [dev] models",
+        ),
+        (
+            KleinCase {
+                openai: Some(OpenAi::Edit(vec![
+                    text("model", "flux1k"),
+                    text("prompt", PROMPT),
+                    file("image", &picture),
+                    file("mask", &rgba_mask),
+                ])),
+                ..none(
+                    "inpainting on Kontext",
+                    with("flux1k", &["--image", s(&picture), "--mask", s(&mask)]),
+                )
+            },
+            "--mask is not available for FLUX.1 Kontext [dev] models",
+        ),
+    ]
+}
+
+#[test]
+fn the_same_flux1_request_gives_the_same_png_from_every_front_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = demo_store(dir.path());
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    for (name, from) in [
+        ("flux1", models.join("flux1-dev-tiny")),
+        ("flux1k", models.join("flux1-kontext-tiny")),
+        ("flux3", models.join("flux3-klein-tiny")),
+    ] {
+        let created = common::zimage_in(&store, &["create", name, "--from", s(&from)]);
+        assert!(created.status.success(), "{created:?}");
+    }
+    let gallery = dir.path().join("gallery");
+    let server = Server::start(&store, &["--gallery-dir", s(&gallery)], &[]);
+
+    let mut pictures = Vec::new();
+    for case in flux1_cases() {
+        let Answer::Png(expected) = cli(&store, dir.path(), &case.cli) else {
+            panic!("{}: the command line refused it", case.name)
+        };
+        for (front, answer) in server_answers(&case, server.port, &gallery) {
+            match answer {
+                None => {}
+                Some(Answer::Png(png)) => {
+                    assert!(png == expected, "{}: {front}'s PNG differs", case.name)
+                }
+                Some(other) => panic!("{}: {front} answered {other:?}", case.name),
+            }
+        }
+        pictures.push(expected);
+    }
+    for (i, a) in pictures.iter().enumerate() {
+        for b in &pictures[i + 1..] {
+            assert!(a != b, "two FLUX.1 cases gave the same image");
+        }
+    }
+    // The page's form offers what each model has: [dev] starts from a picture, Kontext edits
+    // one given as a reference.
+    let (_, info) = common::server::get(server.port, "/ui/api/info");
+    let info = json(&info);
+    let takes = |short: &str| {
+        (info["models"].as_array())
+            .and_then(|all| all.iter().find(|m| m["short"] == short))
+            .unwrap_or_else(|| panic!("no {short} in {info}"))["takes"]
+            .clone()
+    };
+    assert_eq!(
+        takes("flux1"),
+        serde_json::json!({
+            "controlnet": false, "cfg_normalization": false, "cfg_truncation": false,
+            "references": false, "picture": true, "mask": true, "hires": true,
+        })
+    );
+    assert_eq!(
+        takes("flux1k"),
+        serde_json::json!({
+            "controlnet": false, "cfg_normalization": false, "cfg_truncation": false,
+            "references": true, "picture": false, "mask": false, "hires": false,
+        })
+    );
+
+    let written = files_in(&gallery);
+    for (case, needle) in flux1_bad_cases(dir.path()) {
+        let command_line = ("command line", Some(cli(&store, dir.path(), &case.cli)));
+        let answers =
+            std::iter::once(command_line).chain(server_answers(&case, server.port, &gallery));
+        for (front, answer) in answers {
+            let Some(answer) = answer else { continue };
+            let Answer::Refused(code, message) = answer else {
+                panic!("{}: {front} made an image", case.name)
+            };
+            match front {
+                "command line" => assert_eq!(code, 2, "{}: {message}", case.name),
+                _ => assert!(
+                    (400..500).contains(&code),
+                    "{}: {front}: {code} {message}",
+                    case.name
+                ),
+            }
+            assert!(
+                message.contains(needle),
+                "{}: {front} said `{message}`, without `{needle}`",
+                case.name
+            );
+        }
+        assert_eq!(
+            files_in(&gallery),
+            written,
+            "{}: the page kept an image",
+            case.name
+        );
+    }
+}

@@ -66,6 +66,10 @@ pub trait ModelFamily: Sync {
     fn model_takes(&self, _source: &dyn ModelSource, feature: Feature) -> bool {
         self.takes(feature)
     }
+    /// What to use instead of a `feature` the model in `source` does not take, for the refusal.
+    fn model_instead(&self, _source: &dyn ModelSource, feature: Feature) -> Option<&'static str> {
+        self.instead(feature)
+    }
     /// What to use instead of a `feature` the family does not take, for the refusal.
     fn instead(&self, _feature: Feature) -> Option<&'static str> {
         None
@@ -327,6 +331,26 @@ impl Family {
         Family::all()
             .find(|f| !f.is_default() && f.claims_stored(tensors))
             .unwrap_or_else(Family::default_family)
+    }
+
+    /// The refusal of the first of `used` the model in `source` does not take, naming its flag
+    /// and, where the family takes it for other models, the kind of model this one is.
+    pub fn refuse_for(self, source: &dyn ModelSource, used: &[Feature]) -> Result<(), String> {
+        let Some(f) = used.iter().find(|f| !self.model_takes(source, **f)) else {
+            return Ok(());
+        };
+        let kind = (self.takes(*f))
+            .then(|| self.own_defaults(source).map(|d| d.kind))
+            .flatten();
+        let models = match kind {
+            Some(kind) => format!("{} {kind}", self.name()),
+            None => self.name().to_string(),
+        };
+        let mut refusal = format!("{} is not available for {models} models", f.flag());
+        if let Some(instead) = self.model_instead(source, *f) {
+            refusal += &format!(" ({instead})");
+        }
+        Err(refusal)
     }
 
     /// The refusal of the first of `used` this family does not take, naming its flag.

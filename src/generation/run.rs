@@ -22,6 +22,6 @@ pub fn run(
     reporter.phase("load");
     engine.load(&job.model)?;
     let (family, model) = engine.loaded();
-    family.refuse(&job.features()).map_err(Error::Request)?;
+    (family.refuse_for(model.source(), &job.features())).map_err(Error::Request)?;
     model.run(job, &mut reporter, cancel)
 }

@@ -725,11 +725,14 @@ pub fn check_family(
     };
     f.refuse(&job.features())
         .map_err(|e| ApiError::bad_request(api, e))?;
-    // The sides a job names, against the model's own token cell.
     let Ok(model) = state.store.open(&name.to_string()) else {
         return Ok(());
     };
-    let Ok(cell) = f.cell(&crate::loader::StoreSource::new(&state.store, &model)) else {
+    let source = crate::loader::StoreSource::new(&state.store, &model);
+    f.refuse_for(&source, &job.features())
+        .map_err(|e| ApiError::bad_request(api, e))?;
+    // The sides a job names, against the model's own token cell.
+    let Ok(cell) = f.cell(&source) else {
         return Ok(());
     };
     let sides = (job.width.unwrap_or(cell), job.height.unwrap_or(cell));

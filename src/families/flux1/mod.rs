@@ -89,12 +89,25 @@ impl ModelFamily for Flux1 {
         )
     }
 
-    /// Only Kontext edits a picture given as a reference; \[dev\] and \[schnell\] start from one
-    /// (`--image`) instead.
+    /// Only Kontext edits a picture given as a reference, and it only edits: \[dev\] and
+    /// \[schnell\] start from a picture (`--image`, with a mask, or a hires pass's) instead.
     fn model_takes(&self, source: &dyn ModelSource, feature: Feature) -> bool {
         match feature {
             Feature::References => is_kontext(source),
+            Feature::ImageInput | Feature::Mask | Feature::Hires => !is_kontext(source),
             other => self.takes(other),
+        }
+    }
+
+    fn model_instead(&self, source: &dyn ModelSource, feature: Feature) -> Option<&'static str> {
+        match (feature, is_kontext(source)) {
+            (Feature::References, false) => {
+                Some("only Kontext models edit a picture given; start from one with --image")
+            }
+            (Feature::ImageInput | Feature::Mask | Feature::Hires, true) => {
+                Some("it edits the picture given with --ref")
+            }
+            _ => None,
         }
     }
 

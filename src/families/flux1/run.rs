@@ -39,26 +39,21 @@ impl LoadedModel for Loaded {
     }
 }
 
-/// Kontext's picture to edit (the job's one reference), prepared as diffusers prepares it; a
-/// model that is not Kontext takes none.
+/// Kontext's picture to edit (the job's one reference), prepared as diffusers prepares it.
 fn reference(job: &Job, flux1: &Loaded) -> Result<Option<Reference>, Error> {
     let p = &flux1.pipeline;
-    match (job.references.as_slice(), p.configs.kontext) {
-        ([], _) => Ok(None),
-        ([picture], true) => {
+    match job.references.as_slice() {
+        [] => Ok(None),
+        [picture] => {
             let side = p.configs.vae.sample_size.unwrap_or(1024);
             super::kontext::prepare(&picture.image, p.cell(), side, &picture.label)
                 .map(Some)
                 .map_err(Error::Request)
         }
-        (pictures, true) => Err(Error::Request(format!(
+        pictures => Err(Error::Request(format!(
             "{} pictures given; a Kontext model edits one (--ref once)",
             pictures.len()
         ))),
-        (_, false) => Err(Error::Request(
-            "--ref is for FLUX.1 Kontext models, which edit the picture given; this model draws from text (use --image to start from a picture)"
-                .into(),
-        )),
     }
 }
 
@@ -174,7 +169,8 @@ fn run(
 ) -> Result<Outcome, Error> {
     let dtype = flux1.dtype;
     // The runner refuses these first; a caller of this model alone is held to them too.
-    (super::family().refuse(&job.features())).map_err(Error::Request)?;
+    let source = flux1.pipeline.source();
+    (super::family().refuse_for(source, &job.features())).map_err(Error::Request)?;
     flux1.bind(&job.loras, job.lora_lenient)?;
     let reference = reference(job, flux1)?;
     let (mut first, area) = request(job, flux1)?;

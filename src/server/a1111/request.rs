@@ -478,7 +478,8 @@ pub(super) fn job_of(
         refuse_untaken(family, &pictures)?;
         if crate::server::model_takes(state, model, Feature::References) {
             // A family that edits from references alone reads every picture as one.
-            let all = !family.takes(Feature::ImageInput) && pictures.mask.is_none();
+            let all = !crate::server::model_takes(state, model, Feature::ImageInput)
+                && pictures.mask.is_none();
             if all {
                 pictures.init = None;
             }
