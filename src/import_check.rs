@@ -48,9 +48,10 @@ impl Preview {
         t.component == component
     }
 
-    /// The logical dtype a tensor is held in (ggml blocks widen to f32).
+    /// The logical dtype a tensor is held in (ggml blocks widen to f32, fp8 to bf16).
     fn dtype(t: &SourceTensor) -> crate::mlx::Dtype {
         match t.encoding {
+            Encoding::Plain if crate::fp8::is_fp8(t.dtype) => crate::mlx::Dtype::BF16,
             Encoding::Plain => t.dtype,
             Encoding::Ggml(_) => crate::mlx::Dtype::F32,
         }
@@ -126,6 +127,17 @@ fn declares_model(bytes: &[u8]) -> bool {
 /// checked against its own config when the import has one that says what it is.
 pub fn check<S: TensorSource + ?Sized>(source: &S) -> Result<(), DoesNotFit> {
     let tensors = source.tensors();
+    if let Some(scale) = crate::fp8::unread_scale(tensors.iter().map(|t| t.name.as_str())) {
+        let t = tensors
+            .iter()
+            .find(|t| t.name == scale)
+            .expect("found among them");
+        return Err(DoesNotFit {
+            file: Some(t.file.clone()),
+            reason: format!("tensor `{scale}` {}", crate::fp8::SCALE_REFUSAL),
+            more: 0,
+        });
+    }
     for t in &tensors {
         if t.name.is_empty() || t.name.chars().any(char::is_control) {
             return Err(DoesNotFit {

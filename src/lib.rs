@@ -58,6 +58,8 @@ pub mod families;
 pub mod files;
 #[doc(hidden)]
 pub mod formats;
+#[doc(hidden)]
+pub mod fp8;
 pub mod generation;
 #[doc(hidden)]
 pub mod generation_defaults;

@@ -111,6 +111,13 @@ impl Checkpoint {
                 }
             }
             let st = SafetensorsFile::open(f, 0, len, "model")?;
+            let names = st.header.tensors.iter().map(|t| t.name.as_str());
+            if let Some(scale) = crate::fp8::unread_scale(names) {
+                return Err(bad(
+                    f,
+                    format!("tensor `{scale}` {}", crate::fp8::SCALE_REFUSAL),
+                ));
+            }
             if let Some(text) = st
                 .header
                 .metadata

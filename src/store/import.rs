@@ -153,12 +153,22 @@ pub(crate) fn should_quantize(t: &SourceTensor) -> bool {
         && t.shape
             .last()
             .is_some_and(|&c| c % Quantization::GROUP_SIZE as u64 == 0)
-        && matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        && (matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) || crate::fp8::is_fp8(t.dtype))
         && t.encoding == Encoding::Plain
 }
 
 fn convertible(d: Dtype) -> bool {
     matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+}
+
+/// The dtype a tensor is stored in: the one asked for, for a float tensor; bf16 for an fp8
+/// one (MLX has no 8-bit floats, and bf16 holds every fp8 value exactly); else as it is.
+fn stored_dtype(from: Dtype, asked: Option<Dtype>) -> Dtype {
+    match asked {
+        Some(d) if convertible(from) || crate::fp8::is_fp8(from) => d,
+        None if crate::fp8::is_fp8(from) => Dtype::BF16,
+        _ => from,
+    }
 }
 
 /// Refuses, before anything is written, a source whose manifest could not be read back: the
@@ -257,6 +267,16 @@ impl Store {
             return Err(StoreError::BadAlignment(opts.align));
         }
         let tensors = source.tensors();
+        if let Some(scale) = crate::fp8::unread_scale(tensors.iter().map(|t| t.name.as_str())) {
+            let t = tensors
+                .iter()
+                .find(|t| t.name == scale)
+                .expect("found among them");
+            return Err(StoreError::Fp8Scale {
+                file: t.file.clone(),
+                tensor: t.name.clone(),
+            });
+        }
         check_manifest_fits(name, &tensors)?;
         // Held until the manifest is written: a `gc` cannot sweep the blobs written so far,
         // which no manifest references yet.
@@ -333,10 +353,7 @@ impl Store {
         t: &SourceTensor,
         opts: &ImportOptions,
     ) -> Result<Vec<(Layer, bool)>, StoreError> {
-        let target = match opts.dtype {
-            Some(d) if convertible(t.dtype) => d,
-            _ => t.dtype,
-        };
+        let target = stored_dtype(t.dtype, opts.dtype);
         let mut w = BlobWriter::new(&self.root)?;
         w.write(&blob::tensor_blob_header(target, &t.shape, opts.align)?)?;
         let mut reader = open_range(t)?;
@@ -388,6 +405,11 @@ impl Store {
         if let Some((i, value)) = first_non_finite(&bytes, t.dtype) {
             return Err(non_finite(t, i, value));
         }
+        // fp8 is widened (exactly) to bf16 first: MLX quantizes only the arrays it holds.
+        let (bytes, dtype) = match crate::fp8::is_fp8(t.dtype) {
+            true => (convert(&bytes, t.dtype, Dtype::BF16), Dtype::BF16),
+            false => (bytes, t.dtype),
+        };
         let shape = t
             .shape
             .iter()
@@ -400,8 +422,8 @@ impl Store {
             })?;
         let full = format!("{}/{}", t.component, t.name);
         let quantized = (|| -> Result<Vec<(String, mlx::Array)>, mlx::Error> {
-            let w = mlx::Array::from_bytes(&bytes, &shape, t.dtype)?;
-            let w = if t.dtype == mlx::Dtype::F32 {
+            let w = mlx::Array::from_bytes(&bytes, &shape, dtype)?;
+            let w = if dtype == mlx::Dtype::F32 {
                 w
             } else {
                 w.astype(mlx::Dtype::BF16)?
@@ -472,9 +494,11 @@ fn sync_dir(dir: &std::path::Path) -> Result<(), StoreError> {
 pub trait TensorSourceSync: TensorSource + Sync {}
 impl<T: TensorSource + Sync> TensorSourceSync for T {}
 
-/// Little-endian float conversion between F32, F16 and BF16 (round to nearest even).
+/// Little-endian float conversion from F32, F16, BF16 or fp8 to F32, F16 or BF16 (round to
+/// nearest even; fp8 widens exactly).
 fn convert(bytes: &[u8], from: Dtype, to: Dtype) -> Vec<u8> {
     let values: Vec<f32> = match from {
+        d if crate::fp8::is_fp8(d) => bytes.iter().map(|&b| crate::fp8::to_f32(b, d)).collect(),
         Dtype::F32 => bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))

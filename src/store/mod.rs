@@ -223,6 +223,14 @@ pub enum StoreError {
         /// Bytes free on the disk, when known.
         free: Option<u64>,
     },
+    /// A scaled-fp8 checkpoint: its weights need scales the import does not apply.
+    #[error("`{}`: tensor `{tensor}` {}", file.display(), crate::fp8::SCALE_REFUSAL)]
+    Fp8Scale {
+        /// The source file.
+        file: PathBuf,
+        /// The scale tensor found.
+        tensor: String,
+    },
     /// An import asked to convert tensors to a dtype other than BF16, F16 or F32.
     #[error("`--dtype {}` is not supported; use bf16, f16 or f32", .0.lower_name())]
     UnsupportedDtype(crate::dtype::Dtype),

@@ -108,6 +108,10 @@ pub fn first_non_finite(bytes: &[u8], dtype: Dtype) -> Option<(u64, String)> {
         Dtype::BF16 => (bytes.chunks_exact(2).enumerate())
             .find(|(_, c)| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80)
             .and_then(|(i, c)| found(i, bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        d if crate::fp8::is_fp8(d) => (bytes.iter().enumerate())
+            .map(|(i, &b)| (i, crate::fp8::to_f32(b, d)))
+            .find(|(_, v)| !v.is_finite())
+            .and_then(|(i, v)| found(i, v)),
         Dtype::F64 => (bytes.chunks_exact(8).enumerate())
             .map(|(i, c)| (i, f64::from_le_bytes(c.try_into().expect("8 bytes"))))
             .find(|(_, v)| !v.is_finite())
