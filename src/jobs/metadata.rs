@@ -25,6 +25,9 @@ pub struct Provenance<'a> {
     pub only_masked: Option<u32>,
     /// The reference pictures an edit followed, in order.
     pub references: &'a [ReferenceProvenance],
+    /// True classifier-free guidance's scale, when it ran (a second prediction from the
+    /// negative prompt beside an embedded guidance scale).
+    pub true_cfg: Option<f32>,
 }
 
 /// A reference picture an image was edited from, for its metadata: its size and the sha256 of
@@ -126,6 +129,9 @@ pub fn png_text_full(
         ("Model hash", hash10),
         ("Model", from.model_name.to_string()),
     ];
+    if let Some(scale) = from.true_cfg {
+        fields.push(("True CFG scale", scale.to_string()));
+    }
     if req.cfg_normalization {
         fields.push(("CFG normalization", "True".into()));
     }
@@ -181,7 +187,7 @@ pub fn png_text_full(
         &req.prompt,
         req.negative_prompt
             .as_deref()
-            .filter(|_| req.guidance > 0.0)
+            .filter(|_| req.guidance > 0.0 || from.true_cfg.is_some())
             .unwrap_or(""),
         &fields,
     );
@@ -203,6 +209,9 @@ pub fn png_text_full(
     }
     if !from.references.is_empty() {
         request_json["references"] = serde_json::json!(from.references);
+    }
+    if let Some(scale) = from.true_cfg {
+        request_json["true_cfg"] = serde_json::json!(scale);
     }
     if let Some(padding) = from.only_masked {
         request_json["only_masked"] = serde_json::json!({ "padding": padding });

@@ -272,6 +272,7 @@ fn run(
                 .as_ref()
                 .and(job.input.as_ref().and_then(|i| i.only_masked)),
             references: &reference_pictures,
+            true_cfg: p.guided(&req).then_some(p.true_cfg()),
         };
         // The metadata speaks of the request as asked: the first pass's size and schedule,
         // with the hires pass's settings beside them.

@@ -164,6 +164,7 @@ fn run(
             shift,
             only_masked: None,
             references: &reference_pictures,
+            true_cfg: None,
         };
         let (infotext, json) = metadata::png_text_full(&req, &from, None, None);
         let png = crate::image_out::encode_png(

@@ -256,6 +256,7 @@ fn run(
                 .as_ref()
                 .and(job.input.as_ref().and_then(|i| i.only_masked)),
             references: &[],
+            true_cfg: None,
         };
         // The metadata speaks of the request as asked: the first pass's size and schedule,
         // with the hires pass's settings beside them.
