@@ -8,6 +8,11 @@
 //!   `<module>.alpha`.
 //! - kohya: `lora_unet_<module with underscores for dots>.lora_down.weight`, `.lora_up.weight`
 //!   and `.alpha`, some trainers writing `lora_unet__…`; the text encoder's under `lora_te_`.
+//! - XLabs: `[diffusion_model.]double_blocks.N.processor.{qkv,proj}_lora{1,2}.{down,up}.weight`
+//!   and `single_blocks.N.processor.{qkv,proj}_lora.…`, no alpha: the attention's fused
+//!   projections in Black Forest Labs' names, `1` the image stream's and `2` the text's. A
+//!   single block's `qkv_lora` covers the first three parts of its fused `linear1` (q, k and v;
+//!   not the MLP's), named `single_blocks.N.linear1[:3]`.
 //!
 //! The module is whatever name the file gives; which names the model's layers answer to is the
 //! model family's (a family's layers also answer to the original names its checkpoints use,
@@ -23,6 +28,8 @@ pub enum Layout {
     Peft,
     Comfy,
     Kohya,
+    #[serde(rename = "xlabs")]
+    XLabs,
 }
 
 impl Layout {
@@ -31,6 +38,7 @@ impl Layout {
             Layout::Peft => "diffusers/PEFT (`transformer.<module>.lora_A/lora_B`)",
             Layout::Comfy => "ComfyUI (`diffusion_model.<module>.lora_A/lora_B`)",
             Layout::Kohya => "kohya (`lora_unet_<module>.lora_down/lora_up`)",
+            Layout::XLabs => "XLabs (`double_blocks.N.processor.qkv_lora1.down/up`)",
         }
     }
 }
@@ -140,6 +148,9 @@ pub fn other_kind(key: &str) -> Option<&'static str> {
 
 /// What `key` names, or `None` when it fits no layout.
 pub fn parse_key(key: &str) -> Option<ParsedKey> {
+    if let Some(parsed) = parse_xlabs(key) {
+        return Some(parsed);
+    }
     let (stem, part) = PARTS
         .iter()
         .find_map(|&(suffix, part)| key.strip_suffix(suffix).map(|s| (s, part)))?;
@@ -176,6 +187,40 @@ pub fn parse_key(key: &str) -> Option<ParsedKey> {
         module: ModuleKey::Dotted(m.to_string()),
         part,
     })
+}
+
+/// An XLabs key: its processor's LoRA as the fused layer of the block it adapts.
+fn parse_xlabs(key: &str) -> Option<ParsedKey> {
+    let key = key.strip_prefix("diffusion_model.").unwrap_or(key);
+    let (stem, part) = [(".down.weight", Part::Down), (".up.weight", Part::Up)]
+        .into_iter()
+        .find_map(|(suffix, part)| key.strip_suffix(suffix).map(|s| (s, part)))?;
+    let (block, lora) = stem.split_once(".processor.")?;
+    let (kind, index) = block.split_once('.')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let layer = match (kind, lora) {
+        ("double_blocks", "qkv_lora1") => "img_attn.qkv",
+        ("double_blocks", "qkv_lora2") => "txt_attn.qkv",
+        ("double_blocks", "proj_lora1") => "img_attn.proj",
+        ("double_blocks", "proj_lora2") => "txt_attn.proj",
+        ("single_blocks", "qkv_lora") => "linear1[:3]",
+        ("single_blocks", "proj_lora") => "linear2",
+        _ => return None,
+    };
+    Some(ParsedKey {
+        layout: Layout::XLabs,
+        component: Component::Transformer,
+        module: ModuleKey::Dotted(format!("{block}.{layer}")),
+        part,
+    })
+}
+
+/// `layer[:n]`: the first `n` parts of a fused layer (see [`parse_xlabs`]).
+pub(crate) fn leading_parts(module: &str) -> Option<(&str, u64)> {
+    let (base, n) = module.strip_suffix(']')?.rsplit_once("[:")?;
+    Some((base, n.parse().ok().filter(|&n| n > 0)?))
 }
 
 fn non_empty(s: &str) -> Option<&str> {
@@ -215,6 +260,61 @@ mod tests {
     fn parsed(key: &str) -> (Layout, Component, ModuleKey, Part) {
         let p = parse_key(key).unwrap();
         (p.layout, p.component, p.module, p.part)
+    }
+
+    #[test]
+    fn xlabs_keys_name_the_fused_layers_they_adapt() {
+        let dotted = |s: &str| ModuleKey::Dotted(s.into());
+        use Component::*;
+        use Layout::*;
+        use Part::*;
+        for (key, want) in [
+            (
+                "double_blocks.3.processor.qkv_lora1.down.weight",
+                (
+                    XLabs,
+                    Transformer,
+                    dotted("double_blocks.3.img_attn.qkv"),
+                    Down,
+                ),
+            ),
+            (
+                "diffusion_model.double_blocks.0.processor.proj_lora2.up.weight",
+                (
+                    XLabs,
+                    Transformer,
+                    dotted("double_blocks.0.txt_attn.proj"),
+                    Up,
+                ),
+            ),
+            (
+                "single_blocks.12.processor.qkv_lora.up.weight",
+                (
+                    XLabs,
+                    Transformer,
+                    dotted("single_blocks.12.linear1[:3]"),
+                    Up,
+                ),
+            ),
+            (
+                "single_blocks.1.processor.proj_lora.down.weight",
+                (XLabs, Transformer, dotted("single_blocks.1.linear2"), Down),
+            ),
+        ] {
+            assert_eq!(parsed(key), want, "{key}");
+        }
+        for bad in [
+            "double_blocks.x.processor.qkv_lora1.down.weight",
+            "double_blocks.0.processor.other_lora.down.weight",
+            "single_blocks.0.processor.qkv_lora1.down.weight",
+        ] {
+            assert!(parse_xlabs(bad).is_none(), "{bad}");
+        }
+        assert_eq!(
+            leading_parts("single_blocks.1.linear1[:3]"),
+            Some(("single_blocks.1.linear1", 3))
+        );
+        assert_eq!(leading_parts("single_blocks.1.linear1[:0]"), None);
     }
 
     #[test]

@@ -190,6 +190,25 @@ impl Modules {
             let (layer, &shape) = self.shapes.get_key_value(layer)?;
             Some(Target { layer, shape, rows })
         };
+        // The first parts of a fused layer: the layers holding only those parts, their rows
+        // counted among the first `n` parts alone.
+        if let Some((base, n)) = layout::leading_parts(dotted) {
+            let Some(layers) = self.originals.get(base) else {
+                return Vec::new();
+            };
+            return (layers.iter())
+                .filter(|(_, r)| r.parts.iter().all(|&p| p < n))
+                .filter_map(|(l, r)| {
+                    target(
+                        l,
+                        Rows {
+                            of: n,
+                            parts: r.parts,
+                        },
+                    )
+                })
+                .collect();
+        }
         match self.originals.get(dotted) {
             Some(layers) => layers.iter().filter_map(|(l, r)| target(l, *r)).collect(),
             None => target(dotted, Rows::WHOLE).into_iter().collect(),
