@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # zimage beside diffusers, a cold process to a PNG each, in one run: the family's big random
-# model (klein: models/make_klein_tiny.py --big; flux3: models/make_flux3_tiny.py --big), its
-# distilled transformer run 4 steps, float32, at SIZE² (default 512), in ROUNDS rounds (default
-# 3) taken in turn; prints each run's wall time and peak RSS and the medians' ratios.
+# model (klein: models/make_klein_tiny.py --big; flux3: models/make_flux3_tiny.py --big; flux1:
+# models/make_flux1_tiny.py --big, a FLUX.1 [dev] at guidance 3.5), its distilled transformer run
+# 4 steps, float32, at SIZE² (default 512), in ROUNDS rounds (default 3) taken in turn; prints
+# each run's wall time and peak RSS and the medians' ratios.
 #
-#   PYTHON=/path/to/venv/bin/python benches/diffusers_compare.sh klein|flux3 [SIZE] [ROUNDS]
+#   PYTHON=/path/to/venv/bin/python benches/diffusers_compare.sh klein|flux3|flux1 [SIZE] [ROUNDS]
 #
 # PYTHON must have torch, diffusers 0.42.1 and transformers (docs/benchmarks.md says how the
 # reference runs are installed). The model is written once under target/bench/FAMILY-big.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-family=${1:?klein or flux3}
+family=${1:?klein, flux3 or flux1}
 size=${2:-512}
 rounds=${3:-3}
 python=${PYTHON:-python3}
@@ -20,7 +21,8 @@ mkdir -p "$out"
 case $family in
   klein) index=model_index.json ;;
   flux3) index=modular_model_index.json ;;
-  *) echo "FAMILY is klein or flux3" >&2; exit 2 ;;
+  flux1) index=model_index.json ;;
+  *) echo "FAMILY is klein, flux3 or flux1" >&2; exit 2 ;;
 esac
 [ -f "$model/$index" ] || "$python" "models/make_${family}_tiny.py" --big "$model"
 cargo build --release --quiet

@@ -72,6 +72,19 @@ models/text-encoders-tiny and the input pictures under models/reference. From th
     python models/make_flux1_tiny.py                  # models and every reference
     python models/make_flux1_tiny.py --skip-model     # only the references
     python models/make_flux1_tiny.py --only t2i-dev   # one reference (or `transformer`, `blocks-real`)
+    python models/make_flux1_tiny.py --big DIR        # the benchmarks' big model, in DIR
+
+The benchmarks' big model (`--big`, benches/diffusers_compare.sh flux1) is a random FLUX.1 [dev]
+(`FluxPipeline`, the guidance embedder, the [dev] scheduler) whose compute is of the order of the
+big klein's: a transformer 512 wide (4 heads of 128, the real RoPE axes 16/56/56, MLP ratio 4)
+with 2 double- and 4 single-stream blocks, 64 input channels, joint_attention_dim 1024 and
+pooled_projection_dim 512; a T5 encoder (gated-gelu, d_model 1024, 16 heads of 64, d_ff 2816,
+8 layers, the real 32 buckets / max distance 128 and vocabulary of 32128) read through the real
+512-token window; a CLIP text model (512 wide, 8 heads, MLP 2048, 6 layers, the real 77 positions
+and vocabulary of 49408); and the real FLUX.1 VAE's architecture (128/256/512/512 channels, two
+resnets per level, 32 groups, 16 latent channels, scaling 0.3611, shift 0.1159), so that the
+decode costs what the real one does. The tokenizers are models/text-encoders-tiny's, the CLIP
+one with the real 77-token window. Weights are randomised as the tiny ones' and stored in bf16.
 """
 
 import argparse
@@ -137,18 +150,18 @@ def randomise_(module, std=0.3, gain=2.0):
                 p.mul_(gain)
 
 
-def build_transformer(guidance):
+def build_transformer(guidance, config=TRANSFORMER):
     from diffusers import FluxTransformer2DModel
 
-    t = FluxTransformer2DModel(**TRANSFORMER, guidance_embeds=guidance)
+    t = FluxTransformer2DModel(**config, guidance_embeds=guidance)
     randomise_(t)
     return t
 
 
-def build_vae():
+def build_vae(config=VAE):
     from diffusers import AutoencoderKL
 
-    vae = AutoencoderKL(**VAE)
+    vae = AutoencoderKL(**config)
     randomise_(vae, gain=1.0)
     return vae
 
@@ -540,14 +553,80 @@ def pipeline_cases(names):
             save(name, dump, dict(meta, case=name, model=os.path.basename(MODEL_DIRS[model])))
 
 
+# The benchmarks' "big" model (benches/diffusers_compare.sh flux1); see the top of this file.
+BIG_TRANSFORMER = dict(
+    TRANSFORMER, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=128,
+    num_attention_heads=4, joint_attention_dim=1024, pooled_projection_dim=512, axes_dims_rope=(16, 56, 56),
+)
+BIG_CLIP = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8,
+                max_position_embeddings=77, projection_dim=512)
+BIG_CLIP_VOCAB = 49408
+BIG_T5 = dict(d_model=1024, d_kv=64, num_heads=16, d_ff=2816, num_layers=8, relative_attention_num_buckets=32,
+              relative_attention_max_distance=128)
+BIG_T5_VOCAB = 32128
+BIG_VAE = dict(
+    VAE, down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+    block_out_channels=[128, 256, 512, 512], layers_per_block=2, latent_channels=16, norm_num_groups=32,
+    sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159,
+)
+
+
+def build_big_text(out_dir):
+    """The big model's CLIP and T5 encoders, randomised and laid out as make_text_encoders_tiny.py
+    writes the tiny ones, and the tiny tokenizers, the CLIP one with a 77-token window."""
+    from safetensors.torch import load_file
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    sys.path.insert(0, HERE)
+    import make_text_encoders_tiny as te
+
+    gen = torch.Generator().manual_seed(SEED)
+    clip = CLIPTextModel(CLIPTextConfig(vocab_size=BIG_CLIP_VOCAB, **dict(te.CLIP, **BIG_CLIP))).eval()
+    te.randomise(clip, gen)
+    out = os.path.join(out_dir, "text_encoder")
+    clip.to(torch.bfloat16).save_pretrained(out)
+    # the FLUX.1 checkpoint names every tensor under `text_model.`; transformers 5 saves without it
+    tensors = load_file(os.path.join(out, "model.safetensors"))
+    tensors = {(k if k.startswith("text_model.") else "text_model." + k): v for k, v in tensors.items()}
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    t5 = T5EncoderModel(T5Config(vocab_size=BIG_T5_VOCAB, **dict(te.T5, **BIG_T5))).eval()
+    te.randomise(t5, gen)
+    t5.to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "text_encoder_2"))
+    for part in ("tokenizer", "tokenizer_2"):
+        shutil.copytree(os.path.join(TEXT_DIR, part), os.path.join(out_dir, part))
+    path = os.path.join(out_dir, "tokenizer", "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["model_max_length"] = BIG_CLIP["max_position_embeddings"]
+    te.write_json(path, config)
+
+
+def build_big(out_dir):
+    """The benchmarks' big random FLUX.1 [dev] in diffusers layout under `out_dir`."""
+    torch.manual_seed(SEED)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    build_big_text(out_dir)
+    build_transformer(True, BIG_TRANSFORMER).to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "transformer"))
+    build_vae(BIG_VAE).to(torch.bfloat16).save_pretrained(os.path.join(out_dir, "vae"))
+    os.makedirs(os.path.join(out_dir, "scheduler"))
+    write_json(os.path.join(out_dir, "scheduler", "scheduler_config.json"), SCHEDULER_DEV)
+    write_json(os.path.join(out_dir, "model_index.json"), model_index("FluxPipeline"))
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--big", metavar="DIR", help="only write the benchmarks' big model to DIR")
     ap.add_argument("--skip-model", action="store_true", help="keep the model directories as they are")
     every = list(CASES) + list(BF16_CASES) + ["transformer", "blocks-real"]
     ap.add_argument("--only", metavar="CASE", choices=every,
                     help="one reference: " + ", ".join(every) + " (`transformer`: the tiny transformer-level ones)")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.big:
+        build_big(args.big)
+        return
     if not args.skip_model and not args.only:
         build_models()
     names = [args.only] if args.only else every
