@@ -210,6 +210,35 @@ impl ModelFamily for Flux1 {
         (tensors.iter()).any(|(n, _)| n.starts_with("time_text_embed.text_embedder."))
     }
 
+    /// FLUX.1's own layers: per-block modulation, the pooled-text and guidance embedders, XLabs'
+    /// processors; a LoRA on attention alone is told by the next FLUX family's guess.
+    fn lora_guess(&self, has: &dyn Fn(&str) -> bool) -> Option<&'static str> {
+        let ours = [
+            "img_mod",
+            "txt_mod",
+            "modulation_lin",
+            "modulation.lin",
+            "vector_in",
+        ]
+        .iter()
+        .chain(&[
+            "guidance_in",
+            "time_text_embed",
+            "norm1_context",
+            "norm1.linear",
+        ])
+        .any(|s| has(s));
+        if has("processor") || has("linear1[:") {
+            Some("FLUX.1, XLabs names (`double_blocks.N.processor.qkv_lora1`): FLUX.1 if the widths fit")
+        } else if ours && (has("double_blocks") || has("single_blocks")) {
+            Some("FLUX.1, original names (`double_blocks.N.img_mod`/`single_blocks`): FLUX.1 if the widths fit")
+        } else if ours {
+            Some("FLUX.1, diffusers names (`transformer_blocks.N.norm1`/`time_text_embed`): FLUX.1 if the widths fit")
+        } else {
+            None
+        }
+    }
+
     fn transformer_to_original(&self, _tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
         Vec::new()
     }
