@@ -12,6 +12,7 @@
 //! The pipeline, the runner and the registry's entry come once a prompt runs end to end; until
 //! then the family is not in `FAMILIES`. Mirrors diffusers 0.42.1 (flux1-spec).
 
+pub mod layout;
 pub mod rope;
 pub mod transformer;
 
