@@ -9,6 +9,8 @@
 //! - [`rope`]: the position ids (text all zero, the image `(0, i, j)`, a Kontext picture
 //!   `(1, i, j)`) and their rotary tables;
 //! - [`configs`]: what the five components' configs must say of each other;
+//! - [`layout`]: Black Forest Labs' original checkpoint names, for single files, GGUF, export
+//!   and LoRAs;
 //! - [`pipeline`]: text → image, Kontext editing, image-to-image and inpainting as diffusers'
 //!   Flux pipelines compute them; [`kontext`]: the picture Kontext edits, sized as diffusers
 //!   sizes it; [`run`]: a job's images on a loaded model.
@@ -17,6 +19,7 @@
 
 pub mod configs;
 pub mod kontext;
+pub mod layout;
 pub mod pipeline;
 pub mod rope;
 pub mod run;
@@ -46,7 +49,7 @@ pub(crate) fn family() -> super::Family {
 
 /// The original names FLUX.1's checkpoints and LoRAs give its transformer's layers.
 pub(crate) fn original_names() -> Option<OriginalNames> {
-    None
+    Some(layout::original_linear)
 }
 
 /// The transformer config of the model in `source`.
@@ -187,27 +190,20 @@ impl ModelFamily for Flux1 {
         "flux"
     }
 
-    fn claims_checkpoint(&self, _tensors: &[SourceTensor]) -> bool {
-        false
+    fn claims_checkpoint(&self, tensors: &[SourceTensor]) -> bool {
+        layout::is_flux1(tensors)
     }
 
     fn transformer_to_diffusers(
         &self,
-        _tensors: Vec<SourceTensor>,
+        tensors: Vec<SourceTensor>,
         what: &str,
     ) -> Result<Mapped, LayoutError> {
-        Err(LayoutError::Unknown {
-            what: what.to_string(),
-            component: "transformer",
-            expected: "diffusers' names",
-            found: String::new(),
-        })
+        layout::to_diffusers(tensors, what)
     }
 
-    /// diffusers' FLUX.1 transformer embeds CLIP's pooled vector (`time_text_embed`); FLUX.2's
-    /// and FLUX.3's have no such embedder.
     fn claims_stored(&self, tensors: &[(String, Vec<u64>)]) -> bool {
-        (tensors.iter()).any(|(n, _)| n.starts_with("time_text_embed.text_embedder."))
+        layout::is_stored_flux1(tensors)
     }
 
     /// FLUX.1's own layers: per-block modulation, the pooled-text and guidance embedders, XLabs'
@@ -239,7 +235,7 @@ impl ModelFamily for Flux1 {
         }
     }
 
-    fn transformer_to_original(&self, _tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
-        Vec::new()
+    fn transformer_to_original(&self, tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
+        layout::to_original(tensors)
     }
 }
