@@ -182,6 +182,56 @@ fn a_modular_pipeline_pulls_and_stores_what_its_folder_creates() {
     assert!(created.contains(" 0 blobs written"), "{created}");
 }
 
+/// A FLUX.1 repository as Black Forest Labs lays it out: the diffusers pipeline with its second
+/// text encoder and tokenizer, and beside it the original single files (`flux1-dev.safetensors`,
+/// `ae.safetensors`) a pull leaves on the Hub. It stores what `create --from` its folder makes.
+#[test]
+fn a_pipeline_with_two_text_encoders_pulls_its_folders_and_not_the_single_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/flux1-dev-tiny");
+    let repo = dir.path().join("repo");
+    common::copy_model(&tiny, &repo);
+    for single in ["flux1-dev.safetensors", "ae.safetensors"] {
+        std::fs::write(
+            repo.join(single),
+            b"an original file the pull leaves on the Hub",
+        )
+        .unwrap();
+    }
+    let hub = HubServer::start(&repo, "tiny-org/flux1-dev-tiny", None);
+    let t = Setup { dir, hub };
+    let name = "hf.co/tiny-org/flux1-dev-tiny";
+    let out = ok(&t.run(&t.store(), &["pull", name], &[]));
+    assert!(out.contains(&format!("pulled {name}")), "{out}");
+    let seen: Vec<String> = t.hub.seen().iter().map(|r| r.path.clone()).collect();
+    for wanted in [
+        "text_encoder_2/model.safetensors",
+        "tokenizer_2/tokenizer.json",
+        "tokenizer/vocab.json",
+    ] {
+        assert!(
+            seen.iter().any(|p| p.ends_with(wanted)),
+            "{wanted}: {seen:?}"
+        );
+    }
+    assert!(
+        !seen
+            .iter()
+            .any(|p| p.ends_with("/flux1-dev.safetensors") || p.ends_with("/ae.safetensors")),
+        "{seen:?}"
+    );
+    let shown = ok(&zimage_in(&t.store(), &["show", name]));
+    assert!(
+        shown.contains("FLUX.1") && shown.contains("text_encoder_2"),
+        "{shown}"
+    );
+    let created = ok(&zimage_in(
+        &t.store(),
+        &["create", "local", "--from", s(&tiny)],
+    ));
+    assert!(created.contains(" 0 blobs written"), "{created}");
+}
+
 #[test]
 fn an_interrupted_download_resumes_where_it_broke_off() {
     let t = Setup::new(None);
