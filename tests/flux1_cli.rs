@@ -113,6 +113,37 @@ fn stored_flux1_models_draw_what_the_library_draws_and_share_their_blobs() {
         "{params}"
     );
 
+    // Weights streamed from the store block by block (T5's and the transformer's) draw the
+    // same picture.
+    let streamed = tmp.path().join("streamed.png");
+    let args = [
+        "generate",
+        "a cat on a sofa",
+        "--model",
+        "dev",
+        "--negative",
+        "blurry, dark",
+        "--true-cfg",
+        "2",
+        "--width",
+        "72",
+        "--height",
+        "64",
+        "--steps",
+        "3",
+        "--seed",
+        "7",
+        "--dtype",
+        "f32",
+        "--weights",
+        "streamed",
+        "-o",
+        s(&streamed),
+    ];
+    let out = zimage_in(&store, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(image::open(&streamed).unwrap().to_rgb8().into_raw() == ours);
+
     // [schnell] has no guidance embedder: a guidance scale changes nothing, as in diffusers.
     let mut drawn = Vec::new();
     for guidance in ["0", "7"] {
@@ -174,5 +205,73 @@ fn stored_flux1_models_draw_what_the_library_draws_and_share_their_blobs() {
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         assert!(text(&out).contains(needle), "{}", text(&out));
         assert!(!refused.exists());
+    }
+}
+
+/// Both graphs draw diffusers' picture from a model directory: the CPU's and the GPU's form
+/// (`ZIMAGE_GRAPH=gpu`, run on MLX's CPU backend), in f32, with a Kontext edit as well.
+#[test]
+fn both_graphs_draw_diffusers_picture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refs = models().join("reference");
+    for (graph, case, model, extra) in [
+        ("cpu", "t2i-dev", "flux1-dev-tiny", vec![]),
+        ("gpu", "t2i-dev", "flux1-dev-tiny", vec![]),
+        (
+            "gpu",
+            "inpaint",
+            "flux1-dev-tiny",
+            vec!["--image", "--mask"],
+        ),
+    ] {
+        let st = zimage::mlx::io::load_safetensors(&refs.join(format!("flux1-{case}.safetensors")))
+            .unwrap();
+        let call: serde_json::Value = serde_json::from_str(&st.metadata["case"]).unwrap();
+        let png = tmp.path().join(format!("{graph}-{case}.png"));
+        let num = |k: &str| call[k].as_f64().unwrap().to_string();
+        let mut args: Vec<String> = [
+            "generate",
+            call["prompt"].as_str().unwrap(),
+            "--model",
+            s(&models().join(model)),
+            "--dtype",
+            "f32",
+            "-o",
+            s(&png),
+        ]
+        .map(String::from)
+        .to_vec();
+        for (flag, key) in [
+            ("--width", "width"),
+            ("--height", "height"),
+            ("--steps", "num_inference_steps"),
+            ("--guidance", "guidance_scale"),
+            ("--seed", "seed"),
+        ] {
+            args.extend([flag.to_string(), num(key)]);
+        }
+        if extra.contains(&"--image") {
+            let picture = refs.join(call["image"].as_str().unwrap());
+            let mask = refs.join(call["mask_image"].as_str().unwrap());
+            args.extend(["--image".into(), s(&picture).into(), "--mask".into()]);
+            args.extend([s(&mask).into(), "--strength".into(), num("strength")]);
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zimage"))
+            .args(&args)
+            .env("ZIMAGE_GRAPH", graph)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{graph} {case}: {}", text(&out));
+        let ours = image::open(&png).unwrap().to_rgb8().into_raw();
+        let theirs = st.tensors["image"].to_vec::<u8>().unwrap();
+        let (same, worst) = common::compare_pixels(&ours, &theirs);
+        println!(
+            "{graph} graph, {case}: {:.4}% identical, worst off by {worst}",
+            same * 100.0
+        );
+        assert!(
+            same >= 0.999 && worst <= 1,
+            "{graph} {case}: {same}, {worst}"
+        );
     }
 }
