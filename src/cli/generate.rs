@@ -499,6 +499,9 @@ pub fn run(store: Option<PathBuf>, a: GenerateArgs) -> anyhow::Result<ExitCode> 
         let out = out?;
         if run == 1 {
             note_skipped_lora_keys(&out.loras);
+            for note in &out.notes {
+                eprintln!("warning: {note}");
+            }
         }
         if a.verbose && a.runs > 1 {
             eprintln!("run {run} of {}:", a.runs);

@@ -72,6 +72,8 @@ pub struct Outcome {
     pub loras: Vec<crate::lora::Applied>,
     /// The ControlNet's weights the denoise estimate holds, when one steers.
     pub controlnet_weights: Option<u64>,
+    /// What the job asked that the model does not read, each a line for the user.
+    pub notes: Vec<String>,
 }
 
 /// Forwards the pipeline's progress as the job's.
@@ -191,6 +193,7 @@ impl BatchEnds {
             model_name,
             loras: Vec::new(),
             controlnet_weights: None,
+            notes: Vec::new(),
         }
     }
 }

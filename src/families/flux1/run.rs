@@ -304,8 +304,16 @@ fn run(
         Some((_, _, second)) if second.estimate.peak() > plan.estimate.peak() => second,
         _ => plan,
     };
+    // diffusers ignores a guidance scale a model has no embedder for; so does this, saying so.
+    let notes = match (job.guidance, p.configs.transformer.guidance_embeds) {
+        (Some(g), false) => vec![format!(
+            "--guidance {g} does nothing on this [schnell] model (it has no guidance embedder); it was ignored, as diffusers ignores it"
+        )],
+        _ => Vec::new(),
+    };
     Ok(Outcome {
         loras: p.adapters().applied.clone(),
+        notes,
         ..ends.outcome(out, larger, load, model_name)
     })
 }
