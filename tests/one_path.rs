@@ -1386,6 +1386,50 @@ fn flux1_cases() -> Vec<KleinCase> {
             )),
         },
         KleinCase {
+            name: "true guidance with a negative prompt on [dev]",
+            cli: with(
+                "flux1",
+                &[
+                    "--width",
+                    "72",
+                    "--height",
+                    "64",
+                    "--guidance",
+                    "3.5",
+                    "--negative",
+                    "blurry, dark",
+                    "--true-cfg",
+                    "2",
+                ],
+            ),
+            ollama: Some(ollama(
+                "flux1",
+                serde_json::json!({
+                    "width": 72, "height": 64, "guidance": 3.5, "negative_prompt": "blurry, dark",
+                    "true_cfg": 2,
+                }),
+            )),
+            openai: None,
+            // Forge's pair: `distilled_cfg_scale` the embedded guidance, `cfg_scale` true CFG.
+            a1111: Some((
+                "/sdapi/v1/txt2img",
+                a1111(
+                    "flux1",
+                    serde_json::json!({
+                        "width": 72, "height": 64, "distilled_cfg_scale": 3.5, "cfg_scale": 2,
+                        "negative_prompt": "blurry, dark",
+                    }),
+                ),
+            )),
+            page: Some(page(
+                "flux1",
+                serde_json::json!({
+                    "width": 72, "height": 64, "guidance": 3.5, "negative_prompt": "blurry, dark",
+                    "true_cfg": 2,
+                }),
+            )),
+        },
+        KleinCase {
             name: "text to image at [dev]'s own guidance",
             cli: with("flux1", &["--width", "64", "--height", "48"]),
             ollama: Some(ollama(

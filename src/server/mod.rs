@@ -786,6 +786,7 @@ macro_rules! with_request_numbers {
             guidance: $body.guidance,
             cfg_normalization: $body.cfg_normalization,
             cfg_truncation: $body.cfg_truncation,
+            true_cfg: $body.true_cfg,
             ..$job
         }
     };

@@ -235,6 +235,8 @@ pub struct GenerateBody {
     options: Option<GenerateOptions>,
     negative_prompt: Option<String>,
     guidance: Option<f32>,
+    /// True classifier-free guidance's scale (`--true-cfg`), for a guidance-distilled model.
+    true_cfg: Option<f32>,
     cfg_normalization: Option<bool>,
     cfg_truncation: Option<f64>,
     stream: Option<bool>,

@@ -35,6 +35,9 @@ pub(super) struct Body1111 {
     pub(super) n_iter: Option<u64>,
     steps: Option<u64>,
     cfg_scale: Option<f32>,
+    /// Forge's guidance scale for a guidance-distilled model (FLUX's embedded guidance); with
+    /// it, `cfg_scale` is true classifier-free guidance's scale, as Forge reads them.
+    distilled_cfg_scale: Option<f32>,
     width: Option<u32>,
     height: Option<u32>,
     restore_faces: Option<bool>,
@@ -454,7 +457,9 @@ pub(super) fn job_of(
         width: b.width,
         height: b.height,
         steps: b.steps.map(|s| usize::try_from(s).unwrap_or(usize::MAX)),
-        guidance: b.cfg_scale,
+        // Forge's pair: the embedded guidance, and `cfg_scale` as true guidance above 1.
+        guidance: b.distilled_cfg_scale.or(b.cfg_scale),
+        true_cfg: b.distilled_cfg_scale.and(b.cfg_scale).filter(|&s| s != 1.0),
         seed,
         count: count as u32,
         loras,

@@ -250,6 +250,8 @@ struct PageBody {
     height: Option<u32>,
     steps: Option<u64>,
     guidance: Option<f32>,
+    /// True classifier-free guidance's scale (`--true-cfg`), for a guidance-distilled model.
+    true_cfg: Option<f32>,
     cfg_normalization: Option<bool>,
     cfg_truncation: Option<f64>,
     seed: Option<u64>,
