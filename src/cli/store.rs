@@ -403,7 +403,7 @@ pub fn list(s: Option<PathBuf>, _a: ListArgs) -> anyhow::Result<ExitCode> {
             .or_else(|| controlnet_note(&store, &m).map(|n| format!("  {n}")))
             .or_else(|| {
                 let family = family_of(&store, &m).filter(|f| !f.is_default());
-                family.map(|f| format!("  {}", f.name()))
+                family.map(|f| format!("  {}", named_with_kind(&store, &m, f)))
             })
             .unwrap_or_default();
         println!(
@@ -523,7 +523,7 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
     }
     let family = family_of(&store, &model);
     if let Some(f) = family {
-        println!("family      {}", f.name());
+        println!("family      {}", named_with_kind(&store, &model, f));
     }
     for (_, r) in &loras {
         println!(
@@ -589,6 +589,16 @@ pub fn show(s: Option<PathBuf>, a: ShowArgs) -> anyhow::Result<ExitCode> {
 fn family_of(store: &Store, model: &store::StoredModel) -> Option<Family> {
     let index = store.config_file(model, "model_index.json").ok()??;
     Family::from_model_index(&index).ok()
+}
+
+/// The family's name and, where the family tells its models apart, which kind this one is
+/// (`FLUX.1 ([schnell])`).
+fn named_with_kind(store: &Store, model: &store::StoredModel, family: Family) -> String {
+    let source = zimage::loader::StoreSource::new(store, model);
+    match family.own_defaults(&source) {
+        Some(d) => format!("{} ({})", family.name(), d.kind),
+        None => family.name().to_string(),
+    }
 }
 
 /// The generation defaults a model records, in a line.
