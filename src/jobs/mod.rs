@@ -12,5 +12,6 @@ pub mod loaded;
 pub mod masked_area;
 pub mod metadata;
 pub mod noise;
+pub mod passes;
 pub mod progress;
 pub mod source;

@@ -3,13 +3,13 @@
 //! as every other image. Options klein lacks were refused by name before any weights loaded.
 
 use super::pipeline::{self as klein, KleinPipeline};
-use crate::jobs::batch::{self, BatchEnds, Image, Outcome, Reporter};
+use crate::jobs::batch::{self, Outcome, Reporter};
 use crate::jobs::error::Error;
 use crate::jobs::job::Job;
 use crate::jobs::job::Picture;
 use crate::jobs::loaded::{Held, LoadedModel};
 use crate::jobs::masked_area::MaskedArea;
-use crate::jobs::metadata::{self, Provenance};
+use crate::jobs::passes;
 use crate::jobs::progress::Cancel;
 use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
@@ -133,32 +133,20 @@ fn plan(
     )
 }
 
-/// One pass of image `image` of the batch: `req` run under `plan`, with `references`.
+/// `req` run under `plan` with `references`, each step reported to `progress`.
 fn pass<S: ModelSource>(
     p: &mut KleinPipeline<S>,
     req: &Request,
     references: &[Reference],
     plan: &MemoryPlan,
-    image: usize,
-    reporter: &mut Reporter,
-    cancel: &Cancel,
-) -> Result<pipeline::Generated, Error> {
+    progress: &mut dyn FnMut(pipeline::Progress) -> ControlFlow<()>,
+) -> Result<pipeline::Generated, pipeline::Error> {
     p.set_residency(plan.residency);
     p.set_tiling(plan.tiling);
     if let Some(limit) = plan.cache_limit {
         crate::mlx::memory::set_cache_limit(usize::try_from(limit).unwrap_or(usize::MAX));
     }
-    p.generate_from(req, references, &mut |progress| {
-        reporter.pipeline(progress);
-        match cancel.stops_image() {
-            true => ControlFlow::Break(()),
-            false => ControlFlow::Continue(()),
-        }
-    })
-    .map_err(|e| match e {
-        pipeline::Error::Stopped { step, total } => Error::Stopped { image, step, total },
-        other => other.into(),
-    })
+    p.generate_from(req, references, progress)
 }
 
 /// Makes a klein job's images; the model is loaded.
@@ -195,114 +183,35 @@ fn run(
     };
     let p = &mut klein.pipeline;
     p.set_previews(job.preview)?;
-    let prompt_tokens = p.token_ids(&job.prompt)?.len();
-    let model_name = p.source().name();
-    let identity = p.source().identity();
-    let mu = crate::scheduler::empirical_mu(
-        {
-            let (h, w) = p.grid(&first);
-            (h * w) as usize
-        },
-        first.steps,
-    );
-    let reference_pictures: Vec<metadata::ReferenceProvenance> = (job.references.iter())
-        .map(|p| metadata::ReferenceProvenance::of(&p.image))
-        .collect();
-    let mut out = Vec::with_capacity(job.count as usize);
-    let mut ends = BatchEnds::default();
-    for (image, seed) in job.images() {
-        reporter.start_image(image);
-        let req = Request {
-            seed,
-            ..first.clone()
-        };
-        let generated = pass(p, &req, &references, &plan, image, reporter, cancel);
-        let Some(mut generated) = ends.pass(generated, cancel, seed, out.len())? else {
-            if ends.stopped {
-                break;
-            }
-            continue;
-        };
-        let mut steps_run = batch::steps_run_of(&req);
-        let mut last_req = req.clone();
-        let mut hires_from = None;
-        if let Some((h, second, second_plan)) = &hires {
-            reporter.phase("hires");
-            let picture = (generated.rgb, generated.width, generated.height);
-            let second = batch::hires_input(picture, second, seed)?;
-            let refined = pass(
-                p,
-                &second,
-                &references,
-                second_plan,
-                image,
-                reporter,
-                cancel,
-            );
-            let Some(refined) = ends.pass(refined, cancel, seed, out.len())? else {
-                if ends.stopped {
-                    break;
-                }
-                continue;
-            };
-            let mut phases = generated.phases;
-            phases.extend(refined.phases);
-            generated = pipeline::Generated { phases, ..refined };
-            steps_run += batch::steps_run_of(&second);
-            hires_from = Some(metadata::HiresProvenance::of(h, &req));
-            last_req = second;
-        }
-        if let Some(area) = &area {
-            let (w, h) = (generated.width, generated.height);
-            generated.rgb = (area.paste(generated.rgb, w, h))
-                .ok_or_else(|| Error::Png("the inpainted area has the wrong size".into()))?;
-        }
-        let from = Provenance {
-            model_name: &model_name,
-            identity: &identity,
-            dtype,
-            noise_file: job.noise.as_deref(),
-            loras: &p.adapters().applied,
-            // The exponential time shift by μ is the static shift e^μ.
-            shift: mu.exp() as f32,
-            only_masked: area
-                .as_ref()
-                .and(job.input.as_ref().and_then(|i| i.only_masked)),
-            references: &reference_pictures,
-            true_cfg: None,
-        };
-        // The metadata speaks of the request as asked: the first pass's size and schedule,
-        // with the hires pass's settings beside them.
-        let (infotext, json) = metadata::png_text_full(&req, &from, None, hires_from.as_ref());
-        let png = crate::image_out::encode_png(
-            &generated.rgb,
-            generated.width,
-            generated.height,
-            &[
-                (crate::image_out::PARAMETERS_KEY, &infotext),
-                (crate::image_out::ZIMAGE_KEY, &json),
-            ],
-        )
-        .map_err(Error::Png)?;
-        out.push(Image {
-            png,
-            width: generated.width,
-            height: generated.height,
-            seed,
-            steps: last_req.steps,
-            steps_run,
-            prompt_tokens,
-            phases: generated.phases,
-            control_seconds: None,
-            infotext,
-        });
-    }
-    let larger = match hires {
-        Some((_, _, second)) if second.estimate.peak() > plan.estimate.peak() => second,
-        _ => plan,
-    };
-    Ok(Outcome {
+    let (h, w) = p.grid(&first);
+    let mu = crate::scheduler::empirical_mu((h * w) as usize, first.steps);
+    let stamp = passes::Stamp {
+        model_name: p.source().name(),
+        identity: p.source().identity(),
+        dtype,
+        // The exponential time shift by μ is the static shift e^μ.
+        shift: mu.exp() as f32,
         loras: p.adapters().applied.clone(),
-        ..ends.outcome(out, larger, load, model_name)
+        references: passes::reference_provenance(job),
+        true_cfg: None,
+        prompt_tokens: p.token_ids(&job.prompt)?.len(),
+    };
+    let runs = passes::Passes {
+        first,
+        plan,
+        hires,
+        area,
+    };
+    let (out, ends, larger) = passes::make(
+        job,
+        reporter,
+        cancel,
+        runs,
+        &stamp,
+        &mut |req, plan, progress| pass(p, req, &references, plan, progress),
+    )?;
+    Ok(Outcome {
+        loras: stamp.loras,
+        ..ends.outcome(out, larger, load, stamp.model_name)
     })
 }
