@@ -5,13 +5,15 @@
 
 use super::batch::{self, BatchEnds, Image, Reporter};
 use super::error::Error;
-use super::job::{Hires, Job};
+use super::job::{Hires, Job, Picture};
 use super::masked_area::MaskedArea;
 use super::metadata::{self, Provenance, ReferenceProvenance};
 use super::progress::Cancel;
+use crate::generation_defaults::GenerationDefaults;
 use crate::lora::Applied;
 use crate::memory_plan::MemoryPlan;
 use crate::mlx::Dtype;
+use crate::pipeline::reference::capped_size;
 use crate::pipeline::{self, Generated, Request};
 use std::ops::ControlFlow;
 
@@ -162,6 +164,56 @@ pub fn make(
         _ => plan,
     };
     Ok((out, ends, larger))
+}
+
+/// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
+/// floored to whole `cell`-pixel tokens.
+pub fn picture_size(picture: &Picture, cell: u32) -> Result<(u32, u32), Error> {
+    let (w, h) = capped_size(picture.image.width(), picture.image.height());
+    crate::image_in::default_size(w, h, cell).ok_or_else(|| {
+        Error::Request(format!(
+            "{} is {w}×{h}; a picture needs at least {cell} pixels each way",
+            picture.label
+        ))
+    })
+}
+
+/// The job's request: what it says, else the model's recorded `defaults`, else the family's
+/// `own` steps and guidance; the size, else the input picture's (see [`picture_size`]), else
+/// `fallback`; the picture (and mask) at that size, at `strength` unless the job names one.
+/// With it, the area an only-masked inpaint cuts out.
+pub fn request(
+    job: &Job,
+    defaults: &GenerationDefaults,
+    (steps, guidance): (usize, f32),
+    fallback: (u32, u32),
+    cell: u32,
+    strength: f64,
+) -> Result<(Request, Option<MaskedArea>), Error> {
+    let (width, height) = match &job.input {
+        Some(i) => picture_size(&i.picture, cell)?,
+        None => fallback,
+    };
+    let mut req = Request {
+        prompt: job.prompt.clone(),
+        negative_prompt: (job.negative_prompt.clone()).or_else(|| defaults.negative_prompt.clone()),
+        width: job.width.unwrap_or(width),
+        height: job.height.unwrap_or(height),
+        steps: job.steps.or(defaults.steps).unwrap_or(steps),
+        guidance: job.guidance.or(defaults.guidance).unwrap_or(guidance),
+        cfg_normalization: false,
+        cfg_truncation: pipeline::NO_TRUNCATION,
+        seed: job.seed,
+        noise: None,
+        input: None,
+    };
+    let mut area = None;
+    if let Some(i) = &job.input {
+        let (input, cut) = batch::picture_input(i, (req.width, req.height), strength)?;
+        req.input = Some(input);
+        area = cut;
+    }
+    Ok((req, area))
 }
 
 /// The job's references as their metadata records them.

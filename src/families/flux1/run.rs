@@ -7,14 +7,13 @@ use super::pipeline::{self as flux1, Flux1Pipeline};
 use crate::jobs::batch::{self, Outcome, Reporter};
 use crate::jobs::error::Error;
 use crate::jobs::job::Job;
-use crate::jobs::job::Picture;
 use crate::jobs::loaded::{Held, LoadedModel};
 use crate::jobs::masked_area::MaskedArea;
 use crate::jobs::passes;
 use crate::jobs::progress::Cancel;
 use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
-use crate::pipeline::reference::{capped_size, Reference};
+use crate::pipeline::reference::Reference;
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 
@@ -61,53 +60,15 @@ fn reference(job: &Job, flux1: &Loaded) -> Result<Option<Reference>, Error> {
 /// image-to-image default).
 const DEFAULT_STRENGTH: f64 = pipeline::condition::DEFAULT_STRENGTH;
 
-/// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
-/// floored to whole tokens.
-fn picture_size(picture: &Picture, cell: u32) -> Result<(u32, u32), Error> {
-    let (w, h) = capped_size(picture.image.width(), picture.image.height());
-    crate::image_in::default_size(w, h, cell).ok_or_else(|| {
-        Error::Request(format!(
-            "{} is {w}×{h}; a picture needs at least {cell} pixels each way",
-            picture.label
-        ))
-    })
-}
-
 /// The job's request: what it says, else the model's recorded defaults, else FLUX.1's own
 /// (\[dev\] and Kontext: 28 steps, guidance 3.5; \[schnell\]: 4 steps); the size, else the
 /// input picture's, else the VAE's sample size (a Kontext edit's too, as diffusers sizes it).
 fn request(job: &Job, flux1: &Loaded) -> Result<(Request, Option<MaskedArea>), Error> {
     let p = &flux1.pipeline;
-    let (steps, guidance) = flux1::default_steps_and_guidance(&p.configs.transformer);
-    let d = &flux1.defaults;
+    let own = flux1::default_steps_and_guidance(&p.configs.transformer);
     let side = p.configs.vae.sample_size.unwrap_or(1024);
-    let (width, height) = match &job.input {
-        Some(i) => picture_size(&i.picture, p.cell())?,
-        None => (side, side),
-    };
-    let mut req = Request {
-        prompt: job.prompt.clone(),
-        negative_prompt: job
-            .negative_prompt
-            .clone()
-            .or_else(|| d.negative_prompt.clone()),
-        width: job.width.unwrap_or(width),
-        height: job.height.unwrap_or(height),
-        steps: job.steps.or(d.steps).unwrap_or(steps),
-        guidance: job.guidance.or(d.guidance).unwrap_or(guidance),
-        cfg_normalization: false,
-        cfg_truncation: pipeline::NO_TRUNCATION,
-        seed: job.seed,
-        noise: None,
-        input: None,
-    };
-    let mut area = None;
-    if let Some(i) = &job.input {
-        let (input, cut) = batch::picture_input(i, (req.width, req.height), DEFAULT_STRENGTH)?;
-        req.input = Some(input);
-        area = cut;
-    }
-    Ok((req, area))
+    let (d, cell) = (&flux1.defaults, p.cell());
+    passes::request(job, d, own, (side, side), cell, DEFAULT_STRENGTH)
 }
 
 /// The job's memory plan, before any weights load: `--memory-limit` (else

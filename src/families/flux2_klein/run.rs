@@ -6,14 +6,13 @@ use super::pipeline::{self as klein, KleinPipeline};
 use crate::jobs::batch::{self, Outcome, Reporter};
 use crate::jobs::error::Error;
 use crate::jobs::job::Job;
-use crate::jobs::job::Picture;
 use crate::jobs::loaded::{Held, LoadedModel};
 use crate::jobs::masked_area::MaskedArea;
 use crate::jobs::passes;
 use crate::jobs::progress::Cancel;
 use crate::jobs::source::Source;
 use crate::memory_plan::MemoryPlan;
-use crate::pipeline::reference::{capped_size, Reference, MAX_REFERENCES};
+use crate::pipeline::reference::{Reference, MAX_REFERENCES};
 use crate::pipeline::{self, ModelSource, Request};
 use std::ops::ControlFlow;
 
@@ -57,18 +56,6 @@ fn references(job: &Job, klein: &Loaded) -> Result<Vec<Reference>, Error> {
 /// default, for image-to-image too).
 const DEFAULT_STRENGTH: f64 = 0.8;
 
-/// The size of an image task's output: the picture's, scaled to at most 1024² pixels and
-/// floored to whole tokens (klein-spec §9.1).
-fn picture_size(picture: &Picture, cell: u32) -> Result<(u32, u32), Error> {
-    let (w, h) = capped_size(picture.image.width(), picture.image.height());
-    crate::image_in::default_size(w, h, cell).ok_or_else(|| {
-        Error::Request(format!(
-            "{} is {w}×{h}; a picture needs at least {cell} pixels each way",
-            picture.label
-        ))
-    })
-}
-
 /// The job's request: what it says, else the model's recorded defaults, else klein's own
 /// (distilled: 4 steps, guidance 1, i.e. none; base: 50 steps, guidance 4); the size, else the
 /// input picture's, else the first reference's, else the VAE's sample size.
@@ -78,38 +65,13 @@ fn request(
     references: &[Reference],
 ) -> Result<(Request, Option<MaskedArea>), Error> {
     let p = &klein.pipeline;
-    let (steps, guidance) = klein::default_steps_and_guidance(p.configs.is_distilled);
-    let d = &klein.defaults;
+    let own = klein::default_steps_and_guidance(p.configs.is_distilled);
     let side = p.configs.vae.sample_size.unwrap_or(1024);
-    let (width, height) = match &job.input {
-        Some(i) => picture_size(&i.picture, p.cell())?,
-        None => references
-            .first()
-            .map_or((side, side), |r| (r.width, r.height)),
-    };
-    let mut req = Request {
-        prompt: job.prompt.clone(),
-        negative_prompt: job
-            .negative_prompt
-            .clone()
-            .or_else(|| d.negative_prompt.clone()),
-        width: job.width.unwrap_or(width),
-        height: job.height.unwrap_or(height),
-        steps: job.steps.or(d.steps).unwrap_or(steps),
-        guidance: job.guidance.or(d.guidance).unwrap_or(guidance),
-        cfg_normalization: false,
-        cfg_truncation: pipeline::NO_TRUNCATION,
-        seed: job.seed,
-        noise: None,
-        input: None,
-    };
-    let mut area = None;
-    if let Some(i) = &job.input {
-        let (input, cut) = batch::picture_input(i, (req.width, req.height), DEFAULT_STRENGTH)?;
-        req.input = Some(input);
-        area = cut;
-    }
-    Ok((req, area))
+    let fallback = references
+        .first()
+        .map_or((side, side), |r| (r.width, r.height));
+    let (d, cell) = (&klein.defaults, p.cell());
+    passes::request(job, d, own, fallback, cell, DEFAULT_STRENGTH)
 }
 
 /// The job's memory plan, before any weights load: `--memory-limit` (else
