@@ -39,6 +39,9 @@ pub mod klein;
 #[path = "synthetic_flux3.rs"]
 pub mod flux3;
 
+#[path = "synthetic_flux1.rs"]
+pub mod flux1;
+
 // --- Real configuration (zimage-spec §1.3–1.6) -------------------------------------------------
 
 /// Transformer hidden size, heads and head width.
@@ -782,9 +785,22 @@ pub fn config_files(spec: &Spec) -> Vec<(String, String)> {
         "siglip_feat_dim": null,
         "t_scale": 1000.0,
     });
-    let vae = json!({
+    let vae = vae_config(diffusers_version);
+    vec![
+        ("scheduler/scheduler_config.json".into(), pretty(scheduler)),
+        ("text_encoder/config.json".into(), pretty(text_encoder)),
+        ("transformer/config.json".into(), pretty(transformer)),
+        ("vae/config.json".into(), pretty(vae)),
+        ("model_index.json".into(), pretty(model_index)),
+    ]
+}
+
+/// `vae/config.json` of the FLUX.1 VAE Z-Image shares (zimage-spec §1.6, flux1-spec §1.6), as
+/// diffusers `version` saves it.
+pub fn vae_config(version: &str) -> serde_json::Value {
+    serde_json::json!({
         "_class_name": "AutoencoderKL",
-        "_diffusers_version": diffusers_version,
+        "_diffusers_version": version,
         "act_fn": "silu",
         "block_out_channels": VAE_CHANNELS,
         "down_block_types": vec!["DownEncoderBlock2D"; 4],
@@ -803,14 +819,7 @@ pub fn config_files(spec: &Spec) -> Vec<(String, String)> {
         "up_block_types": vec!["UpDecoderBlock2D"; 4],
         "use_post_quant_conv": false,
         "use_quant_conv": false,
-    });
-    vec![
-        ("scheduler/scheduler_config.json".into(), pretty(scheduler)),
-        ("text_encoder/config.json".into(), pretty(text_encoder)),
-        ("transformer/config.json".into(), pretty(transformer)),
-        ("vae/config.json".into(), pretty(vae)),
-        ("model_index.json".into(), pretty(model_index)),
-    ]
+    })
 }
 
 /// The demo model's tokenizer folder: the real Qwen vocabulary.
@@ -1038,17 +1047,19 @@ fn write_parts(
     configs: Vec<(String, String)>,
     opts: &Options,
 ) -> Result<(Summary, Timing)> {
-    write_parts_from(dir, spec, plans, configs, &tokenizer_source(), opts)
+    let tokenizers = [("tokenizer", tokenizer_source())];
+    write_parts_from(dir, spec, plans, configs, &tokenizers, opts)
 }
 
-/// [`write_parts`] with the files of the folder `tokenizer` as the tokenizer. The folders made
-/// are those the components and configs name, and the tokenizer's.
+/// [`write_parts`] with tokenizer folders copied from elsewhere: each `(folder, source)` gets
+/// the files of `source`, but for those the configs write themselves. The folders made are
+/// those the components and configs name, and the tokenizers'.
 fn write_parts_from(
     dir: &Path,
     spec: &Spec,
     plans: Vec<ComponentPlan>,
     configs: Vec<(String, String)>,
-    tokenizer: &Path,
+    tokenizers: &[(&str, PathBuf)],
     opts: &Options,
 ) -> Result<(Summary, Timing)> {
     let started = std::time::Instant::now();
@@ -1069,7 +1080,7 @@ fn write_parts_from(
     let subs: std::collections::BTreeSet<&Path> = (plans.iter())
         .map(|p| Path::new(p.component))
         .chain(config_dirs)
-        .chain([Path::new("tokenizer")])
+        .chain(tokenizers.iter().map(|(folder, _)| Path::new(*folder)))
         .filter(|p| !p.as_os_str().is_empty())
         .collect();
     for sub in subs {
@@ -1177,17 +1188,23 @@ fn write_parts_from(
             )?;
         }
     }
-    let mut tok_files: Vec<PathBuf> = std::fs::read_dir(tokenizer)
-        .with_context(|| format!("cannot read `{}`", tokenizer.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    tok_files.sort();
-    for src in tok_files {
-        let bytes =
-            std::fs::read(&src).with_context(|| format!("cannot read `{}`", src.display()))?;
-        let name = src.file_name().expect("a file has a name");
-        write_atomic(&dir.join("tokenizer").join(name), &bytes, opts.sync)?;
+    for (folder, tokenizer) in tokenizers {
+        let mut tok_files: Vec<PathBuf> = std::fs::read_dir(tokenizer)
+            .with_context(|| format!("cannot read `{}`", tokenizer.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        tok_files.sort();
+        for src in tok_files {
+            let name = src.file_name().expect("a file has a name");
+            let rel = Path::new(folder).join(name);
+            if configs.iter().any(|(c, _)| Path::new(c) == rel) {
+                continue;
+            }
+            let bytes =
+                std::fs::read(&src).with_context(|| format!("cannot read `{}`", src.display()))?;
+            write_atomic(&dir.join(rel), &bytes, opts.sync)?;
+        }
     }
     for (rel, text) in configs {
         write_atomic(&dir.join(rel), text.as_bytes(), opts.sync)?;

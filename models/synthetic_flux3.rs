@@ -292,5 +292,6 @@ pub fn plan(f: &Flux3Spec) -> Summary {
 /// Writes the FLUX.3 model of `f` into `dir`, which must not exist or be empty.
 pub fn write_with(dir: &Path, f: &Flux3Spec, opts: &Options) -> Result<(Summary, Timing)> {
     let (plans, configs) = (plan_components(f), config_files(f));
-    write_parts_from(dir, &f.storage(), plans, configs, &tokenizer_source(), opts)
+    let tokenizers = [("tokenizer", tokenizer_source())];
+    write_parts_from(dir, &f.storage(), plans, configs, &tokenizers, opts)
 }

@@ -229,6 +229,15 @@ const MIN_CACHE_LIMIT: u64 = 64 << 20;
 /// What the process adds once it computes: BLAS thread buffers, MLX's worker state.
 const RUNTIME_BYTES: u64 = 48 << 20;
 
+/// Whether `name` is a token table, which the encoders read a few rows at a time and hold as
+/// stored (packed when quantized), never widening it whole for a product: a causal LM's
+/// `embed_tokens`, T5's tied `shared` table, CLIP's `token_embedding`.
+fn is_table(name: &str) -> bool {
+    name.ends_with("embed_tokens.weight")
+        || name.ends_with("token_embedding.weight")
+        || name == "shared.weight"
+}
+
 /// Bytes of a component's weights as they will be held.
 fn weight_bytes(
     tensors: &[TensorSize],
@@ -240,7 +249,7 @@ fn weight_bytes(
         .iter()
         .filter(|t| used(&t.name))
         .map(|t| {
-            let is_table = t.name.ends_with("embed_tokens.weight");
+            let is_table = is_table(&t.name);
             let is_linear = t.shape.len() == 2 && t.name.ends_with(".weight") && !is_table;
             if t.packed || is_table || (is_linear && residency.as_stored()) {
                 t.stored_bytes
@@ -341,14 +350,15 @@ fn cast_source(tensors: &[TensorSize], residency: Residency, compute_bytes: u64)
 /// The GPU graph's widened copy of one quantized layer, for products over `rows` rows
 /// ([`crate::platform::widens_quantized`]): the largest packed linear weight in the compute
 /// dtype with what MLX holds while widening it, or nothing when no weight is packed or the rows
-/// are few. One layer only: each widened product is evaluated before the next is made.
+/// are few. One layer only: each widened product is evaluated before the next is made. A packed
+/// token table is no product's weight: only the rows read are widened.
 fn widened_layer(tensors: &[TensorSize], req: &RequestShape, rows: u64) -> u64 {
     if !crate::platform::widens_quantized(req.graph, rows) {
         return 0;
     }
     let per_value = crate::platform::widening_bytes_per_value(req.device, req.compute_bytes);
     (tensors.iter())
-        .filter(|t| t.packed && t.shape.len() == 2)
+        .filter(|t| t.packed && t.shape.len() == 2 && !is_table(&t.name))
         .map(|t| t.numel().saturating_mul(per_value))
         .max()
         .unwrap_or(0)
@@ -624,9 +634,7 @@ impl ModelSizes<'_> {
                     let n = t.name.as_str();
                     let quantizable = !t.packed
                         && t.shape.len() >= 2
-                        && n.ends_with(".weight")
-                        && !n.contains("embed")
-                        && !n.contains("norm")
+                        && crate::store::import::quantizes_name(n)
                         && t.shape.last().is_some_and(|c| c % 64 == 0);
                     if !quantizable {
                         return t.clone();

@@ -1,6 +1,6 @@
-//! The memory plan at the real Z-Image-Turbo and FLUX.2 \[klein\] sizes (tensor sizes only,
-//! nothing allocated): the estimate per phase and residency, the choices it makes under a
-//! budget, and the refusal's advice.
+//! The memory plan at the real Z-Image-Turbo, FLUX.2 \[klein\], FLUX.3 \[klein\] and FLUX.1
+//! sizes (tensor sizes only, nothing allocated): the estimate per phase and residency, the
+//! choices it makes under a budget, and the refusal's advice.
 
 #[path = "../models/synthetic.rs"]
 mod synthetic;
@@ -636,31 +636,13 @@ fn flux3_request(tokens: u32, prompts: u32, references: u32) -> RequestShape {
     }
 }
 
-/// The smallest budget of `req` and the plan made under it, printed phase by phase.
+/// FLUX.3's [`figures`].
 fn flux3_figures(
     m: &ModelSizes,
     what: &str,
     req: &RequestShape,
 ) -> (u64, zimage::memory_plan::MemoryPlan) {
-    let needs = m.smallest_budget(req, BASE, false);
-    let plan = m.plan(req, needs, "", BASE, false).unwrap();
-    let e = plan.estimate;
-    eprintln!(
-        "FLUX.3 [klein] {what}: text {} (weights {}) encode {} denoise {} (weights {}) \
-         decode {} base {} process {} (smallest budget {}, {:?}, tiles {:?})",
-        e.text,
-        m.text_weights(plan.residency, req.compute_bytes),
-        e.encode,
-        e.denoise,
-        m.denoise_weights(plan.residency, req.compute_bytes),
-        e.decode,
-        e.base,
-        e.peak(),
-        needs,
-        plan.residency,
-        plan.tiling.as_ref().map(|t| t.tile_latent)
-    );
-    (needs, plan)
+    figures("FLUX.3 [klein]", m, what, req)
 }
 
 /// FLUX.3 \[klein\] in int4 at 1024² on a GPU, for a short prompt (one 80-row window), fits
@@ -716,4 +698,154 @@ fn flux3_klein_in_int4_at_1024_fits_5_gb_on_a_gpu() {
         );
         assert!(edited.estimate.denoise > plan.estimate.denoise && edited.estimate.encode > 0);
     }
+}
+
+/// A real-size FLUX.1 (bf16, as the synthetic model writes it): its tensors and configs, sizes
+/// only. The text phase's tensors are T5's and CLIP's, as the family counts them.
+struct Flux1Model {
+    text_encoder: Vec<TensorSize>,
+    transformer: Vec<TensorSize>,
+    vae: Vec<TensorSize>,
+    t5_config: zimage::models::T5Config,
+    transformer_config: zimage::families::flux1::Flux1Config,
+    vae_config: zimage::models::VaeConfig,
+}
+
+impl Flux1Model {
+    fn new(variant: synthetic::flux1::Variant) -> Flux1Model {
+        use synthetic::flux1;
+        let bf16 = |defs: Vec<synthetic::TensorDef>| -> Vec<TensorSize> {
+            defs.into_iter()
+                .map(|t| tensor(t.name, &t.shape, 2))
+                .collect()
+        };
+        let spec = flux1::Flux1Spec::real(variant);
+        let configs = flux1::config_files(&spec);
+        let config = |path: &str| {
+            let (_, text) = configs.iter().find(|(p, _)| p == path).unwrap();
+            text.clone()
+        };
+        let mut text = bf16(flux1::t5_tensors(spec.size.t5_layers));
+        text.extend(bf16(flux1::clip_tensors(spec.size.clip_layers)));
+        Flux1Model {
+            text_encoder: text,
+            transformer: bf16(flux1::transformer_tensors(&spec.size, variant.guidance())),
+            vae: bf16(synthetic::vae_tensors()),
+            t5_config: serde_json::from_str(&config("text_encoder_2/config.json")).unwrap(),
+            transformer_config: serde_json::from_str(&config("transformer/config.json")).unwrap(),
+            vae_config: serde_json::from_str(&config("vae/config.json")).unwrap(),
+        }
+    }
+
+    fn sizes(&self) -> ModelSizes<'_> {
+        use zimage::families::flux1::pipeline;
+        ModelSizes {
+            text_encoder: &self.text_encoder,
+            transformer: &self.transformer,
+            vae: &self.vae,
+            text_config: pipeline::text_shape(&self.t5_config),
+            denoiser: pipeline::denoiser(&self.transformer_config, 16),
+            vae_config: &self.vae_config,
+            controlnet: &[],
+        }
+    }
+}
+
+/// FLUX.1's request at 1024² on a GPU, bf16: T5's padded window of `tokens` rows (256 for
+/// \[schnell\], 512 for \[dev\]) and `prompts` prompts (2 with true CFG).
+fn flux1_request(tokens: u32, prompts: u32) -> RequestShape {
+    RequestShape {
+        prompt_tokens: tokens,
+        prompts,
+        compute_bytes: 2,
+        graph: zimage::platform::Graph::Gpu,
+        device: zimage::mlx::Device::Gpu,
+        ..request(1024)
+    }
+}
+
+/// The smallest budget of `req` and the plan made under it, printed phase by phase with the
+/// weights as held.
+fn figures(
+    family: &str,
+    m: &ModelSizes,
+    what: &str,
+    req: &RequestShape,
+) -> (u64, zimage::memory_plan::MemoryPlan) {
+    let needs = m.smallest_budget(req, BASE, false);
+    let plan = m.plan(req, needs, "", BASE, false).unwrap();
+    let e = plan.estimate;
+    eprintln!(
+        "{family} {what}: text {} (weights {}) encode {} denoise {} (weights {}) \
+         decode {} base {} process {} (smallest budget {}, {:?}, tiles {:?})",
+        e.text,
+        m.text_weights(plan.residency, req.compute_bytes),
+        e.encode,
+        e.denoise,
+        m.denoise_weights(plan.residency, req.compute_bytes),
+        e.decode,
+        e.base,
+        e.peak(),
+        needs,
+        plan.residency,
+        plan.tiling.as_ref().map(|t| t.tile_latent)
+    );
+    (needs, plan)
+}
+
+/// FLUX.1 in int4 at 1024² on a GPU: \[schnell\] (T5's 256-row window) fits 8 GB, every phase
+/// and the process; \[dev\] (512 rows) needs a little more. The text phase holds T5 and CLIP
+/// (all their tensors run), the denoise the transformer and one block's transients over the
+/// image's 4096 tokens and T5's rows, which it keeps for every step. The preflight refuses
+/// less, naming the figure. True CFG's second prompt is printed for the record.
+#[test]
+fn flux1_in_int4_at_1024_on_a_gpu() {
+    use synthetic::flux1::Variant;
+    let mut needs_of = Vec::new();
+    for (variant, tokens) in [(Variant::Schnell, 256), (Variant::Dev, 512)] {
+        let real = Flux1Model::new(variant);
+        let m = real.sizes();
+        // Every tensor of T5 (its tied table once) and CLIP is held for the text phase.
+        assert_eq!(
+            m.text_weights(Residency::Stored, 2),
+            2 * (4_762_310_656 + 123_060_480)
+        );
+        let (qt, qr) = m.quantized_variant(4);
+        let int4 = ModelSizes {
+            text_encoder: &qt,
+            transformer: &qr,
+            ..m
+        };
+        let req = flux1_request(tokens, 1);
+        let what = format!("{variant:?} int4 1024² GPU, {tokens} T5 rows");
+        let (needs, plan) = figures("FLUX.1", &int4, &what, &req);
+        assert!(plan.estimate.peak() <= needs, "{variant:?}: {needs}");
+        let err = int4
+            .plan(&req, needs - 20_000_000, "", BASE, false)
+            .unwrap_err();
+        let named = zimage::memory_plan::gb(needs);
+        assert!(
+            err.to_string().contains(&format!("needs at least {named}")),
+            "{err}"
+        );
+        // T5's products over its window widen one quantized layer on the GPU graph (the
+        // MLP's 10240 × 4096, in bf16), never its packed token table, which is read by rows;
+        // the CPU graph keeps the widening scratch instead.
+        let cpu = RequestShape {
+            graph: zimage::platform::Graph::Cpu,
+            ..req
+        };
+        let on_cpu = int4.estimate(&cpu, plan.residency, None, BASE);
+        assert_eq!(
+            plan.estimate.text - on_cpu.text,
+            10240 * 4096 * 2 - (64 << 20),
+            "{variant:?}"
+        );
+        let guided = flux1_request(tokens, 2);
+        let (_, cfg) = figures("FLUX.1", &int4, &format!("{what}, true CFG"), &guided);
+        assert!(cfg.estimate.denoise > plan.estimate.denoise);
+        needs_of.push(needs);
+    }
+    assert!(needs_of[0] <= 8 * GB, "[schnell]: {}", needs_of[0]);
+    assert!(needs_of[1] > needs_of[0]);
 }

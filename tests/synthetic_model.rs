@@ -1,6 +1,8 @@
 //! The synthetic Z-Image of `models/synthetic.rs`: at the real widths, every tensor the spec
 //! lists (zimage-spec §2.6, §3.1, §5.7) with its exact name and shape, real-depth sizes as §8
 //! gives them, configs the loader accepts, and an image through the store, quantized to int4.
+//! The synthetic FLUX.2 \[klein\], FLUX.3 \[klein\] and FLUX.1 at their specs' sizes; a shallow
+//! FLUX.1 of each variant through the store, `show`'s kind and memory, and an image.
 
 #[path = "../models/synthetic.rs"]
 mod synthetic;
@@ -742,4 +744,463 @@ fn shallow_flux3_opens_in_the_modular_layout_and_binds_at_the_real_widths() {
         ..spec.clone()
     };
     zimage::families::flux3_klein::configs::check_files(&flux3_configs(&deep)).unwrap();
+}
+
+/// FLUX.1's transformer tensors in diffusers' names as flux1-spec §11 lists them, with the
+/// shapes of its "Diffusers shapes" paragraph (D 3072, MLP 12288; every linear with a bias),
+/// for `double` double- and `single` single-stream blocks; the guidance embedder with
+/// `guidance`.
+fn spec_flux1_transformer(double: u32, single: u32, guidance: bool) -> Shapes {
+    let (d, m) = (3072u64, 12288u64);
+    let mut s = Shapes::new();
+    let linear = |s: &mut Shapes, name: &str, out: u64, inp: u64| {
+        s.insert(format!("{name}.weight"), vec![out, inp]);
+        s.insert(format!("{name}.bias"), vec![out]);
+    };
+    let te = "time_text_embed";
+    linear(&mut s, &format!("{te}.timestep_embedder.linear_1"), d, 256);
+    linear(&mut s, &format!("{te}.timestep_embedder.linear_2"), d, d);
+    linear(&mut s, &format!("{te}.text_embedder.linear_1"), d, 768);
+    linear(&mut s, &format!("{te}.text_embedder.linear_2"), d, d);
+    if guidance {
+        linear(&mut s, &format!("{te}.guidance_embedder.linear_1"), d, 256);
+        linear(&mut s, &format!("{te}.guidance_embedder.linear_2"), d, d);
+    }
+    linear(&mut s, "context_embedder", d, 4096);
+    linear(&mut s, "x_embedder", d, 64);
+    linear(&mut s, "norm_out.linear", 2 * d, d);
+    linear(&mut s, "proj_out", 64, d);
+    for b in 0..double {
+        let p = format!("transformer_blocks.{b}");
+        linear(&mut s, &format!("{p}.norm1.linear"), 6 * d, d);
+        linear(&mut s, &format!("{p}.norm1_context.linear"), 6 * d, d);
+        for n in [
+            "to_q",
+            "to_k",
+            "to_v",
+            "add_q_proj",
+            "add_k_proj",
+            "add_v_proj",
+            "to_out.0",
+            "to_add_out",
+        ] {
+            linear(&mut s, &format!("{p}.attn.{n}"), d, d);
+        }
+        for n in ["norm_q", "norm_k", "norm_added_q", "norm_added_k"] {
+            s.insert(format!("{p}.attn.{n}.weight"), vec![128]);
+        }
+        for ff in ["ff", "ff_context"] {
+            linear(&mut s, &format!("{p}.{ff}.net.0.proj"), m, d);
+            linear(&mut s, &format!("{p}.{ff}.net.2"), d, m);
+        }
+    }
+    for b in 0..single {
+        let p = format!("single_transformer_blocks.{b}");
+        linear(&mut s, &format!("{p}.norm.linear"), 3 * d, d);
+        for n in ["to_q", "to_k", "to_v"] {
+            linear(&mut s, &format!("{p}.attn.{n}"), d, d);
+        }
+        for n in ["norm_q", "norm_k"] {
+            s.insert(format!("{p}.attn.{n}.weight"), vec![128]);
+        }
+        linear(&mut s, &format!("{p}.proj_mlp"), m, d);
+        linear(&mut s, &format!("{p}.proj_out"), d, d + m);
+    }
+    s
+}
+
+/// CLIP-L's text tower as flux1-spec §2.3 names it, `layers` deep.
+fn spec_flux1_clip(layers: u32) -> Shapes {
+    let mut s = Shapes::new();
+    let e = "text_model.embeddings";
+    s.insert(format!("{e}.token_embedding.weight"), vec![49408, 768]);
+    s.insert(format!("{e}.position_embedding.weight"), vec![77, 768]);
+    for l in 0..layers {
+        let p = format!("text_model.encoder.layers.{l}");
+        for (n, out, inp) in [
+            ("self_attn.q_proj", 768, 768),
+            ("self_attn.k_proj", 768, 768),
+            ("self_attn.v_proj", 768, 768),
+            ("self_attn.out_proj", 768, 768),
+            ("mlp.fc1", 3072, 768),
+            ("mlp.fc2", 768, 3072),
+        ] {
+            s.insert(format!("{p}.{n}.weight"), vec![out, inp]);
+            s.insert(format!("{p}.{n}.bias"), vec![out]);
+        }
+        for n in ["layer_norm1", "layer_norm2"] {
+            s.insert(format!("{p}.{n}.weight"), vec![768]);
+            s.insert(format!("{p}.{n}.bias"), vec![768]);
+        }
+    }
+    s.insert("text_model.final_layer_norm.weight".into(), vec![768]);
+    s.insert("text_model.final_layer_norm.bias".into(), vec![768]);
+    s
+}
+
+/// T5 v1.1 XXL's encoder as flux1-spec §3.6 names it, `layers` deep: the tied table once, as
+/// `shared.weight`.
+fn spec_flux1_t5(layers: u32) -> Shapes {
+    let mut s = Shapes::new();
+    s.insert("shared.weight".into(), vec![32128, 4096]);
+    for b in 0..layers {
+        let p = format!("encoder.block.{b}.layer");
+        for n in ["q", "k", "v", "o"] {
+            s.insert(format!("{p}.0.SelfAttention.{n}.weight"), vec![4096, 4096]);
+        }
+        s.insert(format!("{p}.0.layer_norm.weight"), vec![4096]);
+        for n in ["wi_0", "wi_1"] {
+            s.insert(
+                format!("{p}.1.DenseReluDense.{n}.weight"),
+                vec![10240, 4096],
+            );
+        }
+        s.insert(format!("{p}.1.DenseReluDense.wo.weight"), vec![4096, 10240]);
+        s.insert(format!("{p}.1.layer_norm.weight"), vec![4096]);
+    }
+    if layers > 0 {
+        s.insert(
+            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight".into(),
+            vec![32, 64],
+        );
+    }
+    s.insert("encoder.final_layer_norm.weight".into(), vec![4096]);
+    s
+}
+
+/// The parameters of a set of shapes.
+fn params_of(shapes: &Shapes) -> u64 {
+    shapes.values().map(|s| s.iter().product::<u64>()).sum()
+}
+
+/// `(path, bytes)` of a FLUX.1 spec's config files, as the import's last check reads them.
+fn flux1_configs(spec: &synthetic::flux1::Flux1Spec) -> Vec<(String, Vec<u8>)> {
+    (synthetic::flux1::config_files(spec).into_iter())
+        .map(|(p, text)| (p, text.into_bytes()))
+        .collect()
+}
+
+/// The synthetic FLUX.1 at the real depths has flux1-spec §1.2–1.6's counts, computed from the
+/// spec's shapes without writing anything: the transformer 1160 tensors and 11,901,408,320
+/// parameters for \[dev\] and Kontext, 1156 and 11,891,178,560 for \[schnell\] (a double
+/// block 339,831,296, a single block 141,591,808, the rest of \[dev\]'s 64,124,992); CLIP-L
+/// 196 tensors and 123,060,480; T5-XXL's encoder 4,762,310,656 with its tied table counted once
+/// (`shared.weight`; `encoder.embed_tokens.weight` is not saved again); the VAE 244 and
+/// 83,819,683. Every name and shape is the spec's; the configs pass FLUX.1's import check, and
+/// the index names the family and each variant's pipeline and scheduler.
+#[test]
+fn real_flux1_sizes_match_the_spec() {
+    use synthetic::flux1::{self, Flux1Spec, Variant};
+    // The spec's block and top-level figures, from its shapes.
+    let double = params_of(&spec_flux1_transformer(1, 0, true))
+        - params_of(&spec_flux1_transformer(0, 0, true));
+    let single = params_of(&spec_flux1_transformer(0, 1, true))
+        - params_of(&spec_flux1_transformer(0, 0, true));
+    assert_eq!(double, 339_831_296);
+    assert_eq!(single, 141_591_808);
+    assert_eq!(params_of(&spec_flux1_transformer(0, 0, true)), 64_124_992);
+    assert_eq!(params_of(&spec_flux1_t5(24)), 4_762_310_656);
+    for (variant, tensors, params) in [
+        (Variant::Dev, 1160, 11_901_408_320u64),
+        (Variant::Schnell, 1156, 11_891_178_560),
+        (Variant::Kontext, 1160, 11_901_408_320),
+    ] {
+        let spec = Flux1Spec::real(variant);
+        let plan = flux1::plan(&spec);
+        let count = |c: &str| {
+            let s = plan.component(c).unwrap();
+            (s.tensors, s.params)
+        };
+        assert_eq!(count("transformer"), (tensors, params), "{variant:?}");
+        assert_eq!(count("text_encoder"), (196, 123_060_480));
+        assert_eq!(count("text_encoder_2"), (219, 4_762_310_656));
+        assert_eq!(count("vae"), (244, 83_819_683));
+        // bf16 throughout: two bytes a parameter.
+        assert_eq!(plan.data_bytes(), 2 * plan.params());
+        for p in flux1::plan_components(&spec) {
+            let got: Shapes = (p.tensors.iter())
+                .map(|t| (t.name.clone(), t.shape.clone()))
+                .collect();
+            assert_eq!(
+                got.len(),
+                p.tensors.len(),
+                "{}: duplicate names",
+                p.component
+            );
+            let want = match p.component {
+                "text_encoder" => spec_flux1_clip(12),
+                "text_encoder_2" => spec_flux1_t5(24),
+                "transformer" => spec_flux1_transformer(19, 38, variant.guidance()),
+                _ => spec_vae(),
+            };
+            let diff = differences(p.component, &got, &want);
+            assert!(diff.is_empty(), "{}", diff.join("\n"));
+        }
+
+        // The configs: what the import checks of the five together, and each as read.
+        let configs = flux1_configs(&spec);
+        zimage::families::flux1::configs::check_files(&configs).unwrap();
+        let config = |path: &str| -> serde_json::Value {
+            let (_, bytes) = configs.iter().find(|(p, _)| p == path).unwrap();
+            serde_json::from_slice(bytes).unwrap()
+        };
+        let t: zimage::families::flux1::Flux1Config =
+            serde_json::from_value(config("transformer/config.json")).unwrap();
+        t.validate().unwrap();
+        assert_eq!((t.dim(), t.mlp_dim()), (3072, 12288));
+        assert_eq!((t.num_layers, t.num_single_layers), (19, 38));
+        assert_eq!(t.guidance_embeds, variant != Variant::Schnell);
+        let clip: zimage::models::ClipTextConfig =
+            serde_json::from_value(config("text_encoder/config.json")).unwrap();
+        clip.validate().unwrap();
+        assert_eq!(
+            (
+                clip.vocab_size,
+                clip.num_hidden_layers,
+                clip.max_position_embeddings
+            ),
+            (49408, 12, 77)
+        );
+        let t5: zimage::models::T5Config =
+            serde_json::from_value(config("text_encoder_2/config.json")).unwrap();
+        t5.validate().unwrap();
+        assert_eq!(
+            (t5.vocab_size, t5.num_layers, t5.d_model),
+            (32128, 24, 4096)
+        );
+        let sch = config("scheduler/scheduler_config.json");
+        let dynamic = variant != Variant::Schnell;
+        assert_eq!(sch["use_dynamic_shifting"], dynamic);
+        assert_eq!(sch["shift"], if dynamic { 3.0 } else { 1.0 });
+        for (key, value) in [
+            ("base_shift", 0.5),
+            ("max_shift", 1.15),
+            ("base_image_seq_len", 256.0),
+            ("max_image_seq_len", 4096.0),
+        ] {
+            assert_eq!(sch[key].as_f64(), Some(value), "{key}");
+        }
+        let index = config("model_index.json");
+        let family =
+            zimage::families::Family::from_model_index(&serde_json::to_vec(&index).unwrap())
+                .unwrap();
+        assert_eq!(family.name(), "FLUX.1");
+        let class = match variant {
+            Variant::Kontext => "FluxKontextPipeline",
+            _ => "FluxPipeline",
+        };
+        assert_eq!(index["_class_name"], class);
+        for (component, class) in [
+            ("text_encoder", "CLIPTextModel"),
+            ("text_encoder_2", "T5EncoderModel"),
+            ("tokenizer", "CLIPTokenizer"),
+            ("tokenizer_2", "T5TokenizerFast"),
+            ("transformer", "FluxTransformer2DModel"),
+            ("vae", "AutoencoderKL"),
+        ] {
+            assert_eq!(index[component][1], class, "{component}");
+        }
+    }
+}
+
+/// `zimage show NAME`'s lines for a model of the store.
+fn shown(store: &std::path::Path, name: &str) -> String {
+    let out = zimage_in(store, &["show", name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Megabytes of a figure `show` writes (`972 MB`, `8.10 GB`) at the start of `text`.
+fn shown_megabytes(text: &str) -> f64 {
+    let mut words = text.split_whitespace();
+    let n: f64 = words.next().unwrap().parse().unwrap();
+    match words.next().unwrap().trim_end_matches([',', ';']) {
+        "GB" => n * 1000.0,
+        "MB" => n,
+        unit => panic!("`{unit}` is not a unit: {text}"),
+    }
+}
+
+/// A shallow FLUX.1 at the real widths of each variant (one single-stream block, one CLIP
+/// layer, one T5 block, and for \[schnell\] one double-stream block; bf16, 2.0 and 1.1 GB,
+/// deleted at the end; Kontext is \[dev\]'s files under its own index): written, its names and
+/// shapes the spec's and its stand-in tokenizers in place (CLIP's window the real 77), read by
+/// the pipeline; imported (\[schnell\] in int4, the others as stored), `show` names the
+/// family, the kind and the run-time memory at 1024²; \[schnell\] draws a 64×64 picture in one
+/// step from the store.
+#[test]
+fn shallow_flux1_imports_shows_its_kind_and_memory_and_generates() {
+    use synthetic::flux1::{self, Flux1Spec, Variant};
+    use zimage::pipeline::ModelSource;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let mut figures = Vec::new();
+    for (variant, name, kind, double, quantize) in [
+        (Variant::Schnell, "schnell", "[schnell]", 1, true),
+        (Variant::Dev, "dev", "[dev]", 0, false),
+        (Variant::Kontext, "kontext", "Kontext [dev]", 0, false),
+    ] {
+        let model = tmp.path().join(name);
+        let size = flux1::Size {
+            double_layers: double,
+            single_layers: 1,
+            clip_layers: 1,
+            t5_layers: 1,
+        };
+        let spec = Flux1Spec {
+            variant,
+            size,
+            dtype: WeightDtype::Bf16,
+            seed: 5,
+        };
+        if variant == Variant::Kontext {
+            // [dev]'s files under the editing pipeline: its weights linked, its configs the
+            // writer's.
+            common::copy_model(&tmp.path().join("dev"), &model);
+            for (path, text) in flux1::config_files(&spec) {
+                std::fs::write(model.join(path), text).unwrap();
+            }
+        } else {
+            let t = Instant::now();
+            let (summary, _) =
+                flux1::write_with(&model, &spec, &synthetic::Options { sync: false }).unwrap();
+            eprintln!(
+                "{name}: wrote {:.2} GB in {:.1} s\n{summary}",
+                summary.file_bytes() as f64 / 1e9,
+                t.elapsed().as_secs_f64()
+            );
+            assert_eq!(summary, flux1::plan(&spec));
+        }
+
+        // The layout: every component's names and shapes, T5 sharded with its index.
+        let dir = DiffusersDir::open(&model).unwrap();
+        let mut diff = Vec::new();
+        for (component, want) in [
+            ("text_encoder", spec_flux1_clip(1)),
+            ("text_encoder_2", spec_flux1_t5(1)),
+            (
+                "transformer",
+                spec_flux1_transformer(double, 1, variant.guidance()),
+            ),
+            ("vae", spec_vae()),
+        ] {
+            let got: Shapes = (dir.tensors[component].iter())
+                .map(|t| (t.name.clone(), t.info.shape.clone()))
+                .collect();
+            diff.extend(differences(component, &got, &want));
+        }
+        assert!(diff.is_empty(), "{}", diff.join("\n"));
+        assert!(model
+            .join("text_encoder_2/model.safetensors.index.json")
+            .is_file());
+        // The stand-in tokenizers, CLIP's window the real one.
+        for (folder, source) in flux1::tokenizer_sources() {
+            for f in ["vocab.json", "merges.txt", "tokenizer.json", "spiece.model"] {
+                if source.join(f).is_file() {
+                    assert_eq!(
+                        std::fs::read(model.join(folder).join(f)).unwrap(),
+                        std::fs::read(source.join(f)).unwrap(),
+                        "{folder}/{f}"
+                    );
+                }
+            }
+        }
+        let clip_tok: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(model.join("tokenizer/tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(clip_tok["model_max_length"], 77);
+
+        // The pipeline reads it: the configs fit, both tokenizers load, CLIP's ids fill its
+        // window, the transformer binds at the real widths.
+        let p =
+            zimage::families::flux1::Flux1Pipeline::new(&dir, zimage::mlx::Dtype::BF16).unwrap();
+        assert_eq!(p.clip_ids("a red fox").unwrap().len(), 77);
+        assert_eq!(p.configs.kontext, variant == Variant::Kontext);
+        drop(p.load_transformer().unwrap());
+        let weights = dir.component("text_encoder_2").unwrap();
+        assert_eq!(weights.tensors.len(), spec_flux1_t5(1).len());
+
+        // Imported, `show` names the family, the kind and the memory at the VAE's 1024².
+        let mut args = vec!["create", name, "--from", s(&model)];
+        if quantize {
+            args.extend(["--quantize", "int4"]);
+        }
+        let t = Instant::now();
+        let out = zimage_in(&store, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{name}: imported in {:.1} s", t.elapsed().as_secs_f64());
+        // Kontext's links read [dev]'s files; the largest model goes at once.
+        if variant == Variant::Schnell {
+            std::fs::remove_dir_all(&model).unwrap();
+        }
+        let text = shown(&store, name);
+        eprintln!("{text}");
+        assert!(text.contains("family      FLUX.1\n"), "{text}");
+        assert!(text.contains(&format!("({kind} model)")), "{text}");
+        let memory = (text.lines())
+            .find_map(|l| l.strip_prefix("run-time memory at 1024×1024 ("))
+            .unwrap_or_else(|| panic!("no run-time memory line: {text}"));
+        let figure = |after: &str| memory.split(after).nth(1).unwrap();
+        let peaks = figure("estimated peak: ");
+        let compute = shown_megabytes(peaks);
+        let stored = shown_megabytes(peaks.split(", ").nth(1).unwrap());
+        let needs = shown_megabytes(figure("the smallest budget that runs it: "));
+        assert!(
+            needs > 0.0 && needs <= compute.max(stored) * 1.01,
+            "{memory}"
+        );
+        figures.push((name, needs));
+
+        if variant == Variant::Schnell {
+            let png = tmp.path().join("fox.png");
+            let t = Instant::now();
+            let out = zimage_in(
+                &store,
+                &[
+                    "generate",
+                    "a fox",
+                    "--model",
+                    name,
+                    "--width",
+                    "64",
+                    "--height",
+                    "64",
+                    "--steps",
+                    "1",
+                    "-o",
+                    s(&png),
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            eprintln!("{name}: generated in {:.1} s", t.elapsed().as_secs_f64());
+            let img = image::open(&png).unwrap().to_rgb8();
+            assert_eq!(img.dimensions(), (64, 64));
+            // Not one flat colour: a NaN or an infinity anywhere upstream ends as a constant
+            // image.
+            let px = img.into_raw();
+            let (lo, hi) = (px.iter().min().unwrap(), px.iter().max().unwrap());
+            assert!(hi - lo > 16, "pixel range {lo}..{hi}");
+        }
+    }
+    // [dev] as stored holds more than [schnell] in int4, one block fewer and all; Kontext is
+    // [dev]'s model (what each process held before loading may differ a little).
+    let needs = |n: &str| figures.iter().find(|(m, _)| *m == n).unwrap().1;
+    assert!(needs("dev") > needs("schnell"), "{figures:?}");
+    assert!(
+        (needs("dev") - needs("kontext")).abs() <= 20.0,
+        "{figures:?}"
+    );
 }

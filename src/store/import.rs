@@ -141,14 +141,21 @@ pub struct ImportSummary {
     pub ggml: GgmlReport,
 }
 
-/// Ollama's rule for which tensors a quantized import quantizes.
+/// Whether a quantized import quantizes a tensor of this name, by Ollama's rule: a weight, not
+/// an embedding table (`embed`) nor a norm's own (`norm`, `ln_`). A linear layer named after
+/// the norm it modulates (an AdaLN's `norm1.linear`, `norm_out.linear`) is a linear layer like
+/// any other: in the double-stream transformers these hold a quarter of the parameters.
+pub(crate) fn quantizes_name(n: &str) -> bool {
+    let norm = (n.contains("norm") || n.contains("ln_")) && !n.ends_with(".linear.weight");
+    n.ends_with(".weight") && !n.contains("embed") && !norm
+}
+
+/// Ollama's rule for which tensors a quantized import quantizes ([`quantizes_name`]): matrices
+/// of a plain float dtype whose rows split into groups, outside the VAE.
 pub(crate) fn should_quantize(t: &SourceTensor) -> bool {
     let n = t.name.as_str();
     t.component != "vae"
-        && !n.contains("embed")
-        && !n.contains("norm")
-        && !n.contains("ln_")
-        && n.ends_with(".weight")
+        && quantizes_name(n)
         && t.shape.len() >= 2
         && t.shape
             .last()

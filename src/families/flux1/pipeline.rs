@@ -590,6 +590,17 @@ pub fn denoiser(t: &Flux1Config, cell: u32) -> Denoiser {
     }
 }
 
+/// T5's widths as the memory plan counts the text phase's activations: its gated MLP's two
+/// inner projections (`wi_0`, `wi_1`) as Qwen's gate and up.
+pub fn text_shape(t5: &T5Config) -> TextShape {
+    TextShape {
+        hidden: t5.d_model as u64,
+        intermediate: t5.d_ff as u64,
+        heads: t5.num_heads as u64,
+        head_dim: t5.d_kv as u64,
+    }
+}
+
 /// What the memory plan reads of a FLUX.1 model and sets on it.
 impl<S: ModelSource> Flux1Pipeline<S> {
     /// Holds the weights in `residency` from the next load on.
@@ -623,20 +634,14 @@ impl<S: ModelSource> Flux1Pipeline<S> {
     }
 
     /// The model's sizes and configuration as the memory plan reads them: T5 is the text
-    /// phase's encoder (its gated MLP's two inner projections as Qwen's gate and up).
+    /// phase's encoder ([`text_shape`]).
     pub fn model_sizes<'a>(&'a self, sizes: &'a [Vec<TensorSize>; 3]) -> ModelSizes<'a> {
-        let t5 = &self.configs.t5;
         ModelSizes {
             text_encoder: &sizes[0],
             transformer: &sizes[1],
             vae: &sizes[2],
             controlnet: &[],
-            text_config: TextShape {
-                hidden: t5.d_model as u64,
-                intermediate: t5.d_ff as u64,
-                heads: t5.num_heads as u64,
-                head_dim: t5.d_kv as u64,
-            },
+            text_config: text_shape(&self.configs.t5),
             denoiser: denoiser(&self.configs.transformer, self.cell()),
             vae_config: &self.configs.vae,
         }
