@@ -147,7 +147,10 @@ pub struct ImportSummary {
 /// any other: in the double-stream transformers these hold a quarter of the parameters.
 pub(crate) fn quantizes_name(n: &str) -> bool {
     let norm = (n.contains("norm") || n.contains("ln_")) && !n.ends_with(".linear.weight");
-    n.ends_with(".weight") && !n.contains("embed") && !norm
+    // T5's relative position table is looked up, not multiplied: a few KB whose every value
+    // is an attention bias, kept as it is.
+    let table = n.contains("relative_attention_bias");
+    n.ends_with(".weight") && !n.contains("embed") && !norm && !table
 }
 
 /// Ollama's rule for which tensors a quantized import quantizes ([`quantizes_name`]): matrices
