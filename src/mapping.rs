@@ -15,13 +15,17 @@ pub const CONFIG_METADATA_KEY: &str = "zimage.config";
 pub enum Component {
     Transformer,
     TextEncoder,
+    /// A pipeline's second text encoder (T5's encoder beside CLIP's text model), which only
+    /// some families have.
+    TextEncoder2,
     Vae,
 }
 
 impl Component {
-    pub const ALL: [Component; 3] = [
+    pub const ALL: [Component; 4] = [
         Component::Transformer,
         Component::TextEncoder,
+        Component::TextEncoder2,
         Component::Vae,
     ];
 
@@ -30,8 +34,24 @@ impl Component {
         match self {
             Component::Transformer => "transformer",
             Component::TextEncoder => "text_encoder",
+            Component::TextEncoder2 => "text_encoder_2",
             Component::Vae => "vae",
         }
+    }
+
+    /// The `create` option that gives the component as a file.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Component::Transformer => "--transformer",
+            Component::TextEncoder => "--text-encoder",
+            Component::TextEncoder2 => "--text-encoder-2",
+            Component::Vae => "--vae",
+        }
+    }
+
+    /// Whether only some pipelines have the component (a model without it is whole).
+    pub fn optional(self) -> bool {
+        self == Component::TextEncoder2
     }
 }
 
@@ -61,6 +81,20 @@ pub struct Mapped {
     /// Tensors of the file that the pipeline has no use for and that were left out (a
     /// language-model head, an unused final norm).
     pub dropped: Vec<String>,
+    /// Config keys no shape tells and no default fits, which `config` leaves out: a config the
+    /// model gives (its file's metadata, `--from`'s) must say them.
+    pub untold: Vec<Untold>,
+}
+
+/// A config key the shapes do not tell and that has no default for this checkpoint (the RoPE
+/// axes of an unusual head size, the head count of an unusual width).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untold {
+    pub key: &'static str,
+    /// The tensor whose shape makes the default unfit.
+    pub tensor: String,
+    /// Why, for the refusal when nothing gives the key.
+    pub reason: String,
 }
 
 impl Mapped {
@@ -81,7 +115,14 @@ impl Mapped {
             shape_keys: inferred.shape_keys,
             hint: None,
             dropped,
+            untold: Vec::new(),
         }
+    }
+
+    /// The same, with `untold` the keys a given config must say.
+    pub(crate) fn with_untold(mut self, untold: Vec<Untold>) -> Mapped {
+        self.untold = untold;
+        self
     }
 }
 
@@ -175,6 +216,12 @@ pub enum LayoutError {
         what: String,
         component: &'static str,
         tensor: String,
+    },
+    #[error("{what} is {found}, which is given as {flag}")]
+    WrongSlot {
+        what: String,
+        found: &'static str,
+        flag: &'static str,
     },
     #[error("{what}: tensor `{tensor}` appears twice once renamed (also as `{other}`)")]
     Duplicate {

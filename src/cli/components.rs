@@ -1,5 +1,6 @@
-//! `create NAME --transformer FILE --text-encoder FILE --vae FILE [--tokenizer …] [--from DIR]`:
-//! a model composed from component checkpoints in whatever layout they come in.
+//! `create NAME --transformer FILE --text-encoder FILE [--text-encoder-2 FILE] --vae FILE
+//! [--tokenizer …] [--tokenizer-2 …] [--from DIR]`: a model composed from component checkpoints
+//! in whatever layout they come in.
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use zimage::diffusers_dir::DiffusersDir;
@@ -11,8 +12,10 @@ pub struct ComponentFiles<'a> {
     pub from: Option<&'a std::path::Path>,
     pub transformer: &'a [PathBuf],
     pub text_encoder: &'a [PathBuf],
+    pub text_encoder_2: &'a [PathBuf],
     pub vae: &'a [PathBuf],
     pub tokenizer: Option<&'a std::path::Path>,
+    pub tokenizer_2: Option<&'a std::path::Path>,
 }
 
 pub fn compose(a: &ComponentFiles) -> anyhow::Result<ComposedModel> {
@@ -24,9 +27,10 @@ pub fn compose(a: &ComponentFiles) -> anyhow::Result<ComposedModel> {
         ),
         None => None,
     };
-    let given: [(Component, &[PathBuf]); 3] = [
+    let given: [(Component, &[PathBuf]); 4] = [
         (Component::Transformer, a.transformer),
         (Component::TextEncoder, a.text_encoder),
+        (Component::TextEncoder2, a.text_encoder_2),
         (Component::Vae, a.vae),
     ];
     let mut parts = Vec::new();
@@ -41,12 +45,17 @@ pub fn compose(a: &ComponentFiles) -> anyhow::Result<ComposedModel> {
             .with_context(|| format!("reading the {} from {described}", component.dir()))?;
         parts.push((mapped, described));
     }
-    let tokenizer = a.tokenizer.map(read_tokenizer).transpose()?;
+    let mut tokenizers = Vec::new();
+    for (path, folder) in [(a.tokenizer, "tokenizer"), (a.tokenizer_2, "tokenizer_2")] {
+        if let Some(path) = path {
+            tokenizers.push(read_tokenizer(path, folder)?);
+        }
+    }
     let model = ComposedModel::compose(
         base.as_ref(),
         turbo_defaults(zimage::embedded::DEMO_FILES),
         parts,
-        tokenizer,
+        tokenizers,
     )?;
     for o in &model.origins {
         let layout = match o.layout {

@@ -24,8 +24,8 @@ pub struct ExportArgs {
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExportFormat {
-    /// ComfyUI's three files: the original-layout transformer, the Qwen3 text encoder and
-    /// the LDM-layout VAE (float models only).
+    /// ComfyUI's files: the original-layout transformer, the text encoder (Qwen3, or CLIP's
+    /// with T5's beside it as `NAME_2`) and the LDM-layout VAE (float models only).
     Comfy,
     /// The transformer as a GGUF file in the original layout, as stable-diffusion.cpp and
     /// ComfyUI-GGUF load it, each tensor in the ggml type nearest to how it is stored (a GGUF

@@ -23,16 +23,22 @@ pub struct CreateArgs {
     /// downloaded through its cache), or one model file (.safetensors, .zt or .dfsn); with
     /// `--lora`, the stored model the new one derives from. With component files, the
     /// directory whose components they replace.
-    #[arg(long, required_unless_present_any = ["transformer", "text_encoder", "vae"])]
+    #[arg(long, required_unless_present_any = ["transformer", "text_encoder", "text_encoder_2", "vae"])]
     pub from: Option<PathBuf>,
     /// The transformer: a safetensors file (diffusers names or the family's original ones, as
     /// ComfyUI ships it), several shards, or a shard index.
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub transformer: Vec<PathBuf>,
-    /// The text encoder: a safetensors file (Qwen3 with or without the `model.` prefix, or
-    /// Qwen3-VL in transformers' names), several shards, or a shard index.
+    /// The text encoder: a safetensors file (Qwen3 with or without the `model.` prefix,
+    /// Qwen3-VL in transformers' names, or CLIP's text model as ComfyUI's `clip_l.safetensors`),
+    /// several shards, or a shard index.
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub text_encoder: Vec<PathBuf>,
+    /// The second text encoder of a pipeline that has one: T5's encoder as a safetensors file
+    /// in transformers' names (ComfyUI's `t5xxl_fp16.safetensors`, fp8 too) or a GGUF file in
+    /// llama.cpp's names, several shards, or a shard index.
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub text_encoder_2: Vec<PathBuf>,
     /// The VAE: a safetensors file in diffusers' or the LDM/Flux layout (`ae.safetensors`).
     #[arg(long, num_args = 1.., value_name = "FILE")]
     pub vae: Vec<PathBuf>,
@@ -40,6 +46,10 @@ pub struct CreateArgs {
     /// the demo model's, which the binary carries).
     #[arg(long, value_name = "DIR|FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// The second text encoder's tokenizer: a folder of tokenizer files or one of them
+    /// (default: `--from`'s; needed without `--from` by a model that has a second encoder).
+    #[arg(long, value_name = "DIR|FILE")]
+    pub tokenizer_2: Option<PathBuf>,
     /// For a single-file source: the component its tensors go under (`transformer`, …).
     #[arg(long, default_value = "model", value_parser = super::component_arg)]
     pub component: String,
@@ -56,7 +66,7 @@ pub struct CreateArgs {
     /// shares every blob of the stored model `--from` names and adds the LoRAs' tensors;
     /// `generate` applies them unfused.
     #[arg(long = "lora", value_name = "FILE[:SCALE]", value_parser = super::generate::lora_arg,
-          conflicts_with_all = ["dtype", "quantize", "transformer", "text_encoder", "vae", "tokenizer"])]
+          conflicts_with_all = ["dtype", "quantize", "transformer", "text_encoder", "text_encoder_2", "vae", "tokenizer", "tokenizer_2"])]
     pub loras: Vec<zimage::lora::LoraSpec>,
     /// With `--lora`: store LoRA keys that name no layer of the model, skipped when applied,
     /// instead of refusing the file.
@@ -216,15 +226,21 @@ pub fn create(s: Option<PathBuf>, mut a: CreateArgs) -> anyhow::Result<ExitCode>
     if let Some(from) = a.from.take() {
         a.from = Some(from_hub(from)?);
     }
-    let composed = !(a.transformer.is_empty() && a.text_encoder.is_empty() && a.vae.is_empty())
-        || a.tokenizer.is_some();
+    let composed = !(a.transformer.is_empty()
+        && a.text_encoder.is_empty()
+        && a.text_encoder_2.is_empty()
+        && a.vae.is_empty())
+        || a.tokenizer.is_some()
+        || a.tokenizer_2.is_some();
     let (source, from): (Box<dyn TensorSourceSync>, String) = if composed {
         let model = super::components::compose(&super::components::ComponentFiles {
             from: a.from.as_deref(),
             transformer: &a.transformer,
             text_encoder: &a.text_encoder,
+            text_encoder_2: &a.text_encoder_2,
             vae: &a.vae,
             tokenizer: a.tokenizer.as_deref(),
+            tokenizer_2: a.tokenizer_2.as_deref(),
         })?;
         (Box::new(model), "the component files".to_string())
     } else {

@@ -127,10 +127,21 @@ pub trait ModelFamily: Sync {
     /// The original layout of a stored transformer's tensors, for `export`.
     fn transformer_to_original(&self, tensors: &[(String, Vec<u64>)]) -> Vec<Joined>;
     /// The `model_index.json` and other files of a model composed from single files without a
-    /// base directory, the transformer's file named `transformer_file`; `None` keeps the
-    /// defaults every family shares.
-    fn composed_files(&self, _transformer_file: &str) -> Option<Vec<(String, Vec<u8>)>> {
+    /// base directory, the transformer's file named `transformer_file` and its diffusers config
+    /// (as its tensors and metadata tell it) `transformer_config`; `None` keeps the defaults
+    /// every family shares.
+    fn composed_files(
+        &self,
+        _transformer_file: &str,
+        _transformer_config: &serde_json::Value,
+    ) -> Option<Vec<(String, Vec<u8>)>> {
         None
+    }
+    /// Whether a model composed without a base directory reads the tokenizer the binary
+    /// carries (Qwen's) when none is given; a family whose tokenizers are its own needs them
+    /// given.
+    fn reads_carried_tokenizer(&self) -> bool {
+        true
     }
     /// What a LoRA whose target names contain what `has` finds is, when it looks like one of
     /// this family's (`Z-Image (S3-DiT: …)`).

@@ -1,7 +1,8 @@
-//! A stored model written out as ComfyUI's three files: the transformer in its family's
-//! original layout (fused projections joined again), the `model.`-prefixed Qwen3 text encoder and the
-//! LDM-layout VAE, each carrying its diffusers config in its metadata so that importing the
-//! files again gives the same model. Bytes are copied from the blobs as they are.
+//! A stored model written out as ComfyUI's files: the transformer in its family's original
+//! layout (fused projections joined again), the text encoders in transformers' names (the
+//! `model.`-prefixed Qwen3, or CLIP's text model and T5's encoder) and the LDM-layout VAE, each
+//! carrying its diffusers config in its metadata so that importing the files again gives the
+//! same model. Bytes are copied from the blobs as they are.
 
 use crate::files::{FileError, TempFile};
 use crate::mapping::{Component, Joined, CONFIG_METADATA_KEY};
@@ -34,14 +35,16 @@ pub struct ExportedFile {
     pub bytes: u64,
 }
 
-/// The path of a component's file under a ComfyUI `models/` folder.
+/// The path of a component's file under a ComfyUI `models/` folder; a second text encoder goes
+/// beside the first as `{stem}_2.safetensors`.
 pub fn comfy_path(dir: &Path, component: Component, stem: &str) -> PathBuf {
-    let folder = match component {
-        Component::Transformer => "diffusion_models",
-        Component::TextEncoder => "text_encoders",
-        Component::Vae => "vae",
+    let (folder, suffix) = match component {
+        Component::Transformer => ("diffusion_models", ""),
+        Component::TextEncoder => ("text_encoders", ""),
+        Component::TextEncoder2 => ("text_encoders", "_2"),
+        Component::Vae => ("vae", ""),
     };
-    dir.join(folder).join(format!("{stem}.safetensors"))
+    dir.join(folder).join(format!("{stem}{suffix}.safetensors"))
 }
 
 /// One stored tensor's bytes.
@@ -54,11 +57,11 @@ struct Stored {
     shape: Vec<u64>,
 }
 
-/// Writes `model`'s three components under `dir` (`diffusion_models/`, `text_encoders/`,
-/// `vae/`, each `{stem}.safetensors`). All three are written to temporary files first and
-/// renamed into place together, so a failure leaves no partial export. `with_config` writes
-/// each component's config into its file's metadata; without it the files are as plain as
-/// those published elsewhere.
+/// Writes `model`'s components under `dir` (`diffusion_models/`, `text_encoders/`, `vae/`,
+/// each `{stem}.safetensors`; a second text encoder `text_encoders/{stem}_2.safetensors`). All
+/// are written to temporary files first and renamed into place together, so a failure leaves
+/// no partial export. `with_config` writes each component's config into its file's metadata;
+/// without it the files are as plain as those published elsewhere.
 pub fn export_comfy(
     store: &Store,
     model: &StoredModel,
@@ -97,6 +100,9 @@ pub fn export_comfy(
     let mut pending = Vec::new();
     for component in Component::ALL {
         let Some(tensors) = by_component.get(component.dir()) else {
+            if component.optional() {
+                continue;
+            }
             return Err(fail(format!("has no `{}` tensors", component.dir())));
         };
         let shapes: Vec<(String, Vec<u64>)> = tensors
@@ -105,7 +111,9 @@ pub fn export_comfy(
             .collect();
         let joined = match component {
             Component::Transformer => super::resolve::transformer_to_original(&shapes),
-            Component::TextEncoder => super::text_encoder::to_original(&shapes),
+            Component::TextEncoder | Component::TextEncoder2 => {
+                super::text_encoder::to_original(&shapes)
+            }
             Component::Vae => super::vae::to_original(&shapes),
         };
         let config = store

@@ -191,15 +191,17 @@ fn index_shards(index: &Path) -> Result<Vec<PathBuf>, Error> {
     Ok(shards.into_iter().map(|s| dir.join(s)).collect())
 }
 
-/// Tokenizer files from a folder (those of them a diffusers `tokenizer/` holds) or one file
-/// named as such a file, as `(tokenizer/NAME, bytes)`.
-pub fn read_tokenizer(path: &Path) -> Result<Vec<(String, Vec<u8>)>, Error> {
+/// Tokenizer files from a folder (those of them a diffusers `tokenizer/`, or with `folder`
+/// `tokenizer_2` a `tokenizer_2/`, holds) or one file named as such a file, as
+/// `(FOLDER/NAME, bytes)`.
+pub fn read_tokenizer(path: &Path, folder: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let prefix = format!("{folder}/");
     let names: Vec<&str> = diffusers_dir::CONFIG_FILES
         .iter()
-        .filter_map(|f| f.strip_prefix("tokenizer/"))
+        .filter_map(|f| f.strip_prefix(prefix.as_str()))
         .collect();
     let read = |name: &str, file: &Path| -> Result<(String, Vec<u8>), Error> {
-        let rel = format!("tokenizer/{name}");
+        let rel = format!("{prefix}{name}");
         let (limit, what) = diffusers_dir::config_limit(&rel);
         let bytes = crate::files::read_bounded(file, limit, what)?;
         if name.ends_with(".json") {
@@ -249,7 +251,8 @@ pub struct ComponentOrigin {
 }
 
 /// A model assembled from component checkpoints over a base (a diffusers directory, or when
-/// there is none Qwen's tokenizer and the files of the transformer's family).
+/// there is none the files of the transformer's family and, where the family reads it, Qwen's
+/// tokenizer).
 #[derive(Debug, Clone)]
 pub struct ComposedModel {
     pub tensors: Vec<SourceTensor>,
@@ -271,42 +274,21 @@ pub fn turbo_defaults(embedded: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
 
 impl ComposedModel {
     /// `base`: the directory whose components the given ones replace; without one every
-    /// weight component must be given and `defaults` supply the other files.
+    /// weight component the model's family lists must be given and `defaults` (with the
+    /// family's own files) supply the other files. `tokenizers` are the given tokenizers'
+    /// files, each under its folder (`tokenizer/`, `tokenizer_2/`).
     pub fn compose(
         base: Option<&DiffusersDir>,
         defaults: Vec<(String, Vec<u8>)>,
         components: Vec<(Mapped, String)>,
-        tokenizer: Option<Vec<(String, Vec<u8>)>>,
+        tokenizers: Vec<Vec<(String, Vec<u8>)>>,
     ) -> Result<ComposedModel, Error> {
         let (mut tensors, mut configs) = match base {
             Some(dir) => (dir.tensors(), dir.config_files()?),
-            None => {
-                let missing: Vec<&str> = Component::ALL
-                    .iter()
-                    .filter(|c| !components.iter().any(|(m, _)| m.component == **c))
-                    .map(|c| c.dir())
-                    .collect();
-                if !missing.is_empty() {
-                    return Err(Error::Compose(format!(
-                        "without --from, a model needs every component: {} missing (give --transformer, --text-encoder and --vae)",
-                        missing.join(", ")
-                    )));
-                }
-                let family_files = components.iter().find_map(|(m, source)| {
-                    let class = m.config["_class_name"].as_str();
-                    let family = class.and_then(Family::of_transformer_class)?;
-                    (m.component == Component::Transformer)
-                        .then(|| family.composed_files(source))
-                        .flatten()
-                });
-                let mut defaults = defaults;
-                if let Some(files) = family_files {
-                    // The tokenizer is shared; the rest is the family's own.
-                    defaults.retain(|(p, _)| p.starts_with("tokenizer/"));
-                    defaults.extend(files);
-                }
-                (Vec::new(), defaults)
-            }
+            None => (
+                Vec::new(),
+                without_base(defaults, &components, &tokenizers)?,
+            ),
         };
         let mut origins = Vec::new();
         let mut sources = BTreeMap::new();
@@ -346,9 +328,12 @@ impl ComposedModel {
             });
             tensors.extend(mapped.tensors);
         }
-        if let Some(tok) = tokenizer {
-            configs.retain(|(p, _)| !p.starts_with("tokenizer/"));
-            configs.extend(tok);
+        for files in tokenizers {
+            let folders: Vec<String> = (files.iter())
+                .filter_map(|(p, _)| Some(format!("{}/", p.split_once('/')?.0)))
+                .collect();
+            configs.retain(|(p, _)| !folders.iter().any(|f| p.starts_with(f.as_str())));
+            configs.extend(files);
         }
         // Refused now, before anything is stored, rather than by the first `generate`.
         resolve::check_model_configs(&configs)
@@ -372,6 +357,68 @@ impl ComposedModel {
             origins,
         })
     }
+}
+
+/// The files besides weights of a model composed without a base directory: the family's own
+/// (its `model_index.json`, its scheduler) over `defaults`, the carried tokenizer kept where the
+/// family reads it. Refused when a weight component or a tokenizer the model's index lists is
+/// not given, naming the option that gives it.
+fn without_base(
+    defaults: Vec<(String, Vec<u8>)>,
+    components: &[(Mapped, String)],
+    tokenizers: &[Vec<(String, Vec<u8>)>],
+) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let transformer = (components.iter()).find(|(m, _)| m.component == Component::Transformer);
+    let family = transformer.and_then(|(m, source)| {
+        let class = m.config["_class_name"].as_str();
+        Some((class.and_then(Family::of_transformer_class)?, m, source))
+    });
+    let mut defaults = defaults;
+    if let Some((family, m, source)) = family {
+        if let Some(files) = family.composed_files(source, &m.config) {
+            // The tokenizer is shared where the family reads it; the rest is the family's own.
+            let carried = family.reads_carried_tokenizer();
+            defaults.retain(|(p, _)| carried && p.starts_with("tokenizer/"));
+            defaults.extend(files);
+        }
+    }
+    let index: serde_json::Value = (defaults.iter())
+        .find(|(p, _)| p == "model_index.json")
+        .and_then(|(_, b)| serde_json::from_slice(b).ok())
+        .unwrap_or_default();
+    let listed = |dir: &str| index.get(dir).is_some();
+    let needed: Vec<Component> = (Component::ALL.into_iter())
+        .filter(|c| !c.optional() || listed(c.dir()))
+        .collect();
+    let missing: Vec<&str> = (needed.iter())
+        .filter(|c| !components.iter().any(|(m, _)| m.component == **c))
+        .map(|c| c.dir())
+        .collect();
+    if !missing.is_empty() {
+        let flags: Vec<&str> = needed.iter().map(|c| c.flag()).collect();
+        let (last, rest) = flags
+            .split_last()
+            .expect("the transformer is always needed");
+        return Err(Error::Compose(format!(
+            "without --from, a model needs every component: {} missing (give {} and {last})",
+            missing.join(", "),
+            rest.join(", ")
+        )));
+    }
+    for (folder, flag) in [
+        ("tokenizer", "--tokenizer"),
+        ("tokenizer_2", "--tokenizer-2"),
+    ] {
+        let prefix = format!("{folder}/");
+        let has = |files: &[(String, Vec<u8>)]| files.iter().any(|(p, _)| p.starts_with(&prefix));
+        if listed(folder) && !has(&defaults) && !tokenizers.iter().any(|t| has(t)) {
+            let class = index[folder][1].as_str().unwrap_or("its tokenizer");
+            return Err(Error::Compose(format!(
+                "without --from, the model's `{folder}` ({class}) must be given: {flag} DIR|FILE, a folder of its files or one of them"
+            )));
+        }
+    }
+    Ok(defaults)
 }
 
 impl TensorSource for ComposedModel {

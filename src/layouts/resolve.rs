@@ -125,6 +125,19 @@ pub fn resolve(
             origins.insert(key.clone(), origin);
         }
     }
+    // A key no shape tells and no default fits must come from a config the model gives.
+    if let Some(u) = (mapped.untold.iter()).find(|u| config.get(u.key).is_none_or(Value::is_null)) {
+        return Err(LayoutError::Tensor {
+            what: what.to_string(),
+            tensor: u.tensor.clone(),
+            reason: format!(
+                "{}; give --from the model's directory, whose {}/config.json says `{}`",
+                u.reason,
+                mapped.component.dir(),
+                u.key
+            ),
+        });
+    }
     let resolved = Resolved {
         config: Value::Object(config),
         origins,
@@ -191,7 +204,7 @@ fn check_against_shapes(mapped: &Mapped, what: &str, r: &Resolved) -> Result<(),
                 }
             }
         }
-        Component::TextEncoder => {}
+        Component::TextEncoder | Component::TextEncoder2 => {}
     }
     Ok(())
 }
@@ -221,6 +234,7 @@ pub fn to_diffusers(
             Family::of_checkpoint(&tensors).transformer_to_diffusers(tensors, what)?
         }
         Component::TextEncoder => super::text_encoder::to_diffusers(tensors, what)?,
+        Component::TextEncoder2 => super::text_encoder::second_to_diffusers(tensors, what)?,
         Component::Vae => super::vae::to_diffusers(tensors, what)?,
     };
     crate::mapping::check_unique(&mapped.tensors, what)?;

@@ -87,6 +87,11 @@ pub fn q4_k_and_widened(exported: &[u8], file: &gguf::Gguf) -> (Vec<Written>, Ve
 
 /// `tensors` written with `file`'s metadata as a GGUF file at `path`.
 pub fn write_like(file: &gguf::Gguf, path: &std::path::Path, tensors: &[Written]) {
+    write_with(&file.metadata, path, tensors)
+}
+
+/// `tensors` written with `metadata` as a GGUF file at `path`.
+pub fn write_with(metadata: &[(String, gguf::Value)], path: &std::path::Path, tensors: &[Written]) {
     let tensors: Vec<WriteTensor> = (tensors.iter())
         .map(|(name, ty, shape, data)| WriteTensor {
             name: name.clone(),
@@ -96,5 +101,5 @@ pub fn write_like(file: &gguf::Gguf, path: &std::path::Path, tensors: &[Written]
         })
         .collect();
     let mut f = std::fs::File::create(path).unwrap();
-    gguf::write(&mut f, &file.metadata, &tensors).unwrap();
+    gguf::write(&mut f, metadata, &tensors).unwrap();
 }

@@ -85,3 +85,95 @@ pub fn check_files(configs: &[(String, Vec<u8>)]) -> Result<(), String> {
     check_configs(&clip, &t5, &transformer, &vae)
         .map_err(|(path, reason)| format!("`{path}` {reason}"))
 }
+
+/// The `model_index.json` and scheduler config of a FLUX.1 model composed from single files
+/// (flux1-spec §1): `FluxKontextPipeline` when the transformer's file is named `…kontext…`
+/// (nothing in its tensors tells Kontext from \[dev\]), else `FluxPipeline`; the scheduler is
+/// \[dev\]'s dynamic shift when the transformer embeds the guidance scale, \[schnell\]'s static
+/// shift 1.0 when it does not.
+pub fn composed_files(
+    transformer_source: &str,
+    transformer_config: &serde_json::Value,
+) -> Vec<(String, Vec<u8>)> {
+    let kontext = transformer_source.to_ascii_lowercase().contains("kontext");
+    let guidance = transformer_config["guidance_embeds"].as_bool() != Some(false);
+    let class = match kontext {
+        true => KONTEXT_CLASSES[0],
+        false => "FluxPipeline",
+    };
+    let index = serde_json::json!({
+        "_class_name": class,
+        "_diffusers_version": "0.42.1",
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+        "text_encoder": ["transformers", "CLIPTextModel"],
+        "text_encoder_2": ["transformers", "T5EncoderModel"],
+        "tokenizer": ["transformers", "CLIPTokenizer"],
+        "tokenizer_2": ["transformers", "T5TokenizerFast"],
+        "transformer": ["diffusers", "FluxTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKL"],
+    });
+    let (shift, dynamic) = match guidance {
+        true => (3.0, true),
+        false => (1.0, false),
+    };
+    let scheduler = serde_json::json!({
+        "_class_name": "FlowMatchEulerDiscreteScheduler",
+        "_diffusers_version": "0.42.1",
+        "base_image_seq_len": 256,
+        "base_shift": 0.5,
+        "max_image_seq_len": 4096,
+        "max_shift": 1.15,
+        "num_train_timesteps": 1000,
+        "shift": shift,
+        "use_dynamic_shifting": dynamic,
+    });
+    let json = |v: serde_json::Value| serde_json::to_vec_pretty(&v).expect("JSON values serialize");
+    vec![
+        ("model_index.json".into(), json(index)),
+        ("scheduler/scheduler_config.json".into(), json(scheduler)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(files: &[(String, Vec<u8>)], path: &str) -> serde_json::Value {
+        let (_, bytes) = files.iter().find(|(p, _)| p == path).unwrap();
+        serde_json::from_slice(bytes).unwrap()
+    }
+
+    /// \[dev\] and \[schnell\] are told by the guidance embedder, Kontext by the file's name.
+    #[test]
+    fn composed_files_follow_the_transformer() {
+        let dev = serde_json::json!({"guidance_embeds": true});
+        let schnell = serde_json::json!({"guidance_embeds": false});
+        for (name, config, class, dynamic, shift) in [
+            ("flux1-dev.safetensors", &dev, "FluxPipeline", true, 3.0),
+            (
+                "flux1-schnell.safetensors",
+                &schnell,
+                "FluxPipeline",
+                false,
+                1.0,
+            ),
+            (
+                "flux1-Kontext-dev.safetensors",
+                &dev,
+                "FluxKontextPipeline",
+                true,
+                3.0,
+            ),
+        ] {
+            let files = composed_files(name, config);
+            let index = file(&files, "model_index.json");
+            assert_eq!(index["_class_name"], class, "{name}");
+            assert_eq!(index["tokenizer_2"][1], "T5TokenizerFast");
+            let scheduler = file(&files, "scheduler/scheduler_config.json");
+            assert_eq!(scheduler["use_dynamic_shifting"], dynamic, "{name}");
+            assert_eq!(scheduler["shift"], shift, "{name}");
+            let parsed: SchedulerConfig = serde_json::from_value(scheduler).unwrap();
+            parsed.validate_shift_line().unwrap();
+        }
+    }
+}

@@ -14,7 +14,7 @@
 
 use crate::mapping::{
     layout_of, renamed, rows, strip_prefix, ByName, Component, Inferred, Joined, Layout,
-    LayoutError, Mapped, Rows,
+    LayoutError, Mapped, Rows, Untold,
 };
 use crate::store::SourceTensor;
 
@@ -301,9 +301,9 @@ pub fn to_diffusers(mut tensors: Vec<SourceTensor>, what: &str) -> Result<Mapped
     if layout == Layout::Original {
         tensors = from_original(&tensors, what)?;
     }
-    let inferred = infer_config(&tensors, what)?;
+    let (inferred, untold) = infer(&tensors, what)?;
     let transformer = Component::Transformer;
-    Ok(Mapped::new(transformer, layout, tensors, inferred, vec![]))
+    Ok(Mapped::new(transformer, layout, tensors, inferred, vec![]).with_untold(untold))
 }
 
 /// Original tensors under diffusers names, each fused one cut into the tensors it holds.
@@ -380,19 +380,20 @@ fn head_norm(t: &ByName) -> &'static str {
 }
 
 /// The RoPE axes of a head of `head_dim`: diffusers' \[16, 56, 56\], which the file does not
-/// hold and which fill a head of 128 only; any other head size is refused rather than given
-/// axes that do not fit it.
-fn rope_axes(t: &ByName, q_norm: &str, head_dim: u64) -> Result<[u64; 3], LayoutError> {
+/// hold and which fill a head of 128 only. Any other head size has no axes the shapes could
+/// tell: a config the model gives (`--from`'s, the file's metadata) must say them.
+fn rope_axes(q_norm: &str, head_dim: u64) -> Result<[u64; 3], Untold> {
     if AXES_DIMS_ROPE.iter().sum::<u64>() == head_dim {
         return Ok(AXES_DIMS_ROPE);
     }
-    Err(t.bad(
-        q_norm,
-        format!(
+    Err(Untold {
+        key: "axes_dims_rope",
+        tensor: q_norm.to_string(),
+        reason: format!(
             "gives a head size of {head_dim}; FLUX.1's RoPE axes {AXES_DIMS_ROPE:?} fill a head of {}, and the file does not say how a head of {head_dim} is split",
             AXES_DIMS_ROPE.iter().sum::<u64>()
         ),
-    ))
+    })
 }
 
 /// The single blocks' `linear1` was cut in sevenths, which holds only for q, k and v of the
@@ -418,8 +419,13 @@ fn check_single_block(t: &ByName, inner: u64) -> Result<(), LayoutError> {
 }
 
 /// `transformer/config.json` from the (diffusers-named) shapes; the RoPE axes, which no shape
-/// tells, are diffusers' default.
+/// tells, are diffusers' default where they fit the head, else left to a given config.
 pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, LayoutError> {
+    infer(tensors, what).map(|(inferred, _)| inferred)
+}
+
+/// [`infer_config`], and the keys it leaves to a given config.
+fn infer(tensors: &[SourceTensor], what: &str) -> Result<(Inferred, Vec<Untold>), LayoutError> {
     let t = ByName::new(what, "transformer", tensors);
     let x = "x_embedder.weight";
     let inner = t.dim(x, 2, 0)?;
@@ -431,15 +437,14 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
             format!("gives a head size of {head_dim}, which does not divide the width {inner}"),
         ));
     }
-    let axes = rope_axes(&t, q_norm, head_dim)?;
+    let axes = rope_axes(q_norm, head_dim);
     check_single_block(&t, inner)?;
     let pooled = "time_text_embed.text_embedder.linear_1.weight";
     let guidance = "time_text_embed.guidance_embedder.linear_1.weight";
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "_class_name": "FluxTransformer2DModel",
         "_diffusers_version": "0.42.1",
         "attention_head_dim": head_dim,
-        "axes_dims_rope": axes,
         "guidance_embeds": t.map.contains_key(guidance),
         "in_channels": t.dim(x, 2, 1)?,
         "joint_attention_dim": t.dim("context_embedder.weight", 2, 1)?,
@@ -460,10 +465,18 @@ pub fn infer_config(tensors: &[SourceTensor], what: &str) -> Result<Inferred, La
         ("num_single_layers", "single_transformer_blocks.N"),
         ("pooled_projection_dim", pooled),
     ];
-    Ok(Inferred {
+    let untold = match axes {
+        Ok(axes) => {
+            config["axes_dims_rope"] = serde_json::json!(axes);
+            Vec::new()
+        }
+        Err(untold) => vec![untold],
+    };
+    let inferred = Inferred {
         config,
         shape_keys: shape_keys.map(|(k, t)| (k, t.to_string())).to_vec(),
-    })
+    };
+    Ok((inferred, untold))
 }
 
 /// One tensor of an export and, per part, which part of the original's rows it holds.
@@ -836,7 +849,9 @@ mod tests {
         assert_eq!(mapped.layout, Layout::Diffusers);
         assert_eq!(mapped.config["guidance_embeds"], false);
         assert!(mapped.tensors.iter().all(|t| t.roll == 0));
-        // A head of 64 has no RoPE axes the file or diffusers' default could give.
+        assert!(mapped.untold.is_empty());
+        // A head of 64 has no RoPE axes the file or diffusers' default could give: a config
+        // the model gives must say them.
         let halved: Vec<SourceTensor> = (file.iter())
             .map(
                 |t| match t.name.contains("norm_") && !t.name.contains(".linear") {
@@ -845,10 +860,17 @@ mod tests {
                 },
             )
             .collect();
-        let err = to_diffusers(halved, "small.safetensors")
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("small.safetensors: tensor `transformer_blocks.0.attn.norm_q.weight` gives a head size of 64"), "{err}");
+        let mapped = to_diffusers(halved, "small.safetensors").unwrap();
+        assert!(mapped.config.get("axes_dims_rope").is_none());
+        let [untold] = mapped.untold.as_slice() else {
+            panic!("{:?}", mapped.untold)
+        };
+        assert_eq!(untold.key, "axes_dims_rope");
+        assert_eq!(untold.tensor, "transformer_blocks.0.attn.norm_q.weight");
+        assert!(
+            untold.reason.starts_with("gives a head size of 64"),
+            "{untold:?}"
+        );
         let unknown = vec![tensor("layers.0.attention.to_q.weight", &[4, 4], 0)];
         assert!(to_diffusers(unknown, "f").is_err());
     }

@@ -238,4 +238,21 @@ impl ModelFamily for Flux1 {
     fn transformer_to_original(&self, tensors: &[(String, Vec<u64>)]) -> Vec<Joined> {
         layout::to_original(tensors)
     }
+
+    fn composed_files(
+        &self,
+        transformer_file: &str,
+        transformer_config: &serde_json::Value,
+    ) -> Option<Vec<(String, Vec<u8>)>> {
+        Some(configs::composed_files(
+            transformer_file,
+            transformer_config,
+        ))
+    }
+
+    /// CLIP's and T5's tokenizers are FLUX.1's own: a model composed without a directory is
+    /// given them (`--tokenizer`, `--tokenizer-2`).
+    fn reads_carried_tokenizer(&self) -> bool {
+        false
+    }
 }

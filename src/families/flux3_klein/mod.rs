@@ -193,7 +193,11 @@ impl ModelFamily for Flux3Klein {
         layout::lora_guess(has)
     }
 
-    fn composed_files(&self, transformer_file: &str) -> Option<Vec<(String, Vec<u8>)>> {
+    fn composed_files(
+        &self,
+        transformer_file: &str,
+        _transformer_config: &serde_json::Value,
+    ) -> Option<Vec<(String, Vec<u8>)>> {
         Some(configs::composed_files(transformer_file))
     }
 }

@@ -4,9 +4,18 @@
 //! llama.cpp's converter renames Qwen3's tensors without permuting any (it permutes q and k
 //! only for the LLaMA family's interleaved rotary layout), so the bytes map unchanged.
 
-/// Whether these tensor names are llama.cpp's (they name blocks `blk.N`).
-pub fn is_llama_naming<'a>(mut names: impl Iterator<Item = &'a str>) -> bool {
-    names.any(|n| n.starts_with("blk.") || n == "token_embd.weight" || n == "output_norm.weight")
+/// Whether these tensor names are llama.cpp's for a decoder-only model (they name blocks
+/// `blk.N`). An encoder's (T5's `enc.blk.N`, which shares `token_embd.weight`) are not: the
+/// layout of the component it is given as reads them.
+pub fn is_llama_naming<'a>(names: impl Iterator<Item = &'a str>) -> bool {
+    let mut llama = false;
+    for n in names {
+        if n.starts_with("enc.") || n.starts_with("dec.") {
+            return false;
+        }
+        llama |= n.starts_with("blk.") || n == "token_embd.weight" || n == "output_norm.weight";
+    }
+    llama
 }
 
 /// The Hugging Face name of a llama.cpp Qwen3 tensor, `None` for a name it does not know.
@@ -47,6 +56,19 @@ pub fn hf_name_for_llama(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_encoders_names_are_not_qwen3s() {
+        assert!(is_llama_naming(
+            ["token_embd.weight", "blk.0.attn_q.weight"].into_iter()
+        ));
+        let t5 = [
+            "token_embd.weight",
+            "enc.blk.0.attn_q.weight",
+            "enc.output_norm.weight",
+        ];
+        assert!(!is_llama_naming(t5.into_iter()));
+    }
 
     #[test]
     fn maps_qwen3_names() {
