@@ -608,7 +608,7 @@ fn family_of(store: &Store, model: &store::StoredModel) -> Option<Family> {
 }
 
 /// The family's name and, where the family tells its models apart, which kind this one is
-/// (`FLUX.1 ([schnell])`).
+/// (the name, then `([schnell])`).
 fn named_with_kind(store: &Store, model: &store::StoredModel, family: Family) -> String {
     let source = zimage::loader::StoreSource::new(store, model);
     match family.own_defaults(&source) {
