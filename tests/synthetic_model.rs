@@ -1144,7 +1144,10 @@ fn shallow_flux1_imports_shows_its_kind_and_memory_and_generates() {
         }
         let text = shown(&store, name);
         eprintln!("{text}");
-        assert!(text.contains(&format!("family      FLUX.1 ({kind})\n")), "{text}");
+        assert!(
+            text.contains(&format!("family      FLUX.1 ({kind})\n")),
+            "{text}"
+        );
         assert!(text.contains(&format!("({kind} model)")), "{text}");
         let memory = (text.lines())
             .find_map(|l| l.strip_prefix("run-time memory at 1024×1024 ("))
