@@ -467,10 +467,17 @@ fn a_directory_that_is_not_a_zimage_pipeline_is_refused() {
         &model,
         "model_index.json",
         "_class_name",
-        json!("FluxPipeline"),
+        json!("StableDiffusionXLPipeline"),
     );
     let out = generate_on(dir.path(), &model, &[]);
-    assert_refused(&out, &["model_index.json", "_class_name", "FluxPipeline"]);
+    assert_refused(
+        &out,
+        &[
+            "model_index.json",
+            "_class_name",
+            "StableDiffusionXLPipeline",
+        ],
+    );
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let out = generate_on(dir.path(), &empty, &[]);
