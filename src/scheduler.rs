@@ -37,12 +37,7 @@ pub const MAX_STEPS: usize = 1000;
 impl SchedulerConfig {
     /// Checks the keys the schedule divides by, before anything runs.
     pub fn validate(&self) -> Result<(), String> {
-        if !self.shift.is_finite() || self.shift <= 0.0 {
-            return Err(format!(
-                "scheduler `shift` is {}; it must be a finite number above 0",
-                self.shift
-            ));
-        }
+        self.check_shift()?;
         if self.num_train_timesteps == 0 {
             return Err("scheduler `num_train_timesteps` is 0; it must be at least 1".into());
         }
@@ -74,15 +69,21 @@ impl SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// Checks a schedule that shifts either statically or by the line μ of the config's
-    /// sequence lengths (`calculate_shift`), exponentially.
-    pub fn validate_shift_line(&self) -> Result<(), String> {
+    /// The static shift every schedule divides by: finite and above 0.
+    fn check_shift(&self) -> Result<(), String> {
         if !self.shift.is_finite() || self.shift <= 0.0 {
             return Err(format!(
                 "scheduler `shift` is {}; it must be a finite number above 0",
                 self.shift
             ));
         }
+        Ok(())
+    }
+
+    /// Checks a schedule that shifts either statically or by the line μ of the config's
+    /// sequence lengths (`calculate_shift`), exponentially.
+    pub fn validate_shift_line(&self) -> Result<(), String> {
+        self.check_shift()?;
         if !self.use_dynamic_shifting {
             return Ok(());
         }

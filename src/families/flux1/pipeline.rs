@@ -452,7 +452,7 @@ impl<S: ModelSource> Flux1Pipeline<S> {
             // An image task starts part-way, from the picture noised to that step's level.
             let first = image.as_ref().map_or(0, |(_, _, first)| *first);
             let mut x = match &image {
-                Some((x0, _, _)) => noised(x0, &noise, schedule.sigmas[first])?,
+                Some((x0, _, _)) => condition::scale_noise(x0, schedule.sigmas[first], &noise)?,
                 None => noise.clone(),
             };
             let cfg = &self.configs.transformer;
@@ -489,7 +489,7 @@ impl<S: ModelSource> Flux1Pipeline<S> {
                 // level (clean after the last step) where the mask is 0.
                 if let Some((x0, Some(mask), _)) = &image {
                     let kept = match i + 1 < schedule.steps() {
-                        true => noised(x0, &noise, schedule.sigmas[i + 1])?,
+                        true => condition::scale_noise(x0, schedule.sigmas[i + 1], &noise)?,
                         false => x0.clone(),
                     };
                     let mask = mask.astype(x.dtype())?;
@@ -562,11 +562,6 @@ pub fn unpack(latents: &Array, (h, w): (i32, i32)) -> mlx::Result<Array> {
         .reshape(&[h, w, c, 2, 2])?
         .transpose(&[2, 0, 3, 1, 4])?
         .reshape(&[c, 2 * h, 2 * w])
-}
-
-/// `σ·noise + (1 − σ)·x0`: the picture at noise level σ, as the scheduler's `scale_noise`.
-fn noised(x0: &Array, noise: &Array, sigma: f32) -> mlx::Result<Array> {
-    condition::scale_noise(x0, sigma, noise)
 }
 
 /// The memory plan's figures of FLUX.1's transformer over `cell`-pixel tokens: T5's rows and
