@@ -329,17 +329,34 @@ std::vector<mx::array> qkv_kernel_inputs(const mx::array& qkv, const mx::array& 
 
 namespace mlxs {
 
-mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal) {
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
+                    const std::optional<mx::array>& mask) {
   auto stream = mx::default_stream(mx::default_device());
   auto dtype = q.dtype();
   bool floats = mx::issubdtype(dtype, mx::floating) && dtype != mx::float64 && k.dtype() == dtype && v.dtype() == dtype;
-  if (!floats || stream.device != mx::Device::cpu || q.ndim() != 4 || q.shape(1) % k.shape(1) != 0 ||
+  // An additive float32 mask of [L, S], or [B or 1, H or 1, L, S], on float32 inputs; any other
+  // mask (boolean, narrower, other heads) is MLX's to apply.
+  bool own_mask = !mask || (mask->dtype() == mx::float32 && dtype == mx::float32 && mask->ndim() >= 2 &&
+                            mask->ndim() <= 4 && q.ndim() == 4 && !causal);
+  if (!floats || !own_mask || stream.device != mx::Device::cpu || q.ndim() != 4 || q.shape(1) % k.shape(1) != 0 ||
       (causal && q.shape(2) > k.shape(2))) {
-    return mx::fast::scaled_dot_product_attention(q, k, v, scale, causal ? "causal" : "", std::nullopt);
+    return mx::fast::scaled_dot_product_attention(q, k, v, scale, mask ? "array" : causal ? "causal" : "", mask);
   }
   bool narrow = dtype != mx::float32;
   int batch = q.shape(0), heads = q.shape(1), kv_heads = k.shape(1), len = q.shape(2), keys = k.shape(2);
   int group = heads / kv_heads, dim = q.shape(3);
+  // The mask as [B or 1, kvH or 1, group or 1, L, S], broadcast where it is added (never made
+  // at the scores' size: a mask shared by the heads stays one [L, S] table).
+  std::optional<mx::array> mask5;
+  if (mask) {
+    auto m = *mask;
+    while (m.ndim() < 4) m = mx::expand_dims(m, 0);
+    const int mb = m.shape(0), mh = m.shape(1);
+    if ((mb != 1 && mb != batch) || (mh != 1 && mh != heads) || m.shape(2) != len || m.shape(3) != keys) {
+      return mx::fast::scaled_dot_product_attention(q, k, v, scale, "array", mask);
+    }
+    mask5 = mh == 1 ? mx::expand_dims(m, 2) : mx::reshape(m, {mb, kv_heads, group, len, keys});
+  }
   // Query heads of one kv head side by side, [B, kvH, group, L, D], so that one product per kv
   // head serves its whole group.
   auto q5 = mx::reshape(q, {batch, kv_heads, group, len, dim});
@@ -369,6 +386,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     auto scores = narrow ? mx::multiply(mx::matmul(pick(q5), mx::swapaxes(pick(k5), -1, -2)), mx::array(scale))
                          : mx::matmul(mx::multiply(pick(q5), mx::array(scale)), mx::swapaxes(pick(k5), -1, -2));
     if (bias) scores = mx::add(scores, *bias);
+    if (mask5) scores = mx::add(scores, mask5->shape(1) == 1 ? *mask5 : pick(*mask5));
     auto sum_shape = scores.shape();
     sum_shape.back() = 1;
     auto parts = mx::array::make_arrays({scores.shape(), sum_shape}, {mx::float32, mx::float32},
@@ -422,7 +440,7 @@ mx::array attention_rows(const mx::array& qkv) {
                      {mx::contiguous(qkv)});
   }
   auto parts = mx::split(qkv, 3, 0);
-  auto o = attention(parts[0], parts[1], parts[2], 1.0f, false);
+  auto o = attention(parts[0], parts[1], parts[2], 1.0f, false, std::nullopt);
   return mx::reshape(mx::transpose(mx::squeeze(o, 0), {1, 0, 2}), {s, h * d});
 }
 

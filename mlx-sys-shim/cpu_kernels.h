@@ -14,12 +14,18 @@ namespace mlxs {
 // float16 and bfloat16 compute in float32 and round once.
 mlx::core::array silu(const mlx::core::array& x);
 
-// Attention over [B, H, S, D] inputs, unmasked or causal, with grouped kv heads. On the CPU it is
-// composed from BLAS products in f32 and a one-pass softmax kernel (MLX's CPU path spends most
-// of its time in a scalar exp), and a narrower dtype rounds where torch's CPU kernel does;
-// elsewhere it is MLX's fused kernel.
+// ½x(1 + tanh(√(2/π)(x + 0.044715x³))), torch's GELU(approximate="tanh"): one pass on every
+// core for float32 on a CPU stream, MLX's own ops otherwise; float16 and bfloat16 compute in
+// float32 and round once.
+mlx::core::array gelu_tanh(const mlx::core::array& x);
+
+// Attention over [B, H, S, D] inputs, unmasked, causal or with an additive mask, with grouped kv
+// heads. On the CPU it is composed from BLAS products in f32 and a one-pass softmax kernel (MLX's
+// CPU path spends most of its time in a scalar exp), and a narrower dtype rounds where torch's
+// CPU kernel does; elsewhere, and for masks other than float32 ones on float32 inputs, it is
+// MLX's fused kernel.
 mlx::core::array attention(const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v,
-                           float scale, bool causal);
+                           float scale, bool causal, const std::optional<mlx::core::array>& mask);
 
 // GroupNorm over [B, ..., C] with PyTorch's grouping (consecutive channels), statistics in f32,
 // then SiLU when `silu` is set. A fused three-pass kernel for float32 on the CPU; MLX's ops

@@ -1,4 +1,5 @@
-// Elementwise and normalising kernels: SiLU, GroupNorm (with SiLU), RMS norm with residual, SiLU gate.
+// Elementwise and normalising kernels: SiLU, tanh GELU, GroupNorm (with SiLU), RMS norm with
+// residual, SiLU gate.
 #include "cpu_common.h"
 
 using namespace mlxs::detail;
@@ -7,6 +8,20 @@ namespace {
 
 MLXS_VECTOR_CLONES void silu_f32(const float* __restrict x, float* __restrict y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] = silu_one(x[i]);
+}
+
+// ½x(1 + tanh u) with u = √(2/π)(x + 0.044715x³), written as x · sigmoid(2u): 1 + tanh u is
+// 2/(1 + e^(−2u)), so one vectorised exp replaces libm's scalar tanh (which MLX's CPU backend
+// calls per element, on one thread) and no cancellation near u = 0 costs accuracy.
+MLXS_VECTOR_CLONES void gelu_tanh_f32(const float* __restrict x, float* __restrict y, size_t n) {
+  const float two_k = 2.0f * 0.7978845608028654f;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    float e = -two_k * (v + 0.044715f * v * v * v);
+    e = e < -87.0f ? -87.0f : e;
+    e = e > 87.0f ? 87.0f : e;
+    y[i] = v / (1.0f + exp_bounded(e));
+  }
 }
 
 // GroupNorm's three passes over one image's [rows, c] pixels: per-channel sums, per-channel
@@ -230,6 +245,18 @@ mx::array silu(const mx::array& x) {
     return mx::astype(silu(mx::astype(x, mx::float32)), x.dtype());
   }
   return elementwise(x, silu_f32, "CpuSilu", [](const mx::array& a) { return mx::multiply(a, mx::sigmoid(a)); });
+}
+
+mx::array gelu_tanh(const mx::array& x) {
+  if (mx::issubdtype(x.dtype(), mx::floating) && x.dtype() != mx::float32 && x.dtype() != mx::float64) {
+    return mx::astype(gelu_tanh(mx::astype(x, mx::float32)), x.dtype());
+  }
+  return elementwise(x, gelu_tanh_f32, "CpuGeluTanh", [](const mx::array& a) {
+    auto k = mx::array(0.7978845608028654f, a.dtype());
+    auto cubic = mx::add(a, mx::multiply(mx::array(0.044715f, a.dtype()), mx::multiply(mx::square(a), a)));
+    auto half = mx::multiply(mx::array(0.5f, a.dtype()), a);
+    return mx::multiply(half, mx::add(mx::array(1.0f, a.dtype()), mx::tanh(mx::multiply(k, cubic))));
+  });
 }
 
 mx::array group_norm(const mx::array& x, const mx::array& weight, const mx::array& bias, int groups, float eps,

@@ -242,6 +242,7 @@ MLXS_UNARY_IMPL(abs, mx::abs)
 MLXS_UNARY_IMPL(erf, mx::erf)
 MLXS_UNARY_IMPL(logical_not, mx::logical_not)
 MLXS_UNARY_IMPL(silu, mlxs::silu)
+MLXS_UNARY_IMPL(gelu_tanh, mlxs::gelu_tanh)
 
 #define MLXS_BINARY_IMPL(name)                                                     \
   int mlxs_##name(mlxs_array** out, const mlxs_array* a, const mlxs_array* b) {    \
@@ -509,8 +510,8 @@ int mlxs_fast_scaled_dot_product_attention(mlxs_array** out, const mlxs_array* q
                                            const mlxs_array* mask) {
   return guard([&] {
     std::string mode = mask_mode ? mask_mode : "";
-    if ((mode.empty() || mode == "causal") && mask == nullptr) {
-      put(out, mlxs::attention(q->a, k->a, v->a, scale, mode == "causal"));
+    if (mode.empty() || mode == "array" || (mode == "causal" && mask == nullptr)) {
+      put(out, mlxs::attention(q->a, k->a, v->a, scale, mode == "causal", opt(mask)));
     } else {
       put(out, mx::fast::scaled_dot_product_attention(q->a, k->a, v->a, scale, mode, opt(mask)));
     }

@@ -65,6 +65,9 @@ MLXS_UNARY(tanh) MLXS_UNARY(sigmoid) MLXS_UNARY(sqrt) MLXS_UNARY(rsqrt) MLXS_UNA
 MLXS_UNARY(abs) MLXS_UNARY(erf) MLXS_UNARY(logical_not)
 /* x · sigmoid(x); float32 on the CPU runs a vectorised kernel of the shim's own. */
 MLXS_UNARY(silu)
+/* torch's GELU(approximate="tanh"), computed in float32 and rounded once; float32 on the CPU
+   runs a vectorised kernel of the shim's own on every core. */
+MLXS_UNARY(gelu_tanh)
 #undef MLXS_UNARY
 
 /* Binary ops (numpy broadcasting) */

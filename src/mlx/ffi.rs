@@ -70,7 +70,8 @@ unary!(
     mlxs_abs,
     mlxs_erf,
     mlxs_logical_not,
-    mlxs_silu
+    mlxs_silu,
+    mlxs_gelu_tanh
 );
 binary!(
     mlxs_add,

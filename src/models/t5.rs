@@ -190,8 +190,13 @@ impl GatedFeedForward {
     }
 }
 
-/// `½z(1 + tanh(√(2/π)(z + 0.044715z³)))`, transformers' `gelu_new`, op by op as it rounds.
+/// `½z(1 + tanh(√(2/π)(z + 0.044715z³)))`, transformers' `gelu_new`. In f32 the shim's one
+/// pass (its rounding differs from the ops' by an ulp or so); in a narrower dtype op by op,
+/// each rounded as transformers rounds it.
 fn gelu_tanh(z: &Array) -> mlx::Result<Array> {
+    if z.dtype() == mlx::Dtype::F32 {
+        return z.gelu_tanh();
+    }
     let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt() as f32;
     let cube = ops::power(z, &Array::full(&[], 3.0, z.dtype())?)?;
     let cubic = (z + (cube * 0.044715)?)?;

@@ -120,17 +120,6 @@ fn modulate(x: &Array, shift: &Array, scale: &Array) -> mlx::Result<Array> {
     (fast::layer_norm(x, None, None, EPS)? * (scale + 1.0)?)? + shift
 }
 
-/// `½z(1 + tanh(√(2/π)(z + 0.044715z³)))` in f32, rounded once to `z`'s dtype, as torch's
-/// `GELU(approximate="tanh")` kernel computes a narrow input.
-fn gelu_tanh(z: &Array) -> mlx::Result<Array> {
-    let x = z.astype(Dtype::F32)?;
-    let k = (2.0 / std::f64::consts::PI).sqrt() as f32;
-    let cube = ((&x * &x)? * &x)?;
-    let cubic = (&x + (cube * 0.044715)?)?;
-    let inner = (cubic * k)?.tanh()?;
-    ((&x * 0.5)? * (inner + 1.0)?)?.astype(z.dtype())
-}
-
 /// `[S, H·hd]` → `[S, H, hd]`, RMS-normed per head when `norm` is given.
 fn split_heads(t: &Array, heads: i32, norm: Option<&RmsNorm>) -> mlx::Result<Array> {
     let t = t.reshape(&[t.dim(0), heads, t.dim(1) / heads])?;
@@ -154,9 +143,38 @@ fn attention(q: &Array, k: &Array, v: &Array, rope: &(Array, Array)) -> mlx::Res
     o.squeeze(0)?.transpose(&[1, 0, 2])?.reshape(&[s, h * hd])
 }
 
+/// The shim's q/k-norm, RoPE and scaling of joined q|k|v projections, `rope` the rows' tables.
+fn qkv_heads<'a>(
+    norm_q: &'a RmsNorm,
+    norm_k: &'a RmsNorm,
+    (cos, sin): (&'a Array, &'a Array),
+    heads: i32,
+) -> fast::QkvHeads<'a> {
+    let hd = norm_q.weight().dim(0);
+    fast::QkvHeads {
+        q_weight: norm_q.weight(),
+        k_weight: norm_k.weight(),
+        cos,
+        sin,
+        heads,
+        eps: norm_q.eps(),
+        q_scale: 1.0 / (hd as f32).sqrt(),
+    }
+}
+
 /// A linear layer of the checkpoint, all of FLUX.1's have a bias.
 fn linear(w: &Weights, name: &str, in_dim: i32, out_dim: i32) -> mlx::Result<Linear> {
     Linear::new(&w.pp(name), in_dim, out_dim, true)
+}
+
+/// The outputs of linear layers that read the same rows `x`, side by side. The CPU form's
+/// kernels read q|k|v as one array; the layers still run one product each (joined, they would
+/// round otherwise than the streamed and LoRA-adapted forms, which cannot join).
+fn side_by_side(parts: &[&Linear], x: &Array) -> mlx::Result<Array> {
+    let outputs = (parts.iter())
+        .map(|p| p.forward(x))
+        .collect::<mlx::Result<Vec<_>>>()?;
+    ops::concatenate(&outputs.iter().collect::<Vec<_>>(), 1)
 }
 
 /// `linear_2(SiLU(linear_1(x)))`: the timestep, guidance and pooled-text embedders.
@@ -251,12 +269,26 @@ impl Stream {
         ])
     }
 
+    /// Attention's inputs `[3, H, S, hd]` from q|k|v side by side: q and k normed per head
+    /// and rotated by the stream's rows of `rope`, q times `1/√hd` (the shim's one pass).
+    fn heads(
+        &self,
+        x: &Array,
+        m: &[Array],
+        rope: (&Array, &Array),
+        heads: i32,
+    ) -> mlx::Result<Array> {
+        let h = modulate(x, &m[0], &m[1])?;
+        let qkv = side_by_side(&[&self.to_q, &self.to_k, &self.to_v], &h)?;
+        qkv_heads(&self.norm_q, &self.norm_k, rope, heads).split(&qkv)
+    }
+
     /// The residual updates once attention has run: `x += gate·out(o)`, then
     /// `x += gate·FF(modulated x)`.
     fn finish(&self, x: &Array, o: &Array, m: &[Array]) -> mlx::Result<Array> {
         let x = (x + (&m[2] * self.to_out.forward(o)?)?)?;
         let h = modulate(&x, &m[3], &m[4])?;
-        let f = self.ff_out.forward(&gelu_tanh(&self.ff_in.forward(&h)?)?)?;
+        let f = self.ff_out.forward(&self.ff_in.forward(&h)?.gelu_tanh()?)?;
         &x + (&m[5] * f)?
     }
 }
@@ -265,6 +297,9 @@ impl Stream {
 struct DoubleBlock {
     image: Stream,
     text: Stream,
+    /// The CPU form ([`crate::platform::fused_transformer_kernels`]): q and k through the shim's
+    /// norm, RoPE and attention kernels.
+    fused: bool,
 }
 
 impl DoubleBlock {
@@ -278,11 +313,27 @@ impl DoubleBlock {
         heads: i32,
     ) -> mlx::Result<(Array, Array)> {
         let (mi, mt) = (self.image.chunks(cond)?, self.text.chunks(cond)?);
+        let t = y.dim(0);
+        if self.fused {
+            // Each stream normed and rotated with its own weights and rows of the tables, then
+            // one attention over `[text ; image]`.
+            let rows = |a: &Array, from: i32, to: i32| a.slice_axis(0, from, to);
+            let s = t + x.dim(0);
+            let (ct, st) = (rows(&rope.0, 0, t)?, rows(&rope.1, 0, t)?);
+            let (ci, si) = (rows(&rope.0, t, s)?, rows(&rope.1, t, s)?);
+            let hy = self.text.heads(y, &mt, (&ct, &st), heads)?;
+            let hx = self.image.heads(x, &mi, (&ci, &si), heads)?;
+            let o = fast::attention_rows(&ops::concatenate(&[&hy, &hx], 2)?)?;
+            let (oy, ox) = (o.slice_axis(0, 0, t)?, o.slice_axis(0, t, s)?);
+            return Ok((
+                self.image.finish(x, &ox, &mi)?,
+                self.text.finish(y, &oy, &mt)?,
+            ));
+        }
         let [qx, kx, vx] = self.image.qkv(x, &mi, heads)?;
         let [qy, ky, vy] = self.text.qkv(y, &mt, heads)?;
         let cat = |a: &Array, b: &Array| ops::concatenate(&[a, b], 0);
         let o = attention(&cat(&qy, &qx)?, &cat(&ky, &kx)?, &cat(&vy, &vx)?, rope)?;
-        let t = y.dim(0);
         let (oy, ox) = (o.slice_axis(0, 0, t)?, o.slice_axis(0, t, o.dim(0))?);
         Ok((
             self.image.finish(x, &ox, &mi)?,
@@ -302,10 +353,12 @@ struct SingleBlock {
     norm_k: RmsNorm,
     proj_mlp: Linear,
     proj_out: Linear,
+    /// The CPU form, as [`DoubleBlock::fused`].
+    fused: bool,
 }
 
 impl SingleBlock {
-    fn new(w: &Weights, cfg: &Flux1Config) -> mlx::Result<SingleBlock> {
+    fn new(w: &Weights, cfg: &Flux1Config, fused: bool) -> mlx::Result<SingleBlock> {
         let (d, m, hd) = (cfg.dim(), cfg.mlp_dim(), cfg.attention_head_dim);
         let a = w.pp("attn");
         Ok(SingleBlock {
@@ -316,6 +369,7 @@ impl SingleBlock {
             norm_q: RmsNorm::new(&a.pp("norm_q"), hd, EPS)?,
             norm_k: RmsNorm::new(&a.pp("norm_k"), hd, EPS)?,
             proj_mlp: linear(w, "proj_mlp", d, m)?,
+            fused,
             proj_out: linear(w, "proj_out", d + m, d)?,
         })
     }
@@ -330,11 +384,18 @@ impl SingleBlock {
     ) -> mlx::Result<Array> {
         let m = ops::split(&self.modulation.forward(cond)?, 3, 1)?;
         let h = modulate(z, &m[0], &m[1])?;
+        let mlp = self.proj_mlp.forward(&h)?.gelu_tanh()?;
+        if self.fused {
+            let qkv = side_by_side(&[&self.to_q, &self.to_k, &self.to_v], &h)?;
+            let o =
+                qkv_heads(&self.norm_q, &self.norm_k, (&rope.0, &rope.1), heads).attention(&qkv)?;
+            let out = self.proj_out.forward(&ops::concatenate(&[&o, &mlp], 1)?)?;
+            return z + (&m[2] * out)?;
+        }
         let q = split_heads(&self.to_q.forward(&h)?, heads, Some(&self.norm_q))?;
         let k = split_heads(&self.to_k.forward(&h)?, heads, Some(&self.norm_k))?;
         let v = split_heads(&self.to_v.forward(&h)?, heads, None)?;
         let o = attention(&q, &k, &v, rope)?;
-        let mlp = gelu_tanh(&self.proj_mlp.forward(&h)?)?;
         let out = self.proj_out.forward(&ops::concatenate(&[&o, &mlp], 1)?)?;
         z + (&m[2] * out)?
     }
@@ -373,17 +434,19 @@ impl Flux1Transformer {
             )?),
             false => None,
         };
+        let fused = crate::platform::fused_transformer_kernels(ckpt.dtype());
         let double = (0..cfg.num_layers)
             .map(|b| {
                 let bw = w.pp("transformer_blocks").pp(b);
                 Ok(DoubleBlock {
                     image: Stream::new(&bw, &IMAGE, cfg)?,
                     text: Stream::new(&bw, &TEXT, cfg)?,
+                    fused,
                 })
             })
             .collect::<mlx::Result<Vec<_>>>()?;
         let single = (0..cfg.num_single_layers)
-            .map(|b| SingleBlock::new(&w.pp("single_transformer_blocks").pp(b), cfg))
+            .map(|b| SingleBlock::new(&w.pp("single_transformer_blocks").pp(b), cfg, fused))
             .collect::<mlx::Result<Vec<_>>>()?;
         let model = Flux1Transformer {
             x_embedder: linear(&w, "x_embedder", c, d)?,

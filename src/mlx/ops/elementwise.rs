@@ -50,6 +50,10 @@ unary_methods! {
     /// `x · sigmoid(x)`. On the CPU, float32 runs a vectorised kernel of the shim's own, since
     /// MLX's CPU exp is scalar on x86-64 (about 10× slower).
     silu => mlxs_silu,
+    /// torch's `GELU(approximate="tanh")`, `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`, computed in
+    /// f32 and rounded once to a narrower dtype. On the CPU, f32 runs one pass of the shim's own
+    /// on every core (MLX's tanh is libm's, one element at a time on one thread).
+    gelu_tanh => mlxs_gelu_tanh,
 }
 
 impl Array {
