@@ -1,6 +1,6 @@
 //! The VAE's 3×3 convolutions on MLX, f32, at the sizes of a 512×512 decode: MLX's direct
 //! `conv2d` against `zimage::mlx::fast::conv2d_same` (what the decoder runs on the CPU: Winograd's
-//! F(2×2, 3×3) as BLAS products). Rates count the direct form's 2·9·I·O FLOPs per pixel for both,
+//! F(4×4, 3×3) as BLAS products). Rates count the direct form's 2·9·I·O FLOPs per pixel for both,
 //! so the Winograd form can pass the sgemm rate. `cargo bench --bench conv`.
 
 use std::time::Instant;

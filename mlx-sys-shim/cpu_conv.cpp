@@ -1,5 +1,5 @@
 // Convolutions as BLAS products: gathered patches times the weight, and stride-1 3×3 by
-// Winograd's F(2×2, 3×3).
+// Winograd's F(4×4, 3×3).
 #include "cpu_common.h"
 
 using namespace mlxs::detail;
@@ -82,74 +82,93 @@ class CpuConv2d : public CpuOnlyPrimitive {
   Sgemm sgemm_;
 };
 
-// ---- 3×3 convolutions by Winograd's minimal filtering, F(2×2, 3×3) ---------------------------
+// ---- 3×3 convolutions by Winograd's minimal filtering, F(4×4, 3×3) ---------------------------
 //
-// Each 2×2 block of outputs ("tile") comes from its 4×4 input patch d and the 3×3 filter g as
+// Each 4×4 block of outputs ("tile") comes from its 6×6 input patch d and the 3×3 filter g as
 //   Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A          (Lavin & Gray, "Fast Algorithms for CNNs", 2016)
-// with Bᵀ = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; ½ ½ ½; ½ -½ ½; 0 0 1] and
-// Aᵀ = [1 1 1 0; 0 1 -1 -1]. Summed over the input channels, each of the 16 element-wise
-// products is one matrix product [tiles × I]·[I × O], run by the BLAS: 16 multiplications per
-// tile and channel pair where the direct form takes 36 (2.25× fewer), and the transformed input
-// is 4× the input where gathered 3×3 patches are 9×. The transforms' constants are 0, ±1 and ±½,
-// so the error stays that of a few more additions per output.
+// where the matrices interpolate at the points 0, 1, −1, ½, −2 and ∞. Summed over the input
+// channels, each of the 36 element-wise products is one matrix product [tiles × I]·[I × O], run
+// by the BLAS: 36 multiplications per tile and channel pair where the direct form takes 144
+// (4× fewer; F(2×2, 3×3) takes 16 per 2×2 tile, 1.8× as many per output). Larger tiles round
+// more: of the point sets for F(4×4) this one keeps the error lowest (Barabasz et al., "Error
+// analysis and improving the accuracy of Winograd convolution for deep neural networks", 2020),
+// about 4× F(2×2)'s; the weight transform runs in double, once per call.
+constexpr size_t kTile = 4;              // outputs per tile side
+constexpr size_t kPatch = kTile + 2;     // inputs per tile side
+constexpr size_t kProducts = kPatch * kPatch;
 constexpr size_t kWinogradChunk = 64;
 
+// G, for the weights' transform (in double).
+constexpr double kG[kPatch][3] = {
+    {1.0, 0.0, 0.0},
+    {1.0 / 3, 1.0 / 3, 1.0 / 3},
+    {-1.0 / 3, 1.0 / 3, -1.0 / 3},
+    {-16.0 / 15, -8.0 / 15, -4.0 / 15},
+    {1.0 / 15, -2.0 / 15, 4.0 / 15},
+    {0.0, 0.0, 1.0},
+};
+
+// Bᵀ x of six values, as its rows [1 −3/2 −2 3/2 1 0; 0 −1 ½ 5/2 1 0; 0 1 −5/2 ½ 1 0;
+// 0 −2 −1 2 1 0; 0 ½ −1 −½ 1 0; 0 1 −3/2 −2 3/2 1] written out, sharing what they share.
+__attribute__((always_inline)) inline void bt_six(const float (&x)[kPatch], float (&r)[kPatch]) {
+  const float a = x[3] - x[1], b = x[4] - x[2];
+  r[0] = x[0] - 2.0f * x[2] + x[4] + 1.5f * a;
+  r[1] = x[4] - x[1] + 0.5f * x[2] + 2.5f * x[3];
+  r[2] = x[4] + x[1] - 2.5f * x[2] + 0.5f * x[3];
+  r[3] = b + 2.0f * a;
+  r[4] = b - 0.5f * a;
+  r[5] = x[1] - 1.5f * x[2] - 2.0f * x[3] + 1.5f * x[4] + x[5];
+}
+
+// Aᵀ x of six values, as its rows [1 1 1 1 1 0; 0 1 −1 ½ −2 0; 0 1 1 ¼ 4 0; 0 1 −1 ⅛ −8 1].
+__attribute__((always_inline)) inline void at_six(const float (&x)[kPatch], float (&r)[kTile]) {
+  const float p = x[1] + x[2], q = x[1] - x[2];
+  r[0] = x[0] + p + x[3] + x[4];
+  r[1] = q + 0.5f * x[3] - 2.0f * x[4];
+  r[2] = p + 0.25f * x[3] + 4.0f * x[4];
+  r[3] = q + 0.125f * x[3] - 8.0f * x[4] + x[5];
+}
+
 // G g Gᵀ for input channel `i` and every output channel: g[dy][dx] is row (dy·3 + dx)·I + i of
-// the [9·I, O] weight matrix `w`; the 16 results go to u[ξ][i][·] of u [16, I, O].
-MLXS_VECTOR_CLONES void winograd_weight_row(const float* __restrict w, size_t cin, size_t cout, size_t i,
-                                            float* __restrict u) {
-  for (size_t o0 = 0; o0 < cout; o0 += kWinogradChunk) {
-    const size_t n = std::min(kWinogradChunk, cout - o0);
-    float t[4][3][kWinogradChunk];  // G g
-    for (size_t dx = 0; dx < 3; ++dx) {
-      const float* g0 = w + ((0 * 3 + dx) * cin + i) * cout + o0;
-      const float* g1 = w + ((1 * 3 + dx) * cin + i) * cout + o0;
-      const float* g2 = w + ((2 * 3 + dx) * cin + i) * cout + o0;
-      for (size_t c = 0; c < n; ++c) {
-        t[0][dx][c] = g0[c];
-        t[1][dx][c] = 0.5f * (g0[c] + g1[c] + g2[c]);
-        t[2][dx][c] = 0.5f * (g0[c] - g1[c] + g2[c]);
-        t[3][dx][c] = g2[c];
-      }
-    }
-    float out[16][kWinogradChunk];  // (G g) Gᵀ
-    for (size_t r = 0; r < 4; ++r) {
-      for (size_t c = 0; c < n; ++c) {
-        out[r * 4 + 0][c] = t[r][0][c];
-        out[r * 4 + 1][c] = 0.5f * (t[r][0][c] + t[r][1][c] + t[r][2][c]);
-        out[r * 4 + 2][c] = 0.5f * (t[r][0][c] - t[r][1][c] + t[r][2][c]);
-        out[r * 4 + 3][c] = t[r][2][c];
-      }
-    }
-    for (size_t x = 0; x < 16; ++x) std::memcpy(u + (x * cin + i) * cout + o0, out[x], sizeof(float) * n);
+// the [9·I, O] weight matrix `w`; the 36 results go to u[ξ][i][·] of u [36, I, O].
+void winograd_weight_row(const float* __restrict w, size_t cin, size_t cout, size_t i, float* __restrict u) {
+  for (size_t o = 0; o < cout; ++o) {
+    double g[3][3];
+    for (size_t dy = 0; dy < 3; ++dy)
+      for (size_t dx = 0; dx < 3; ++dx) g[dy][dx] = w[((dy * 3 + dx) * cin + i) * cout + o];
+    double t[kPatch][3];  // G g
+    for (size_t a = 0; a < kPatch; ++a)
+      for (size_t dx = 0; dx < 3; ++dx) t[a][dx] = kG[a][0] * g[0][dx] + kG[a][1] * g[1][dx] + kG[a][2] * g[2][dx];
+    for (size_t a = 0; a < kPatch; ++a)
+      for (size_t b = 0; b < kPatch; ++b)
+        u[((a * kPatch + b) * cin + i) * cout + o] =
+            static_cast<float>(t[a][0] * kG[b][0] + t[a][1] * kG[b][1] + t[a][2] * kG[b][2]);
   }
 }
 
 // Bᵀ d B of one tile for channels [c0, c0 + n), n ≤ kWinogradChunk: d[r][c] points at the
 // tile's input pixel (row r, column c), or at zeros beyond the image; result ξ goes to
 // v + ξ·stride + c0.
-MLXS_VECTOR_CLONES void winograd_input_tile(const float* const (&d)[4][4], size_t c0, size_t n, float* __restrict v,
-                                            size_t stride) {
-  float u[4][4][kWinogradChunk];  // Bᵀ d
-  for (size_t j = 0; j < 4; ++j) {
-    const float *r0 = d[0][j] + c0, *r1 = d[1][j] + c0, *r2 = d[2][j] + c0, *r3 = d[3][j] + c0;
+MLXS_VECTOR_CLONES void winograd_input_tile(const float* const (&d)[kPatch][kPatch], size_t c0, size_t n,
+                                            float* __restrict v, size_t stride) {
+  float u[kPatch][kPatch][kWinogradChunk];  // Bᵀ d
+  for (size_t j = 0; j < kPatch; ++j) {
     for (size_t c = 0; c < n; ++c) {
-      u[0][j][c] = r0[c] - r2[c];
-      u[1][j][c] = r1[c] + r2[c];
-      u[2][j][c] = r2[c] - r1[c];
-      u[3][j][c] = r1[c] - r3[c];
+      float x[kPatch], r[kPatch];
+      for (size_t k = 0; k < kPatch; ++k) x[k] = d[k][j][c0 + c];
+      bt_six(x, r);
+      for (size_t a = 0; a < kPatch; ++a) u[a][j][c] = r[a];
     }
   }
-  float out[16][kWinogradChunk];  // (Bᵀ d) B
-  for (size_t r = 0; r < 4; ++r) {
+  for (size_t a = 0; a < kPatch; ++a) {
+    float* out = v + a * kPatch * stride + c0;
     for (size_t c = 0; c < n; ++c) {
-      out[r * 4 + 0][c] = u[r][0][c] - u[r][2][c];
-      out[r * 4 + 1][c] = u[r][1][c] + u[r][2][c];
-      out[r * 4 + 2][c] = u[r][2][c] - u[r][1][c];
-      out[r * 4 + 3][c] = u[r][1][c] - u[r][3][c];
+      float x[kPatch], r[kPatch];
+      for (size_t k = 0; k < kPatch; ++k) x[k] = u[a][k][c];
+      bt_six(x, r);
+      for (size_t b = 0; b < kPatch; ++b) out[b * stride + c] = r[b];
     }
   }
-  for (size_t x = 0; x < 16; ++x) std::memcpy(v + x * stride + c0, out[x], sizeof(float) * n);
 }
 
 // Aᵀ m A + bias (+ residual) of one tile for output channels [o0, o0 + n): product ξ is at
@@ -157,41 +176,42 @@ MLXS_VECTOR_CLONES void winograd_input_tile(const float* const (&d)[4][4], size_
 // r[a][b] at the residual's pixel, null when there is none. The residual is added to the biased
 // sum, as an add after the convolution would.
 MLXS_VECTOR_CLONES void winograd_output_tile(const float* __restrict m, size_t stride, const float* __restrict bias,
-                                             size_t o0, size_t n, float* const (&y)[2][2],
-                                             const float* const (&r)[2][2]) {
-  float s[2][4][kWinogradChunk];  // Aᵀ m
-  for (size_t j = 0; j < 4; ++j) {
-    const float *m0 = m + (0 + j) * stride + o0, *m1 = m + (4 + j) * stride + o0;
-    const float *m2 = m + (8 + j) * stride + o0, *m3 = m + (12 + j) * stride + o0;
+                                             size_t o0, size_t n, float* const (&y)[kTile][kTile],
+                                             const float* const (&r)[kTile][kTile]) {
+  float s[kTile][kPatch][kWinogradChunk];  // Aᵀ m
+  for (size_t j = 0; j < kPatch; ++j) {
     for (size_t c = 0; c < n; ++c) {
-      s[0][j][c] = m0[c] + m1[c] + m2[c];
-      s[1][j][c] = m1[c] - m2[c] - m3[c];
+      float x[kPatch], t[kTile];
+      for (size_t k = 0; k < kPatch; ++k) x[k] = m[(k * kPatch + j) * stride + o0 + c];
+      at_six(x, t);
+      for (size_t a = 0; a < kTile; ++a) s[a][j][c] = t[a];
     }
   }
-  float out[2][2][kWinogradChunk];  // (Aᵀ m) A + bias
-  for (size_t a = 0; a < 2; ++a) {
+  float out[kTile][kWinogradChunk];  // one row of the tile, (Aᵀ m) A + bias
+  for (size_t a = 0; a < kTile; ++a) {
     for (size_t c = 0; c < n; ++c) {
-      out[a][0][c] = s[a][0][c] + s[a][1][c] + s[a][2][c] + bias[o0 + c];
-      out[a][1][c] = s[a][1][c] - s[a][2][c] - s[a][3][c] + bias[o0 + c];
+      float x[kPatch], t[kTile];
+      for (size_t k = 0; k < kPatch; ++k) x[k] = s[a][k][c];
+      at_six(x, t);
+      for (size_t b = 0; b < kTile; ++b) out[b][c] = t[b] + bias[o0 + c];
     }
-  }
-  for (size_t a = 0; a < 2; ++a) {
-    for (size_t b = 0; b < 2; ++b) {
+    for (size_t b = 0; b < kTile; ++b) {
       if (y[a][b] == nullptr) continue;
       if (r[a][b] == nullptr) {
-        std::memcpy(y[a][b] + o0, out[a][b], sizeof(float) * n);
+        std::memcpy(y[a][b] + o0, out[b], sizeof(float) * n);
       } else {
-        for (size_t c = 0; c < n; ++c) y[a][b][o0 + c] = out[a][b][c] + r[a][b][o0 + c];
+        for (size_t c = 0; c < n; ++c) y[a][b][o0 + c] = out[b][c] + r[a][b][o0 + c];
       }
     }
   }
 }
 
-// A stride-1 "same" 3×3 convolution of NHWC float32 by F(2×2, 3×3), taking the [9·I, O] weight
+// A stride-1 "same" 3×3 convolution of NHWC float32 by F(4×4, 3×3), taking the [9·I, O] weight
 // matrix the gathered form takes and transforming it once per call (a few milliseconds for the
 // widest layer, against seconds of products). Tiles go in blocks whose transformed input and
-// products (16 × tiles × (I + O) floats) fit kBlockBytes, so they stay in the last-level cache
-// between the transforms and the products.
+// products (36 × tiles × (I + O) floats) fit kBlockBytes, so that they stay in the last-level
+// cache between the transforms and the products. 32 MiB decoded fastest on a 32 MiB L3 (at
+// 8 MiB a block of a 512-channel layer holds 56 tiles, too few rows for the products' speed).
 //
 // With `upsample` 2 the convolution reads the input enlarged ×2 by nearest neighbour (each pixel
 // a 2×2 block) without making it: a tile's input pixel (y, x) is the input's (y/2, x/2). With a
@@ -203,7 +223,7 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
   CpuWinogradConv3x3(mx::Stream stream, Sgemm sgemm, int upsample)
       : CpuOnlyPrimitive(stream, "CpuWinogradConv3x3"), sgemm_(sgemm), upsample_(upsample) {}
 
-  static constexpr size_t kBlockBytes = size_t{8} << 20;
+  static constexpr size_t kBlockBytes = size_t{32} << 20;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -213,19 +233,20 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
     auto& encoder = begin(inputs, out);
     const size_t up = upsample_, src_w = x.shape(2), cin = x.shape(3), cout = out.shape(3);
     const size_t h = out.shape(1), wd = out.shape(2);  // the (enlarged) input's size, and the output's
-    const size_t tiles_w = (wd + 1) / 2, tiles = (h + 1) / 2 * tiles_w;
-    const size_t block = std::clamp<size_t>(kBlockBytes / (sizeof(float) * 16 * (cin + cout)), 16, std::max<size_t>(tiles, 1));
+    const size_t tiles_w = (wd + kTile - 1) / kTile, tiles = (h + kTile - 1) / kTile * tiles_w;
+    const size_t block =
+        std::clamp<size_t>(kBlockBytes / (sizeof(float) * kProducts * (cin + cout)), 16, std::max<size_t>(tiles, 1));
     // Transformed weights, transformed input of a block, its products, and one zero pixel.
-    auto scratch = patch_scratch(stream(), 16 * cin * cout + 16 * block * (cin + cout) + cin);
+    auto scratch = patch_scratch(stream(), kProducts * (cin * cout + block * (cin + cout)) + cin);
     encoder.dispatch([inputs, src = x.data<float>(), wt = w.data<float>(), b = bias.data<float>(), res,
                       dst = out.data<float>(), batch = x.shape(0), up, src_w, h, wd, cin, cout, tiles_w, tiles, block,
                       scratch, sgemm = sgemm_]() {
       float* u = scratch->data();
-      float* v = u + 16 * cin * cout;
-      float* m = v + 16 * block * cin;
-      float* zeros = m + 16 * block * cout;
+      float* v = u + kProducts * cin * cout;
+      float* m = v + kProducts * block * cin;
+      float* zeros = m + kProducts * block * cout;
       std::fill(zeros, zeros + cin, 0.0f);
-      parallel_for(cin, 16 * cout, [&](size_t i0, size_t i1, size_t) {
+      parallel_for(cin, 256 * cout, [&](size_t i0, size_t i1, size_t) {
         for (size_t i = i0; i < i1; ++i) winograd_weight_row(wt, cin, cout, i, u);
       });
       for (size_t n = 0; n < static_cast<size_t>(batch); ++n) {
@@ -239,11 +260,12 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
           parallel_for(nt, 64 * cin, [&](size_t b0, size_t b1, size_t) {
             for (size_t t = b0; t < b1; ++t) {
               const size_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-              const float* d[4][4];
-              for (size_t r = 0; r < 4; ++r) {
-                for (size_t c = 0; c < 4; ++c) {
-                  // Input row 2·ty + r - 1, column 2·tx + c - 1 (unsigned: -1 wraps past the end).
-                  const size_t y = 2 * ty + r - 1, xx = 2 * tx + c - 1;
+              const float* d[kPatch][kPatch];
+              for (size_t r = 0; r < kPatch; ++r) {
+                for (size_t c = 0; c < kPatch; ++c) {
+                  // Input row kTile·ty + r - 1, column kTile·tx + c - 1 (unsigned: -1 wraps past
+                  // the end).
+                  const size_t y = kTile * ty + r - 1, xx = kTile * tx + c - 1;
                   d[r][c] = y < h && xx < wd ? image + ((y / up) * src_w + xx / up) * cin : zeros;
                 }
               }
@@ -254,9 +276,9 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
           const int rows = static_cast<int>(nt), ni = static_cast<int>(cin), no = static_cast<int>(cout);
           if (auto batch = blas_sgemm_batch_strided(); batch != nullptr) {
             batch(kRowMajor, kNoTrans, kNoTrans, rows, no, ni, 1.0f, v, ni, static_cast<int>(block * cin), u, no,
-                  static_cast<int>(cin * cout), 0.0f, m, no, static_cast<int>(block * cout), 16);
+                  static_cast<int>(cin * cout), 0.0f, m, no, static_cast<int>(block * cout), kProducts);
           } else {
-            for (size_t xi = 0; xi < 16; ++xi) {
+            for (size_t xi = 0; xi < kProducts; ++xi) {
               sgemm(kRowMajor, kNoTrans, kNoTrans, rows, no, ni, 1.0f, v + xi * block * cin, ni, u + xi * cin * cout,
                     no, 0.0f, m + xi * block * cout, no);
             }
@@ -264,11 +286,11 @@ class CpuWinogradConv3x3 : public CpuOnlyPrimitive {
           parallel_for(nt, 64 * cout, [&](size_t b0, size_t b1, size_t) {
             for (size_t t = b0; t < b1; ++t) {
               const size_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-              float* y[2][2];
-              const float* r[2][2];
-              for (size_t a = 0; a < 2; ++a) {
-                for (size_t c = 0; c < 2; ++c) {
-                  const size_t row = 2 * ty + a, col = 2 * tx + c, at = (row * wd + col) * cout;
+              float* y[kTile][kTile];
+              const float* r[kTile][kTile];
+              for (size_t a = 0; a < kTile; ++a) {
+                for (size_t c = 0; c < kTile; ++c) {
+                  const size_t row = kTile * ty + a, col = kTile * tx + c, at = (row * wd + col) * cout;
                   const bool inside = row < h && col < wd;
                   y[a][c] = inside ? result + at : nullptr;
                   r[a][c] = inside && residual != nullptr ? residual + at : nullptr;

@@ -95,7 +95,7 @@ pub fn default_compute_dtype() -> Dtype {
 }
 
 /// Whether convolutions run as matrix products (through the BLAS) rather than MLX's direct
-/// convolution: on the CPU the products (3×3 kernels by Winograd's F(2×2, 3×3)) are 1.5–5×
+/// convolution: on the CPU the products (3×3 kernels by Winograd's F(4×4, 3×3)) are 1.5–5×
 /// faster (`cargo bench --bench conv`); on a GPU MLX's own kernels are the better choice. The
 /// GPU graph on the CPU keeps the products too: MLX's CPU convolution unfolds its input into
 /// k² copies (1.2 GB for one 3×3 convolution of a 512² decode), which no GPU kernel does, so

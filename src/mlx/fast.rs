@@ -126,8 +126,8 @@ pub fn group_norm(
 
 /// A stride-1 convolution with "same" zero padding of NHWC `x` by an odd `k`×`k` kernel, plus
 /// `bias`: [`conv2d`] with `k / 2` zeros on every side. On the CPU a 3×3 kernel runs by
-/// Winograd's F(2×2, 3×3), 2.25× fewer multiplications than direct summation (16 sgemms per
-/// block of 2×2 output tiles).
+/// Winograd's F(4×4, 3×3), 4× fewer multiplications than direct summation (36 sgemms per
+/// block of 4×4 output tiles).
 #[track_caller]
 pub fn conv2d_same(x: &Array, weight: &Array, bias: &Array, k: i32) -> Result<Array> {
     conv2d(x, weight, bias, k, 1, (k / 2, k / 2))

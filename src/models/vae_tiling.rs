@@ -424,15 +424,16 @@ pub fn conv_matrix_bytes(cfg: &VaeConfig, dtype_bytes: usize) -> u64 {
 }
 
 /// The bytes the CPU convolutions keep as scratch once the decoder has run (outside MLX's
-/// memory, in the process's): the widest 3×3 convolution's Winograd-transformed weight, 16·I·O
-/// f32 values, and one block of transformed tiles and their products, at most 8 MiB (the shim's
-/// `CpuWinogradConv3x3::kBlockBytes`).
+/// memory, in the process's): the widest 3×3 convolution's Winograd-transformed weight, 36·I·O
+/// f32 values (F(4×4, 3×3) has 36 products), and one block of transformed tiles and their
+/// products, at most 32 MiB (the shim's `CpuWinogradConv3x3::kBlockBytes`).
 pub fn conv_scratch_bytes(cfg: &VaeConfig) -> u64 {
-    const BLOCK_BYTES: u64 = 8 << 20;
+    const BLOCK_BYTES: u64 = 32 << 20;
+    const PRODUCTS: u64 = 36;
     decoder_tensor_shapes(cfg)
         .iter()
         .filter(|(_, s)| s.len() == 4 && s[2] == 3 && s[3] == 3)
-        .map(|(_, s)| 4 * (16 * s[0] as u64 * s[1] as u64 + s[1] as u64) + BLOCK_BYTES)
+        .map(|(_, s)| 4 * (PRODUCTS * s[0] as u64 * s[1] as u64 + s[1] as u64) + BLOCK_BYTES)
         .max()
         .unwrap_or(0)
 }
