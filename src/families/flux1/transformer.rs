@@ -385,17 +385,18 @@ impl SingleBlock {
         let m = ops::split(&self.modulation.forward(cond)?, 3, 1)?;
         let h = modulate(z, &m[0], &m[1])?;
         let mlp = self.proj_mlp.forward(&h)?.gelu_tanh()?;
-        if self.fused {
-            let qkv = side_by_side(&[&self.to_q, &self.to_k, &self.to_v], &h)?;
-            let o =
-                qkv_heads(&self.norm_q, &self.norm_k, (&rope.0, &rope.1), heads).attention(&qkv)?;
-            let out = self.proj_out.forward(&ops::concatenate(&[&o, &mlp], 1)?)?;
-            return z + (&m[2] * out)?;
-        }
-        let q = split_heads(&self.to_q.forward(&h)?, heads, Some(&self.norm_q))?;
-        let k = split_heads(&self.to_k.forward(&h)?, heads, Some(&self.norm_k))?;
-        let v = split_heads(&self.to_v.forward(&h)?, heads, None)?;
-        let o = attention(&q, &k, &v, rope)?;
+        let o = match self.fused {
+            true => {
+                let qkv = side_by_side(&[&self.to_q, &self.to_k, &self.to_v], &h)?;
+                qkv_heads(&self.norm_q, &self.norm_k, (&rope.0, &rope.1), heads).attention(&qkv)?
+            }
+            false => {
+                let q = split_heads(&self.to_q.forward(&h)?, heads, Some(&self.norm_q))?;
+                let k = split_heads(&self.to_k.forward(&h)?, heads, Some(&self.norm_k))?;
+                let v = split_heads(&self.to_v.forward(&h)?, heads, None)?;
+                attention(&q, &k, &v, rope)?
+            }
+        };
         let out = self.proj_out.forward(&ops::concatenate(&[&o, &mlp], 1)?)?;
         z + (&m[2] * out)?
     }
